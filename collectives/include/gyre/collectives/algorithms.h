@@ -1,0 +1,67 @@
+// Collective algorithms over a Transport. Each is a pure function of the
+// transport, the buffers and an options struct; every rank of the transport
+// must call the same algorithm with agreeing arguments, in the same order.
+//
+// Bad arguments (null buffer with a non-zero count, root out of range,
+// operation not defined for a type, span sizes that do not match the world)
+// throw gyre::InvalidArgument before any byte is sent, so a rank that rejects
+// its own arguments never leaves a peer half-way through a ring.
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+#include "gyre/collectives/transport.h"
+#include "gyre/types.h"
+
+namespace gyre::collectives {
+
+using transport::Transport;
+
+inline constexpr std::size_t kDefaultChunkBytes = 256 * 1024;
+
+struct RingOptions {
+  // Largest single transfer; a segment larger than this is pipelined in
+  // chunks so that sending chunk k+1 overlaps reducing chunk k.
+  std::size_t chunk_bytes = kDefaultChunkBytes;
+  // Multiplies the input before reduction / the result after it, as
+  // Horovod's prescale_factor and postscale_factor do. Average applies its
+  // 1/n on top of postscale, once, at the end.
+  double prescale = 1.0;
+  double postscale = 1.0;
+  // Message tag used for every transfer of this collective.
+  int tag = 0;
+};
+
+// Ring allreduce: reduce-scatter then all-gather around rank r -> r+1.
+// `in == out` is the in-place form; otherwise `in` is left unchanged.
+void ring_allreduce(Transport& t, const void* in, void* out, std::size_t count,
+                    DataType dt, ReduceOp op, const RingOptions& opt = {});
+
+// Ring allgather of rank-contributed byte blocks, which may differ in size.
+// `block_bytes[r]` is rank r's contribution; `out` receives the blocks in
+// rank order (sum of block_bytes bytes). `in` holds block_bytes[rank] bytes.
+void ring_allgather(Transport& t, const void* in, void* out,
+                    std::span<const std::size_t> block_bytes,
+                    const RingOptions& opt = {});
+
+// Broadcast of `bytes` bytes from `root`, pipelined along the ring.
+void ring_broadcast(Transport& t, void* buf, std::size_t bytes, int root,
+                    const RingOptions& opt = {});
+
+// Ring reduce-scatter: every rank holds the full input (sum of `counts`
+// elements); rank r receives the reduction of block r (counts[r] elements).
+void ring_reduce_scatter(Transport& t, const void* in, void* out,
+                         std::span<const std::size_t> counts, DataType dt,
+                         ReduceOp op, const RingOptions& opt = {});
+
+// Personalised all-to-all: send_bytes[p] bytes (consecutive in `in`) go to
+// rank p; recv_bytes[p] bytes arrive from rank p, consecutive in `out`.
+void alltoall(Transport& t, const void* in, std::span<const std::size_t> send_bytes,
+              void* out, std::span<const std::size_t> recv_bytes,
+              const RingOptions& opt = {});
+
+// Returns once every rank has entered the barrier.
+void barrier(Transport& t, const RingOptions& opt = {});
+
+}  // namespace gyre::collectives

@@ -1,0 +1,63 @@
+// Transport: moves byte ranges between the ranks of one communicator.
+//
+// Collective algorithms see only this interface, never MPI or NCCL. A
+// transport is driven from one thread at a time (the runtime's background
+// thread, or a test's rank thread); it is not internally synchronised for
+// concurrent callers.
+//
+// Ordering: messages between one (sender, receiver, tag) triple are matched
+// in the order they were posted, as MPI guarantees. Algorithms rely on this
+// and on every rank running the same sequence of collectives.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace gyre::transport {
+
+// An outstanding non-blocking send or receive. The value is owned by the
+// transport that created it; a default-constructed Request is complete.
+struct Request {
+  std::int64_t slot = -1;
+  bool pending() const { return slot >= 0; }
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Starts sending `data` to `peer`. `data` must stay valid and unchanged
+  // until the request completes.
+  virtual Request isend(int peer, int tag, std::span<const std::byte> data) = 0;
+  // Starts receiving exactly data.size() bytes from `peer` into `data`.
+  virtual Request irecv(int peer, int tag, std::span<std::byte> data) = 0;
+
+  // Returns true and resets `req` if it has completed; never blocks.
+  virtual bool test(Request& req) = 0;
+  // Blocks until `req` completes. Throws TimeoutError naming the peer when
+  // it does not complete within timeout() (if one is set), and
+  // TransportError when the underlying library reports a failure.
+  virtual void wait(Request& req) = 0;
+
+  // The longest wait() may block without progress; zero means forever.
+  void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // A short description used in log and error messages ("mpi", "local").
+  virtual std::string name() const = 0;
+
+ protected:
+  std::chrono::milliseconds timeout_{0};
+};
+
+// Convenience: ring neighbours.
+inline int ring_next(const Transport& t) { return (t.rank() + 1) % t.size(); }
+inline int ring_prev(const Transport& t) { return (t.rank() + t.size() - 1) % t.size(); }
+
+}  // namespace gyre::transport

@@ -1,0 +1,55 @@
+// The exceptions gyre throws. Every message names what was wrong: the tensor,
+// the field, and the ranks involved where more than one rank is concerned.
+// A failure on the background thread is stored in the handle of each
+// operation it affects and rethrown by Handle::wait() on the caller's thread.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace gyre {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+// A bad argument detected on the calling rank (null buffer, unknown root,
+// operation not defined for a type, ...).
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+// Ranks disagree on an operation: shape, dtype, op, root or collective.
+class MismatchError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Ranks are at different training steps, or hold different parameter values.
+class DivergenceError : public Error {
+ public:
+  using Error::Error;
+};
+
+// An operation made no progress within its deadline.
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The transport (MPI, NCCL, ...) reported a failure.
+class TransportError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The runtime is not in a state to take the call: not initialised, initialised
+// twice, or shut down while the operation was pending.
+class StateError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace gyre

@@ -1,0 +1,149 @@
+// The public C++ API of gyre: what a training job includes.
+//
+// Threads: every function here may be called from any user thread once
+// init() has returned. Operations are executed by one background thread per
+// rank; *_async calls validate their arguments on the caller's thread, enqueue
+// the request and return a Handle at once.
+//
+// Buffers: the caller owns every buffer passed in a TensorView and must keep
+// it alive and unchanged until the operation's handle completes.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gyre/error.h"
+#include "gyre/options.h"
+#include "gyre/types.h"
+
+namespace gyre {
+
+// A non-owning view of a dense, row-major tensor.
+struct TensorView {
+  void* data = nullptr;
+  DataType dtype = DataType::kFloat32;
+  std::vector<std::int64_t> shape;
+  Device device{};
+
+  std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype); }
+};
+
+// A tensor whose storage gyre allocated: the result of collectives whose
+// output size is known only after negotiation (allgather, alltoall,
+// reducescatter).
+struct OwnedTensor {
+  std::vector<std::byte> data;
+  DataType dtype = DataType::kFloat32;
+  std::vector<std::int64_t> shape;
+};
+
+namespace core { struct OpState; }
+
+// The completion of one enqueued operation. Copies share the same state.
+class Handle {
+ public:
+  Handle() = default;
+  explicit Handle(std::shared_ptr<core::OpState> s) : state_(std::move(s)) {}
+
+  // Blocks until the operation completes; rethrows its error if it failed.
+  void wait() const;
+  // True once the operation has completed (successfully or not).
+  bool poll() const;
+  // Registers `fn`, called once on completion with nullptr on success or the
+  // operation's exception. Called on the background thread, or at once on
+  // this thread if already complete. It must not block on other handles.
+  void on_complete(std::function<void(std::exception_ptr)> fn) const;
+  // The runtime-allocated output (allgather, alltoall, reducescatter); valid
+  // after wait() returns.
+  const OwnedTensor& output() const;
+  // Rows this rank received from each rank (alltoall); valid after wait().
+  const std::vector<std::int64_t>& received_splits() const;
+
+  bool valid() const { return state_ != nullptr; }
+
+ private:
+  std::shared_ptr<core::OpState> state_;
+};
+
+// Lifecycle. init() initialises MPI if the job has not (with
+// MPI_THREAD_MULTIPLE when available, else MPI_THREAD_SERIALIZED) and starts
+// the background thread. Calling init() twice, or anything below before
+// init(), throws StateError. shutdown() fails pending operations with
+// StateError and finalises MPI if init() initialised it.
+void init(const Options& options = Options::from_env());
+void shutdown();
+bool is_initialized();
+int rank();
+int size();
+int local_rank();  // rank among the ranks on this host
+int local_size();
+
+// out may be the same view as in (in-place). Average divides by the number of
+// ranks that contributed (joined ranks excluded).
+Handle allreduce_async(const std::string& name, const TensorView& in, const TensorView& out,
+                       ReduceOp op = ReduceOp::kAverage, double prescale = 1.0,
+                       double postscale = 1.0);
+// Reduced together and completed together: one handle for the group.
+Handle grouped_allreduce_async(const std::vector<std::string>& names,
+                               const std::vector<TensorView>& ins,
+                               const std::vector<TensorView>& outs,
+                               ReduceOp op = ReduceOp::kAverage, double prescale = 1.0,
+                               double postscale = 1.0);
+// Concatenates along the first dimension; ranks may differ in that dimension
+// only. Output in Handle::output().
+Handle allgather_async(const std::string& name, const TensorView& in);
+// In place: root's contents are copied into every rank's buffer.
+Handle broadcast_async(const std::string& name, const TensorView& buf, int root);
+// splits[p] rows of `in` (first dimension) go to rank p; empty splits: an
+// even split. Output in Handle::output(), rows per source in received_splits().
+Handle alltoall_async(const std::string& name, const TensorView& in,
+                      const std::vector<std::int64_t>& splits = {});
+// Reduces across ranks, then rank r keeps block r of the first dimension
+// (earlier ranks take one extra row when it does not divide evenly).
+Handle reducescatter_async(const std::string& name, const TensorView& in,
+                           ReduceOp op = ReduceOp::kAverage, double prescale = 1.0,
+                           double postscale = 1.0);
+
+void barrier();
+// This rank has no more data: it takes part in others' allreduces with zeros
+// until every rank has joined. Returns the last rank to join.
+int join();
+
+// Version vectors: see docs/architecture.md.
+void commit_step();                        // this rank finished one training step
+std::uint64_t committed_steps();           // this rank's own count
+std::vector<std::uint64_t> version_vector();  // this rank's view of all ranks
+
+struct NamedBuffer {
+  std::string name;
+  TensorView tensor;
+};
+
+struct FingerprintMismatch {
+  std::string name;
+  // digest -> ranks holding that value, in ascending digest order.
+  std::vector<std::pair<std::uint64_t, std::vector<int>>> groups;
+};
+
+// Hashes every buffer on every rank and compares the digests. Returns the
+// buffers that differ (empty: all agree). Collective: every rank passes the
+// same names in the same order.
+std::vector<FingerprintMismatch> fingerprint_check(const std::vector<NamedBuffer>& buffers);
+
+enum class ResyncPolicy {
+  kNewest,   // broadcast from the rank with the highest step (ties: lowest rank)
+  kAverage,  // average across ranks ("merge")
+};
+// Repairs `buffers` and sets every rank's committed step to the agreed one.
+void resync(const std::vector<NamedBuffer>& buffers, ResyncPolicy policy);
+
+}  // namespace gyre

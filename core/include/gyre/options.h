@@ -1,0 +1,43 @@
+// Runtime options. Every field has a default and an environment variable;
+// Options::from_env() is the only place gyre reads the environment. The table
+// of variables is in docs/environment.md.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace gyre {
+
+enum class LogLevel { kTrace = 0, kDebug, kInfo, kWarning, kError, kFatal };
+
+struct Options {
+  // GYRE_FUSION_THRESHOLD: bytes per fusion buffer; 0 disables fusion.
+  std::size_t fusion_threshold_bytes = 64u << 20;
+  // GYRE_CYCLE_TIME_MS: longest the background thread sleeps between
+  // negotiation rounds when no work is enqueued (it wakes at once on enqueue).
+  double cycle_time_ms = 1.0;
+  // GYRE_CACHE_CAPACITY: entries of the response cache; 0 disables it.
+  std::size_t cache_capacity = 1024;
+  // GYRE_RING_CHUNK_BYTES: pipelined chunk size of the ring algorithms.
+  std::size_t ring_chunk_bytes = 256u << 10;
+  // GYRE_TIMELINE: path of a Chrome trace-event JSON file; empty: off.
+  std::string timeline_path;
+  // GYRE_LOG_LEVEL: trace, debug, info, warning, error, fatal.
+  LogLevel log_level = LogLevel::kWarning;
+  // GYRE_STALL_WARNING_S: warn about tensors some ranks have not enqueued.
+  double stall_warning_s = 60.0;
+  // GYRE_STALL_SHUTDOWN_S: fail stalled operations after this; 0: never.
+  double stall_shutdown_s = 0.0;
+  // GYRE_OP_TIMEOUT_S: a transfer with no progress for this long aborts the
+  // job (MPI_Abort) after logging who was waited for; 0: never.
+  double op_timeout_s = 300.0;
+  // GYRE_MAX_VERSION_LAG: largest difference of committed steps allowed
+  // between the ranks taking part in one operation.
+  long max_version_lag = 0;
+
+  // Reads every GYRE_* variable; throws InvalidArgument naming a variable
+  // whose value does not parse.
+  static Options from_env();
+};
+
+}  // namespace gyre
