@@ -1,0 +1,41 @@
+// The MPI side of gyre: process-level set-up and the point-to-point
+// transport. Only mpi_transport.cc includes mpi.h; everything MPI-specific
+// the runtime needs (initialisation, the host-local split, abort) is here.
+#pragma once
+
+#include <memory>
+
+#include "gyre/collectives/transport.h"
+
+namespace gyre::transport {
+
+class MpiWorld {
+ public:
+  // Initialises MPI (MPI_THREAD_MULTIPLE if offered, else at least
+  // MPI_THREAD_SERIALIZED, else TransportError) unless the job already did;
+  // in that case checks the thread level the job chose is enough.
+  static MpiWorld& instance();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }  // from MPI_COMM_TYPE_SHARED split
+  int local_size() const { return local_size_; }
+
+  // A transport on a fresh duplicate of MPI_COMM_WORLD, so gyre's messages
+  // never match the job's own.
+  std::unique_ptr<Transport> make_transport();
+
+  // Ends the whole job with a non-zero status (MPI_Abort on MPI_COMM_WORLD).
+  [[noreturn]] void abort(int code);
+
+  // MPI_Finalize, only if MpiWorld initialised MPI; idempotent.
+  void finalize();
+
+ private:
+  MpiWorld();
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  bool owns_mpi_ = false;
+  bool finalized_ = false;
+};
+
+}  // namespace gyre::transport
