@@ -1,0 +1,72 @@
+// The three modes of gyre-allreduce-perf and what they share: the options,
+// and the "systems" a mode times side by side (gyre's bare ring, gyre's
+// runtime, MPI_Allreduce).
+//
+// Threads: the modes run on the main thread of every rank and print on
+// rank 0 only. The runtime system calls gyre's public API, whose background
+// thread does the transfers; the ring system drives its transport directly
+// on the main thread (the runtime is then not running, or idle).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "gyre/collectives/algorithms.h"
+#include "gyre/types.h"
+
+namespace gyre::bench {
+
+struct PerfOptions {
+  // Sweep: sizes from min_bytes to max_bytes, times step_factor (or plus
+  // step_bytes when that is non-zero), as nccl-tests' -b -e -f -i.
+  std::size_t min_bytes = 8;
+  std::size_t max_bytes = 64u << 20;
+  long step_factor = 2;
+  std::size_t step_bytes = 0;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  bool op_given = false;
+  // Untimed iterations before timing; -1: the mode's default.
+  long warmup = -1;
+  // Sweep: iterations per timed block; gradient sets: timed steps; latency:
+  // timed samples. -1: the mode's default.
+  long iters = -1;
+  // Sweep: timed blocks per system and size; the blocks of the systems alternate.
+  long blocks = 5;
+  // Sweep: time the runtime (allreduce_async + wait) instead of the bare ring.
+  bool runtime = false;
+  std::size_t chunk_bytes = collectives::kDefaultChunkBytes;
+  std::string gradients_path;  // non-empty: gradient-set mode
+  bool latency = false;        // latency mode
+  std::string json_path;       // non-empty: rank 0 writes the rows there
+};
+
+// One way of allreducing `count` elements from `in` to `out` (out-of-place;
+// `in == out` is allowed where the system supports it).
+struct System {
+  std::string name;
+  std::function<void(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op)> run;
+};
+
+// collectives::ring_allreduce over a transport of its own (MpiWorld's
+// duplicated communicator), on the calling thread.
+System make_ring_system(std::size_t chunk_bytes);
+// gyre::allreduce_async(name, ...) then Handle::wait(); gyre::init() must
+// have been called. Every call uses the tensor name `tensor_name`, so calls
+// of one system must not overlap (they do not: each waits).
+System make_runtime_system(std::string tensor_name);
+// MPI_Allreduce on MPI_COMM_WORLD (see mpi_allreduce()).
+System make_mpi_system();
+
+// Each returns the process exit status: 0, or 1 when a result was wrong.
+int run_sweep(const PerfOptions& o);
+int run_gradient_set(const PerfOptions& o);
+int run_latency(const PerfOptions& o);
+
+// Rank 0 only: writes `text` to `path`, throwing InvalidArgument naming the
+// path when it cannot.
+void write_file(const std::string& path, const std::string& text);
+
+}  // namespace gyre::bench
