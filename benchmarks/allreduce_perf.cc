@@ -146,7 +146,16 @@ int main(int argc, char** argv) {
       throw gyre::TransportError("the MPI library does not offer MPI_THREAD_MULTIPLE");
     }
     bool help = false;
-    const PerfOptions o = parse_args(argc, argv, &help);
+    PerfOptions o;
+    try {
+      o = parse_args(argc, argv, &help);
+    } catch (const gyre::InvalidArgument& e) {
+      // Every rank parses the same arguments and fails alike: say it once
+      // and leave cleanly instead of aborting the job.
+      if (rank == 0) std::fprintf(stderr, "gyre-allreduce-perf: %s\n", e.what());
+      MPI_Finalize();
+      return 2;
+    }
     if (help) {
       if (rank == 0) std::fputs(kUsage, stdout);
     } else if (o.latency) {

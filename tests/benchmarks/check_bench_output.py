@@ -142,20 +142,23 @@ def check_torch(text, sizes=None, json_doc=None):
     rows = []
     for line in data_lines(text):
         f = line.split()
-        require(len(f) == 8, f"torch row has {len(f)} fields, expected 8: {line!r}")
+        require(len(f) == 9, f"torch row has {len(f)} fields, expected 9: {line!r}")
         size, count = int(f[0]), int(f[1])
-        t, busbw, wrong, gt, gbusbw, ratio = (float(x) for x in f[2:8])
+        t, busbw, wrong, gt, gbusbw, gwrong, ratio = (float(x) for x in f[2:9])
         require(count * 4 == size, f"count {count} x float32 != {size}")
         require(t > 0 and gt > 0, f"non-positive time in {line!r}")
         require(close(busbw, size / t / 1e3 * 2 * (n - 1) / n), f"gyre busbw {busbw} inconsistent")
         require(close(gbusbw, size / gt / 1e3 * 2 * (n - 1) / n), f"gloo busbw {gbusbw} inconsistent")
         require(close(ratio, gt / t), f"ratio {ratio} != gloo time / gyre time")
-        require(wrong == 0, f"{int(wrong)} wrong elements at {size} B")
+        require(wrong == 0, f"gyre.torch: {int(wrong)} wrong elements at {size} B")
+        require(gwrong == 0, f"gloo: {int(gwrong)} wrong elements at {size} B")
         rows.append(size)
     require(rows, "no torch sweep rows")
     if sizes is not None:
         require(rows == sizes, f"sizes {rows} != expected {sizes}")
     footer_ok(text)
+    if json_doc is not None:
+        require([r["bytes"] for r in json_doc["rows"]] == rows, "JSON rows differ from the table")
     return rows
 
 

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Plots bus bandwidth against message size (log-log), one line per system,
+from the --json files of gyre-allreduce-perf's sweep and of
+torch_allreduce_perf.py.
+
+    python3 benchmarks/plot_bandwidth.py -o docs/benchmarks_busbw.png \
+        ring.json runtime.json torch.json
+
+Each file contributes a run of its own system and a run of its peer
+(MPI_Allreduce, or torch.distributed with gloo). Runs with the same label,
+from however many files, are drawn as one line through the median of each
+size, with a band from the lowest to the highest run: MPI_Allreduce measured
+beside the ring and beside the runtime pools into one line.
+"""
+import argparse
+import json
+import statistics
+import sys
+from collections import OrderedDict
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+PEER_KEYS = ("mpi_busbw_gbs", "peer_busbw_gbs")
+
+
+def series_of(doc):
+    """[(label, {bytes: busbw})] for the system and the peer of one file."""
+    own, peer = {}, {}
+    peer_name = doc.get("peer", "MPI_Allreduce")
+    for row in doc["rows"]:
+        if row.get("busbw_gbs") is not None:
+            own[row["bytes"]] = row["busbw_gbs"]
+        for k in PEER_KEYS:
+            if row.get(k) is not None:
+                peer[row["bytes"]] = row[k]
+    out = [(doc["system"], own)]
+    if peer:
+        out.append((peer_name, peer))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description="bus bandwidth vs size, log-log")
+    ap.add_argument("files", nargs="+", help="--json outputs of the sweeps")
+    ap.add_argument("-o", "--output", required=True, help="PNG to write")
+    ap.add_argument("--title", default=None)
+    a = ap.parse_args()
+
+    runs = OrderedDict()  # label -> list of {bytes: busbw}, one per run
+    ranks = set()
+    for path in a.files:
+        with open(path) as f:
+            doc = json.load(f)
+        ranks.add(doc.get("ranks"))
+        for label, points in series_of(doc):
+            runs.setdefault(label, []).append(points)
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    for label, run_list in runs.items():
+        sizes = sorted(set().union(*run_list))
+        med, lo, hi = [], [], []
+        for s in sizes:
+            vals = [r[s] for r in run_list if s in r]
+            med.append(statistics.median(vals))
+            lo.append(min(vals))
+            hi.append(max(vals))
+        n = len(run_list)
+        line, = ax.plot(sizes, med, marker="o", markersize=3,
+                        label=label + (f" (median of {n} runs)" if n > 1 else ""))
+        if n > 1:
+            ax.fill_between(sizes, lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    r = ", ".join(str(x) for x in sorted(x for x in ranks if x is not None))
+    ax.set_title(a.title or f"allreduce bus bandwidth, float32 sum, {r} ranks")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(a.output)
+    print(f"wrote {a.output}: {len(runs)} lines from {len(a.files)} files")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
