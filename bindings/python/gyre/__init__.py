@@ -1,0 +1,48 @@
+"""gyre: ring-allreduce collectives for data-parallel training.
+
+``import gyre`` gives Horovod's collective API on numpy arrays, torch tensors
+and any DLPack producer; ``import gyre.torch`` adds DistributedOptimizer,
+parameter broadcast and divergence checks for PyTorch. Run under mpirun::
+
+    import gyre
+    gyre.init()
+    total = gyre.allreduce(numpy.ones(4), op=gyre.Sum)
+"""
+
+import atexit
+
+from . import exceptions
+from .exceptions import (DivergenceError, GyreError, InvalidArgumentError, MismatchError,
+                         StateError, TimeoutError, TransportError)
+
+try:
+    from . import _gyre
+except ImportError as e:  # pragma: no cover - an installation problem
+    raise ImportError(
+        f"gyre's extension module failed to load ({e}); install gyre with `pip install .` "
+        "from the repository root"
+    ) from e
+
+_gyre._set_exception_classes(exceptions._BY_NAME)
+
+from .compression import Compression  # noqa: E402
+from .objects import allgather_object, broadcast_object  # noqa: E402
+from .ops import *  # noqa: E402,F401,F403
+from .ops import __all__ as _ops_all  # noqa: E402
+
+__version__ = "0.1.0"
+
+
+def _shutdown_at_exit():
+    # The background thread must stop (and MPI finalise) before the
+    # interpreter tears down.
+    if _gyre.is_initialized():
+        _gyre.shutdown()
+
+
+atexit.register(_shutdown_at_exit)
+
+__all__ = list(_ops_all) + [
+    "Compression", "broadcast_object", "allgather_object", "GyreError", "InvalidArgumentError",
+    "MismatchError", "DivergenceError", "TimeoutError", "TransportError", "StateError",
+]

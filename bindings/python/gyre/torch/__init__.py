@@ -1,0 +1,37 @@
+"""gyre for PyTorch, with Horovod's names::
+
+    import gyre.torch as gyre
+    gyre.init()
+    optimizer = gyre.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    gyre.broadcast_parameters(model.state_dict(), root_rank=0)
+    gyre.broadcast_optimizer_state(optimizer, root_rank=0)
+
+Everything in ``gyre`` (the collectives, which take torch tensors directly) is
+here too, plus the optimizer wrapper, parameter and optimizer-state broadcast,
+and the divergence checks ``check_consistency`` and ``resync``.
+"""
+
+import torch as _torch
+
+from gyre import *  # noqa: F401,F403
+from gyre import __all__ as _gyre_all
+
+from .consistency import check_consistency, resync
+from .functions import broadcast_optimizer_state, broadcast_parameters
+from .optimizer import DistributedOptimizer
+
+
+def _check_torch_version():
+    major, minor = (int(p) for p in _torch.__version__.split("+")[0].split(".")[:2])
+    if (major, minor) < (2, 1):
+        raise ImportError(
+            f"gyre.torch needs torch >= 2.1 (register_post_accumulate_grad_hook); found {_torch.__version__}"
+        )
+
+
+_check_torch_version()
+
+__all__ = list(_gyre_all) + [
+    "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
+    "check_consistency", "resync",
+]

@@ -1,0 +1,139 @@
+"""Broadcasting a model's parameters and an optimizer's state from one rank."""
+
+import torch
+
+from gyre import ops
+from gyre.exceptions import InvalidArgumentError
+from gyre.objects import broadcast_object
+
+# dtypes gyre does not move, and the dtype of the same width they travel as.
+_STAGED_DTYPES = {torch.bool: torch.uint8, torch.int16: torch.int32, torch.uint16: torch.int32}
+
+
+class Staged:
+    """A tensor as gyre can take it: itself when it is contiguous and of a
+    supported dtype, else a contiguous copy in a supported dtype that
+    ``write_back()`` copies into the original after an in-place operation."""
+
+    __slots__ = ("original", "tensor")
+
+    def __init__(self, tensor):
+        self.original = tensor
+        t = tensor.detach()
+        staged_dtype = _STAGED_DTYPES.get(t.dtype)
+        if staged_dtype is not None:
+            t = t.to(staged_dtype)
+        if not t.is_contiguous():
+            t = t.contiguous()
+        self.tensor = t
+
+    def write_back(self):
+        if self.tensor.data_ptr() != self.original.data_ptr() or self.tensor.dtype != self.original.dtype:
+            with torch.no_grad():
+                self.original.copy_(self.tensor.to(self.original.dtype))
+
+
+def named_tensors(params, what):
+    """[(name, tensor)] from a state_dict, a dict, or an iterable of (name, tensor)."""
+    if isinstance(params, dict):
+        items = sorted(params.items(), key=lambda kv: kv[0])
+    else:
+        items = list(params)
+    checked = []
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+            raise InvalidArgumentError(
+                f"{what}: expected a dict or (name, tensor) pairs, got an element {item!r}")
+        name, t = item
+        if not isinstance(t, torch.Tensor):
+            raise InvalidArgumentError(f"{what}: '{name}' is a {type(t).__name__}, not a tensor")
+        checked.append((name, t))
+    names = [n for n, _ in checked]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise InvalidArgumentError(f"{what}: duplicate names {dup}")
+    return checked
+
+
+def broadcast_parameters(params, root_rank):
+    """Copies root_rank's tensors into every rank's, in place. `params` is a
+    state_dict (``model.state_dict()``), any dict of tensors, or
+    ``model.named_parameters()``. All broadcasts are enqueued, then awaited."""
+    staged = [(name, Staged(t)) for name, t in named_tensors(params, "broadcast_parameters")]
+    handles = [ops.broadcast_async_(s.tensor, root_rank, name=f"broadcast_parameters.{name}")
+               for name, s in staged]
+    for h in handles:
+        ops.synchronize(h)
+    for _, s in staged:
+        s.write_back()
+
+
+class _TensorSlot:
+    """Stands for the index-th tensor of a state_dict in the pickled skeleton."""
+
+    __slots__ = ("index", "shape", "dtype")
+
+    def __init__(self, index, shape, dtype):
+        self.index, self.shape, self.dtype = index, shape, dtype
+
+    def __getstate__(self):
+        return (self.index, self.shape, self.dtype)
+
+    def __setstate__(self, state):
+        self.index, self.shape, self.dtype = state
+
+
+def _strip(obj, tensors):
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj)
+        return _TensorSlot(len(tensors) - 1, tuple(obj.shape), obj.dtype)
+    if isinstance(obj, dict):
+        return {k: _strip(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_strip(v, tensors) for v in obj)
+    return obj
+
+
+def _slots(obj, found):
+    if isinstance(obj, _TensorSlot):
+        found.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _slots(v, found)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _slots(v, found)
+    return found
+
+
+def _fill(obj, tensors):
+    if isinstance(obj, _TensorSlot):
+        return tensors[obj.index]
+    if isinstance(obj, dict):
+        return {k: _fill(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_fill(v, tensors) for v in obj)
+    return obj
+
+
+def broadcast_optimizer_state(optimizer, root_rank):
+    """Gives every rank root_rank's optimizer state (per-parameter state such
+    as momentum buffers, and the hyper-parameters of each group). The
+    structure travels pickled; the tensors travel as broadcasts. Works when
+    other ranks have no state yet (a fresh optimizer)."""
+    is_root = ops.rank() == root_rank
+    tensors = []
+    skeleton = _strip(optimizer.state_dict(), tensors) if is_root else None
+    skeleton = broadcast_object(skeleton, root_rank, name="broadcast_optimizer_state.skeleton")
+    slots = sorted(_slots(skeleton, []), key=lambda s: s.index)
+    if not is_root:
+        tensors = [torch.empty(s.shape, dtype=s.dtype) for s in slots]
+    staged = [Staged(t) for t in tensors]
+    handles = [ops.broadcast_async_(s.tensor, root_rank, name=f"broadcast_optimizer_state.{i}")
+               for i, s in enumerate(staged)]
+    for h in handles:
+        ops.synchronize(h)
+    if not is_root:
+        for s in staged:
+            s.write_back()
+        optimizer.load_state_dict(_fill(skeleton, tensors))

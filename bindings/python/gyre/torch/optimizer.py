@@ -1,0 +1,204 @@
+"""DistributedOptimizer: averages gradients across ranks while backward runs.
+
+Each parameter gets a post-accumulate-grad hook. When its gradient has been
+accumulated ``backward_passes_per_step`` times, the hook enqueues the
+gradient's allreduce at once, so communication overlaps the rest of the
+backward pass. ``step()`` waits for every allreduce, runs the wrapped
+optimizer's step, and commits the step to gyre's version vector (so a rank
+that skips a step is detected by the other ranks' next allreduce).
+
+Threads: hooks run on autograd's thread for the CPU (the caller's thread);
+step(), synchronize() and zero_grad() on the training thread.
+"""
+
+import contextlib
+import warnings
+import weakref
+
+import torch
+
+from gyre import ops
+from gyre.compression import Compression
+from gyre.exceptions import GyreError, InvalidArgumentError
+
+
+class _DistributedOptimizerMixin:
+    """Mixed in before the wrapped optimizer's class (see DistributedOptimizer)."""
+
+    def _gyre_setup(self, named_parameters, compression, backward_passes_per_step, op,
+                    gradient_predivide_factor):
+        if backward_passes_per_step < 1:
+            raise InvalidArgumentError(
+                f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        op = ops._reduce_op(None, op)
+        if gradient_predivide_factor != 1.0 and op != ops.Average:
+            raise InvalidArgumentError("gradient_predivide_factor needs op=gyre.Average")
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        self._gyre_compression = compression
+        self._gyre_op = op
+        # Average = sum / size: split as prescale 1/f, then postscale f.
+        self._gyre_prescale = 1.0 / gradient_predivide_factor
+        self._gyre_postscale = float(gradient_predivide_factor)
+        self._gyre_names = self._gyre_parameter_names(named_parameters)
+        self._gyre_handles = {}  # param -> (Handle, sent tensor, compression ctx)
+        self._gyre_passes = {p: 0 for p in self._gyre_names}
+        self._gyre_synchronized = False
+        self._gyre_should_synchronize = True
+        # The hooks hold a weak reference: a discarded optimizer's hooks do nothing.
+        me = weakref.ref(self)
+
+        def hook(param):
+            opt = me()
+            if opt is not None:
+                opt._gyre_gradient_ready(param)
+
+        self._gyre_hooks = [p.register_post_accumulate_grad_hook(hook)
+                            for p in self._gyre_names if p.requires_grad]
+
+    def _gyre_parameter_names(self, named_parameters):
+        params = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is None:
+            return {p: f"param.{i}" for i, p in enumerate(params)}
+        named = list(named_parameters)
+        for item in named:
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                    and isinstance(item[1], torch.Tensor)):
+                raise InvalidArgumentError(
+                    f"named_parameters must hold (name, tensor) pairs, got {item!r}")
+        names = [n for n, _ in named]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise InvalidArgumentError(f"named_parameters has duplicate names {duplicates}")
+        by_param = {p: n for n, p in named}
+        missing = [i for i, p in enumerate(params) if p not in by_param]
+        if missing:
+            raise InvalidArgumentError(
+                f"named_parameters does not name {len(missing)} of the optimizer's parameters "
+                f"(indices {missing[:10]} in param_groups order)")
+        return {p: by_param[p] for p in params}
+
+    # Hooks and allreduces -------------------------------------------------------
+
+    def _gyre_gradient_ready(self, p):
+        if p not in self._gyre_names:
+            return
+        if p in self._gyre_handles:
+            # More backward passes than backward_passes_per_step before step():
+            # typically a skipped step(). The earlier allreduce (same name) is
+            # finished and dropped so the new one can be enqueued; gyre's
+            # version vector then reports the skipped step as a DivergenceError
+            # on every rank, instead of this rank failing alone.
+            warnings.warn(
+                f"gradient of '{self._gyre_names[p]}' computed more than backward_passes_per_step="
+                f"{self.backward_passes_per_step} times before step(); its previous allreduce is "
+                "discarded", RuntimeWarning, stacklevel=2)
+            self._gyre_finish(p, discard=True)
+            self._gyre_passes[p] = 0
+        self._gyre_passes[p] += 1
+        if self._gyre_passes[p] >= self.backward_passes_per_step:
+            self._gyre_enqueue(p)
+
+    def _gyre_enqueue(self, p):
+        grad = p.grad
+        sent, ctx = self._gyre_compression.compress(grad)
+        if not sent.is_contiguous():
+            sent = sent.contiguous()
+        handle = ops.allreduce_async_(sent, name=f"DistributedOptimizer.{self._gyre_names[p]}",
+                                      op=self._gyre_op, prescale_factor=self._gyre_prescale,
+                                      postscale_factor=self._gyre_postscale)
+        self._gyre_handles[p] = (handle, sent, ctx)
+
+    def _gyre_finish(self, p, discard=False):
+        """Waits for p's allreduce and writes the result into p.grad (unless
+        discarding). Returns the operation's error instead of raising it."""
+        handle, sent, ctx = self._gyre_handles.pop(p)
+        try:
+            ops.synchronize(handle)
+        except GyreError as e:
+            return None if discard else e
+        if not discard and sent is not p.grad:
+            with torch.no_grad():
+                p.grad.copy_(self._gyre_compression.decompress(sent, ctx))
+        return None
+
+    # Horovod's interface ----------------------------------------------------------
+
+    def synchronize(self):
+        """Waits for every gradient's allreduce; enqueues those whose hook did
+        not fire this step (a parameter unused in this rank's graph gets a zero
+        gradient, so every rank reduces the same set). Raises the first error
+        (e.g. DivergenceError) after all operations have finished."""
+        for p in self._gyre_names:
+            if p not in self._gyre_handles and p.requires_grad:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                self._gyre_enqueue(p)
+        errors = [e for e in (self._gyre_finish(p) for p in list(self._gyre_handles)) if e]
+        for p in self._gyre_passes:
+            self._gyre_passes[p] = 0
+        self._gyre_synchronized = True
+        if errors:
+            raise errors[0]
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """For ``optimizer.synchronize(); <clip gradients>; with
+        optimizer.skip_synchronize(): optimizer.step()``."""
+        self._gyre_should_synchronize = False
+        try:
+            yield
+        finally:
+            self._gyre_should_synchronize = True
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            # Evaluated here, so its backward's allreduces are awaited below.
+            with torch.enable_grad():
+                loss = closure()
+        if self._gyre_should_synchronize:
+            if self._gyre_synchronized:
+                warnings.warn("optimizer.step() called after optimizer.synchronize() without "
+                              "skip_synchronize(); gradients were not reduced again",
+                              RuntimeWarning, stacklevel=2)
+            else:
+                self.synchronize()
+        self._gyre_synchronized = False
+        super().step()
+        ops.commit_step()
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        """Safe at any time: allreduces still writing into gradients are
+        finished (their results dropped) before the gradients are cleared."""
+        for p in list(self._gyre_handles):
+            self._gyre_finish(p, discard=True)
+        for p in self._gyre_passes:
+            self._gyre_passes[p] = 0
+        self._gyre_synchronized = False
+        return super().zero_grad(set_to_none=set_to_none)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=ops.Average, gradient_predivide_factor=1.0):
+    """Wraps a torch optimizer so that step() uses gradients averaged (or
+    reduced with `op`) over all ranks.
+
+    The result is an instance of a subclass of the optimizer's own class and
+    shares its state and param_groups (use it in place of the original;
+    isinstance checks, LR schedulers and state_dict work unchanged).
+    `named_parameters` (``model.named_parameters()``) names the allreduces;
+    without it, parameters are named by position. With
+    ``backward_passes_per_step=N`` gradients are accumulated (summed) locally
+    over N backward passes, then reduced once. ``gradient_predivide_factor=f``
+    divides by f before the sum and multiplies by f/size after (Average only).
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise InvalidArgumentError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    base = type(optimizer)
+    cls = type(base.__name__, (_DistributedOptimizerMixin, base), {"__module__": __name__})
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)
+    wrapped._gyre_setup(named_parameters, compression, backward_passes_per_step, op,
+                        gradient_predivide_factor)
+    return wrapped

@@ -1,0 +1,59 @@
+// One enqueued operation as Python sees it: the gyre::Handle, and the
+// imported tensors that must stay alive until the operation completes.
+//
+// Lifetime: the tensors are owned by a Completion shared between the
+// PendingOp (the Python handle object) and the completion callback the
+// runtime holds, so dropping the Python handle early never frees memory the
+// background thread still uses. On completion the callback (background
+// thread, no GIL) moves the tensors to a graveyard; they are destroyed on a
+// Python thread holding the GIL, by drain_graveyard(), which every binding
+// entry point calls and which is also scheduled with Py_AddPendingCall. The
+// background thread therefore never waits for the GIL, and producers'
+// deleters (torch's may touch Python objects) always run with it held.
+#pragma once
+
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "gyre/gyre.h"
+#include "tensor_import.h"
+
+namespace gyre::python {
+
+using Imports = std::vector<std::unique_ptr<ImportedTensor>>;
+
+// Destroys the tensors of completed operations. GIL held.
+void drain_graveyard();
+
+struct Completion {
+  std::mutex mu;  // guards done, keep
+  std::condition_variable cv;
+  bool done = false;
+  Imports keep;
+  ~Completion();  // hands any tensors still held to the graveyard
+};
+
+class PendingOp {
+ public:
+  // Runs `enqueue` with the GIL released, then ties `keep` to the handle's
+  // completion. GIL held on entry.
+  static std::shared_ptr<PendingOp> start(Imports keep, const std::function<Handle()>& enqueue);
+
+  // True once the operation has completed (successfully or not).
+  bool poll() const;
+  // Waits with the GIL released, waking every 50 ms to let Python handle
+  // signals (Ctrl-C raises KeyboardInterrupt; the operation stays in flight
+  // with its tensors kept alive). Rethrows the operation's error.
+  void wait() const;
+  const Handle& handle() const { return handle_; }
+
+ private:
+  Handle handle_;
+  std::shared_ptr<Completion> completion_;
+};
+
+}  // namespace gyre::python

@@ -1,0 +1,179 @@
+#include "tensor_import.h"
+
+#include <dlpack/dlpack.h>
+
+#include <cstring>
+#include <optional>
+
+namespace gyre::python {
+namespace {
+
+// Readable name of a DLPack dtype gyre does not take, for the error message.
+std::string dl_dtype_name(const DLDataType& t) {
+  std::string kind;
+  switch (t.code) {
+    case kDLInt: kind = "int"; break;
+    case kDLUInt: kind = "uint"; break;
+    case kDLFloat: kind = "float"; break;
+    case kDLBfloat: kind = "bfloat"; break;
+    case kDLComplex: kind = "complex"; break;
+    case 6: return "bool";  // kDLBool, newer than the DLPack 0.6 header
+    default: kind = "code" + std::to_string(t.code) + "_"; break;
+  }
+  return kind + std::to_string(t.bits);
+}
+
+std::optional<DataType> from_dl_dtype(const DLDataType& t) {
+  if (t.code == kDLFloat && t.bits == 32) return DataType::kFloat32;
+  if (t.code == kDLFloat && t.bits == 64) return DataType::kFloat64;
+  if (t.code == kDLFloat && t.bits == 16) return DataType::kFloat16;
+  if (t.code == kDLBfloat && t.bits == 16) return DataType::kBFloat16;
+  if (t.code == kDLInt && t.bits == 8) return DataType::kInt8;
+  if (t.code == kDLUInt && t.bits == 8) return DataType::kUInt8;
+  if (t.code == kDLInt && t.bits == 32) return DataType::kInt32;
+  if (t.code == kDLInt && t.bits == 64) return DataType::kInt64;
+  return std::nullopt;
+}
+
+constexpr const char* kSupported =
+    "supported: float32, float64, float16, bfloat16, int8, uint8, int32, int64";
+
+// Compact row-major strides, in elements. Dimensions of extent 1 may carry
+// any stride (producers differ there), and an empty tensor is contiguous.
+bool is_row_major(const std::vector<std::int64_t>& shape, const std::int64_t* strides) {
+  if (strides == nullptr) return true;
+  std::int64_t numel = 1;
+  for (auto d : shape) numel *= d;
+  if (numel == 0) return true;
+  std::int64_t expected = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] != 1 && strides[i] != expected) return false;
+    expected *= shape[i];
+  }
+  return true;
+}
+
+std::string shape_string(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// The dtype of a buffer-protocol format string with the given item size.
+std::optional<DataType> from_buffer_format(const char* format, Py_ssize_t itemsize) {
+  std::string f = format ? format : "B";
+  // Native or little-endian standard sizes only ('<', '=', '@' on x86-64).
+  if (!f.empty() && (f[0] == '@' || f[0] == '=' || f[0] == '<')) f.erase(0, 1);
+  if (f.size() != 1) return std::nullopt;
+  const char c = f[0];
+  if (c == 'f' && itemsize == 4) return DataType::kFloat32;
+  if (c == 'd' && itemsize == 8) return DataType::kFloat64;
+  if (c == 'e' && itemsize == 2) return DataType::kFloat16;
+  if (std::strchr("bhilqn", c)) {
+    if (itemsize == 1) return DataType::kInt8;
+    if (itemsize == 4) return DataType::kInt32;
+    if (itemsize == 8) return DataType::kInt64;
+  }
+  if (std::strchr("BHILQN", c) && itemsize == 1) return DataType::kUInt8;
+  return std::nullopt;
+}
+
+[[noreturn]] void refuse(const std::string& name, const std::string& why) {
+  throw InvalidArgument("tensor '" + name + "': " + why);
+}
+
+}  // namespace
+
+std::unique_ptr<ImportedTensor> ImportedTensor::from_object(py::handle obj, const std::string& name,
+                                                            Access access) {
+  std::unique_ptr<ImportedTensor> t(new ImportedTensor());
+  if (py::hasattr(obj, "__dlpack__") && py::hasattr(obj, "__dlpack_device__")) {
+    // The device first: a CUDA tensor is refused before it is exported.
+    py::tuple dev = obj.attr("__dlpack_device__")();
+    const int dev_type = dev[0].cast<int>();
+    if (dev_type == kDLCUDA || dev_type == kDLCUDAManaged || dev_type == kDLROCM) {
+      refuse(name, "is on a GPU (DLPack device type " + std::to_string(dev_type) +
+                       "), but this build of gyre has no NCCL support; move it to the CPU");
+    }
+    if (dev_type != kDLCPU && dev_type != kDLCUDAHost) {
+      refuse(name, "is on DLPack device type " + std::to_string(dev_type) +
+                       "; gyre takes CPU tensors only");
+    }
+    try {
+      t->import_dlpack(obj, name);
+      return t;
+    } catch (py::error_already_set& e) {
+      // numpy refuses to export read-only arrays through DLPack 0.6: those
+      // (and other producers that refuse) still work through the buffer
+      // protocol when they support it.
+      if (t->import_buffer(obj, name, access)) return t;
+      refuse(name, std::string("could not be exported through DLPack: ") + e.what());
+    }
+  }
+  if (t->import_buffer(obj, name, access)) return t;
+  refuse(name, "expected a tensor (an object with __dlpack__ or the buffer protocol), got " +
+                   std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
+}
+
+void ImportedTensor::import_dlpack(py::handle obj, const std::string& name) {
+  // CPU tensors: no stream argument (torch reads None as "no synchronisation").
+  py::object capsule = obj.attr("__dlpack__")();
+  PyObject* cap = capsule.ptr();
+  if (!PyCapsule_IsValid(cap, "dltensor")) {
+    refuse(name, "__dlpack__() did not return an unused 'dltensor' capsule");
+  }
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
+  if (managed == nullptr) throw py::error_already_set();
+  // From here the capsule no longer frees the tensor: we do, in ~ImportedTensor.
+  if (PyCapsule_SetName(cap, "used_dltensor") != 0) throw py::error_already_set();
+  managed_ = managed;
+
+  const DLTensor& dl = managed->dl_tensor;
+  view_.shape.assign(dl.shape, dl.shape + dl.ndim);
+  if (dl.dtype.lanes != 1) {
+    refuse(name, "has vector lanes (" + std::to_string(dl.dtype.lanes) + "); gyre takes lanes == 1");
+  }
+  auto dt = from_dl_dtype(dl.dtype);
+  if (!dt) refuse(name, "has unsupported dtype " + dl_dtype_name(dl.dtype) + " (" + kSupported + ")");
+  view_.dtype = *dt;
+  if (!is_row_major(view_.shape, dl.strides)) {
+    refuse(name, "is not contiguous (shape " + shape_string(view_.shape) +
+                     "); pass a contiguous tensor, e.g. tensor.contiguous()");
+  }
+  view_.data = static_cast<char*>(dl.data) + dl.byte_offset;
+  view_.device = Device{DeviceType::kCPU, 0};
+}
+
+bool ImportedTensor::import_buffer(py::handle obj, const std::string& name, Access access) {
+  if (!PyObject_CheckBuffer(obj.ptr())) return false;
+  int flags = PyBUF_STRIDES | PyBUF_FORMAT;
+  if (PyObject_GetBuffer(obj.ptr(), &buffer_, flags) != 0) {
+    PyErr_Clear();
+    return false;
+  }
+  has_buffer_ = true;
+  if (access == Access::kWrite && buffer_.readonly) {
+    refuse(name, "is read-only, but this operation writes its result into it");
+  }
+  auto dt = from_buffer_format(buffer_.format, buffer_.itemsize);
+  if (!dt) {
+    refuse(name, std::string("has unsupported buffer format '") +
+                     (buffer_.format ? buffer_.format : "B") + "' (" + kSupported + ")");
+  }
+  view_.dtype = *dt;
+  view_.shape.assign(buffer_.shape, buffer_.shape + buffer_.ndim);
+  if (!PyBuffer_IsContiguous(&buffer_, 'C')) {
+    refuse(name, "is not contiguous (shape " + shape_string(view_.shape) +
+                     "); pass a C-contiguous array, e.g. numpy.ascontiguousarray(a)");
+  }
+  view_.data = buffer_.buf;
+  view_.device = Device{DeviceType::kCPU, 0};
+  return true;
+}
+
+ImportedTensor::~ImportedTensor() {
+  if (managed_ != nullptr && managed_->deleter != nullptr) managed_->deleter(managed_);
+  if (has_buffer_) PyBuffer_Release(&buffer_);
+}
+
+}  // namespace gyre::python

@@ -1,0 +1,60 @@
+// Turning Python tensors into gyre::TensorView without copying, and keeping
+// them alive while an operation uses their memory.
+//
+// Two routes, tried in this order:
+//   - DLPack: the object has __dlpack__/__dlpack_device__ (torch tensors,
+//     numpy arrays, any DLPack producer). The unversioned "dltensor" capsule
+//     is requested and renamed "used_dltensor"; the DLManagedTensor is then
+//     ours and its deleter runs when the ImportedTensor is destroyed.
+//   - The buffer protocol (numpy arrays that refuse DLPack export, e.g.
+//     read-only ones, bytearray, array.array, memoryview).
+//
+// Threads: from_object() and the destructor run on a Python thread holding the
+// GIL (the producer's deleter or PyBuffer_Release may touch Python objects).
+// The TensorView may be read from any thread while the object is alive.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <string>
+
+#include "gyre/gyre.h"
+
+struct DLManagedTensor;
+
+namespace gyre::python {
+
+namespace py = pybind11;
+
+// Whether the operation writes into the tensor (in-place collectives,
+// outputs): a read-only buffer is refused for those.
+enum class Access { kRead, kWrite };
+
+class ImportedTensor {
+ public:
+  // Throws gyre::InvalidArgument, naming `name`, for anything gyre cannot
+  // use: not a tensor, not on the CPU (this build has no NCCL), not
+  // contiguous, vector lanes, an unsupported dtype, read-only for kWrite.
+  static std::unique_ptr<ImportedTensor> from_object(py::handle obj, const std::string& name,
+                                                     Access access);
+
+  ImportedTensor(const ImportedTensor&) = delete;
+  ImportedTensor& operator=(const ImportedTensor&) = delete;
+  ~ImportedTensor();  // GIL held: see the file comment
+
+  const TensorView& view() const { return view_; }
+
+ private:
+  ImportedTensor() = default;
+  void import_dlpack(py::handle obj, const std::string& name);
+  // Returns false (and sets nothing) if obj does not support the protocol.
+  bool import_buffer(py::handle obj, const std::string& name, Access access);
+
+  TensorView view_;
+  DLManagedTensor* managed_ = nullptr;  // owned once the capsule is renamed
+  Py_buffer buffer_{};
+  bool has_buffer_ = false;
+};
+
+}  // namespace gyre::python
