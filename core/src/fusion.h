@@ -1,0 +1,69 @@
+// Fusion: which agreed responses share one collective call, and the buffer
+// they are packed into.
+//
+// plan_buckets() is pure: every rank plans the same buckets from the same
+// responses. Allreduces with the same dtype, reduce op, scale factors and
+// device are packed greedily, in response order, into buckets of at most
+// `threshold` bytes; the planner may pass over a response of another kind
+// and keep filling a bucket. A tensor larger than the threshold, or alone in
+// its bucket, is reduced in place without a copy. Buckets are returned in
+// the order of their first member, so all ranks call the collectives in the
+// same order.
+//
+// FusionBuffer is allocated once (grown to the largest bucket seen, at most
+// the threshold) and reused. Thread: background thread only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "gyre/types.h"
+
+namespace gyre::core {
+
+struct FusionItem {
+  bool fusable = false;  // an allreduce that succeeded negotiation
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  Device device{};
+  std::size_t bytes = 0;
+
+  bool same_kind(const FusionItem& o) const {
+    return fusable && o.fusable && dtype == o.dtype && op == o.op && prescale == o.prescale &&
+           postscale == o.postscale && device == o.device;
+  }
+};
+
+struct Bucket {
+  std::vector<std::size_t> members;  // indices into the planned items
+  std::size_t bytes = 0;
+  bool fused() const { return members.size() > 1; }
+};
+
+std::vector<Bucket> plan_buckets(const std::vector<FusionItem>& items, std::size_t threshold);
+
+// Offsets of the members inside a fused buffer: each starts on a 64-byte
+// boundary so the reduction kernels see aligned data.
+std::vector<std::size_t> bucket_offsets(const std::vector<FusionItem>& items, const Bucket& b,
+                                        std::size_t* total_bytes);
+
+class FusionBuffer {
+ public:
+  std::byte* get(std::size_t bytes);
+  std::size_t capacity() const { return size_; }
+  int allocations() const { return allocations_; }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const;
+  };
+  std::unique_ptr<std::byte, Free> data_;
+  std::size_t size_ = 0;
+  int allocations_ = 0;
+};
+
+}  // namespace gyre::core

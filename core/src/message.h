@@ -1,0 +1,92 @@
+// The negotiation messages: what one rank tells every other rank in one
+// round, and how it is serialised.
+//
+// Every round each rank encodes one RoundMessage (its newly enqueued
+// requests, its committed step, its joined and shutdown flags, cache hits)
+// and the background thread allgathers the encoded bytes. Messages are
+// built, encoded and decoded on the background thread only. The encoding is
+// plain little-endian fields with length prefixes; decode() checks every
+// length against the buffer and throws TransportError on malformed input.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gyre/types.h"
+
+namespace gyre::core {
+
+enum class Collective : std::uint8_t {
+  kAllreduce = 0,
+  kAllgather,
+  kBroadcast,
+  kAlltoall,
+  kReducescatter,
+  kBarrier,
+  kFingerprint,  // compares digests carried in the requests themselves
+  kResync,       // broadcast or average of a set of buffers, then step agreement
+};
+inline constexpr int kNumCollectives = 8;
+std::string_view collective_name(Collective c);
+
+// The kind of exception an error response turns into on every rank.
+enum class ErrorKind : std::uint8_t {
+  kNone = 0,
+  kInvalidArgument,
+  kMismatch,
+  kDivergence,
+  kTimeout,
+  kTransport,
+  kState,
+};
+std::exception_ptr make_error(ErrorKind kind, const std::string& what);
+
+// One rank's request for one named operation.
+struct Request {
+  std::string name;
+  Collective collective = Collective::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  Device device{};
+  std::int32_t root = -1;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> splits;    // alltoall: rows sent to each rank
+  std::vector<std::uint64_t> digests;  // fingerprint / resync, see operations.cc
+  std::uint64_t step = 0;              // sender's committed step at enqueue
+  // Set when the sender failed this operation on its own (bad argument
+  // found at enqueue): the other ranks fail it too, with this reason.
+  ErrorKind error_kind = ErrorKind::kNone;
+  std::string error;
+
+  std::size_t nbytes() const;
+  // Same operation, ignoring the step and error fields: what the response
+  // cache compares.
+  bool same_operation(const Request& o) const;
+};
+
+struct RoundMessage {
+  bool shutdown = false;  // this rank called shutdown()
+  bool joined = false;    // this rank called join() and waits for the others
+  std::uint64_t step = 0; // committed steps of the sender
+  // Response-cache slots whose cached request this rank enqueued again,
+  // unchanged and at `step`: sent as a bit vector instead of full requests.
+  std::vector<std::uint32_t> cache_hits;
+  std::vector<Request> requests;
+  // Tensors the stall inspector (rank 0 only) fails on every rank.
+  std::vector<std::string> stall_failures;
+};
+
+// The first 4 bytes of an encoded message are its total length, so the
+// receiver of a truncated first block knows how much follows.
+std::vector<std::byte> encode(const RoundMessage& m);
+RoundMessage decode(std::span<const std::byte> bytes, int from_rank);
+std::uint32_t encoded_length(std::span<const std::byte> first_bytes);
+
+}  // namespace gyre::core

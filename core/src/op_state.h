@@ -1,0 +1,43 @@
+// OpState: the shared completion record behind a gyre::Handle.
+//
+// Created on the user thread at enqueue; completed (once) by the background
+// thread, or by the user thread that shuts the runtime down. A grouped
+// operation shares one OpState among its tensors: it completes when the
+// last member does, with the first error any member had.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include "gyre/gyre.h"
+
+namespace gyre::core {
+
+struct OpState {
+  explicit OpState(int members = 1) : remaining(members) {}
+
+  // Called once per member. The last call publishes the result, wakes
+  // waiters and runs the callbacks (outside the lock).
+  void complete_one(std::exception_ptr err = nullptr);
+
+  // Guards everything below except `done`, which is also read without the
+  // lock by poll().
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<bool> done{false};
+  int remaining;
+  std::exception_ptr error;
+  std::vector<std::function<void(std::exception_ptr)>> callbacks;
+
+  // Results, written by the background thread before completion.
+  OwnedTensor output;
+  std::vector<std::int64_t> received_splits;
+  std::vector<FingerprintMismatch> mismatches;  // fingerprint_check
+  int join_last_rank = -1;                      // join
+};
+
+}  // namespace gyre::core

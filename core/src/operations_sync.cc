@@ -1,0 +1,92 @@
+// The public divergence tools: fingerprint_check() and resync().
+//
+// Both are ordinary operations of the background thread with internal
+// names. fingerprint_check hashes the buffers here, on the caller's thread,
+// and the digests travel inside the negotiation request: comparing them
+// needs no transfer beyond the round itself. resync carries its policy and
+// a hash of the buffers' names, dtypes and shapes (checked at negotiation);
+// the background thread then broadcasts or averages the buffers.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "fingerprint.h"
+#include "gyre/gyre.h"
+#include "runtime.h"
+
+namespace gyre {
+
+namespace {
+
+void check_buffers(const char* call, const std::vector<NamedBuffer>& buffers) {
+  for (const auto& b : buffers) {
+    if (b.tensor.numel() > 0 && b.tensor.data == nullptr) {
+      throw InvalidArgument(fmt::format("{}: buffer '{}' is null but has {} elements", call,
+                                        b.name, b.tensor.numel()));
+    }
+    if (b.tensor.device.type != DeviceType::kCPU) {
+      throw InvalidArgument(fmt::format("{}: buffer '{}' is not a CPU tensor", call, b.name));
+    }
+  }
+}
+
+std::shared_ptr<core::OpState> run(core::Runtime& rt, core::Request req,
+                                   const std::vector<NamedBuffer>& buffers) {
+  auto state = std::make_shared<core::OpState>();
+  core::LocalEntry e;
+  e.request = std::move(req);
+  e.state = state;
+  for (const auto& b : buffers) {
+    e.buffers.push_back(b.tensor);
+    e.buffer_names.push_back(b.name);
+  }
+  std::vector<core::LocalEntry> v;
+  v.push_back(std::move(e));
+  rt.queue().push(std::move(v));
+  Handle(state).wait();
+  return state;
+}
+
+}  // namespace
+
+std::shared_ptr<core::Runtime> runtime_for(const char* call);  // operations.cc
+
+std::vector<FingerprintMismatch> fingerprint_check(const std::vector<NamedBuffer>& buffers) {
+  auto rt = runtime_for("fingerprint_check");
+  check_buffers("fingerprint_check", buffers);
+  core::Request req;
+  req.name = rt->internal_name("fingerprint");
+  req.collective = core::Collective::kFingerprint;
+  req.step = rt->versions().own();
+  std::uint64_t names = buffers.size();
+  for (const auto& b : buffers) names = core::hash_combine(names, b.name);
+  req.digests.push_back(names);
+  for (const auto& b : buffers) {
+    req.digests.push_back(core::hash_bytes(b.tensor.data, b.tensor.nbytes(),
+                                           static_cast<std::uint64_t>(b.tensor.dtype)));
+  }
+  return run(*rt, std::move(req), buffers)->mismatches;
+}
+
+void resync(const std::vector<NamedBuffer>& buffers, ResyncPolicy policy) {
+  auto rt = runtime_for("resync");
+  check_buffers("resync", buffers);
+  std::uint64_t layout = buffers.size();
+  for (const auto& b : buffers) {
+    if (policy == ResyncPolicy::kAverage && !is_floating(b.tensor.dtype)) {
+      throw InvalidArgument(fmt::format(
+          "resync: buffer '{}' is {}; the average policy needs floating types", b.name,
+          dtype_name(b.tensor.dtype)));
+    }
+    layout = core::hash_combine(layout, b.name);
+    layout = core::hash_combine(layout, dtype_name(b.tensor.dtype));
+    layout = core::hash_combine(layout, fmt::format("{}", fmt::join(b.tensor.shape, ",")));
+  }
+  core::Request req;
+  req.name = rt->internal_name("resync");
+  req.collective = core::Collective::kResync;
+  req.step = rt->versions().own();
+  req.digests = {policy == ResyncPolicy::kNewest ? 0u : 1u, layout};
+  run(*rt, std::move(req), buffers);
+}
+
+}  // namespace gyre

@@ -1,0 +1,238 @@
+#include "runtime.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "gyre/collectives/algorithms.h"
+#include "gyre/error.h"
+
+namespace gyre::core {
+
+namespace {
+
+constexpr int kTagNegotiate = 1;
+// Bytes of each rank's message that travel in the first allgather of a
+// round; longer messages send the rest in a second one. Steady-state
+// messages (flags, step, cache bits) fit easily.
+constexpr std::size_t kInlineBytes = 256;
+
+std::unique_ptr<Timeline> make_timeline(const Options& o, int rank) {
+  if (o.timeline_path.empty()) return nullptr;
+  std::string path = o.timeline_path;
+  auto pos = path.find("{rank}");
+  if (pos != std::string::npos) path.replace(pos, 6, std::to_string(rank));
+  else if (rank != 0) return nullptr;  // one file: rank 0's view
+  return std::make_unique<Timeline>(path, rank);
+}
+
+}  // namespace
+
+Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, RuntimeInfo info)
+    : opt_(opt),
+      t_(std::move(t)),
+      info_(std::move(info)),
+      rank_(t_->rank()),
+      size_(t_->size()),
+      log_(rank_, opt.log_level),
+      vv_(rank_, size_),
+      cache_(opt.cache_capacity),
+      coord_(size_, opt.max_version_lag, opt.stall_shutdown_s),
+      stall_(rank_, opt.stall_warning_s, opt.stall_shutdown_s),
+      timeline_(make_timeline(opt, rank_)),
+      executor_(*t_, opt_, queue_, vv_, timeline_.get(), log_) {
+  log_.debug("runtime started: {} ranks over {}, fusion threshold {} B, cycle {} ms", size_,
+             t_->name(), opt_.fusion_threshold_bytes, opt_.cycle_time_ms);
+  thread_ = std::thread([this] { loop(); });
+}
+
+Runtime::~Runtime() { shutdown(); }
+
+std::string Runtime::internal_name(const char* what) {
+  return fmt::format("__gyre.{}.{}", what, internal_seq_.fetch_add(1));
+}
+
+std::shared_ptr<OpState> Runtime::request_join() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopped_.load()) throw StateError("join(): gyre's background loop has stopped");
+  if (join_state_) throw InvalidArgument("join(): this rank is already joining");
+  join_state_ = std::make_shared<OpState>();
+  join_requested_ = true;
+  queue_.wake();
+  return join_state_;
+}
+
+void Runtime::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutdown_done_) return;
+    shutdown_done_ = true;
+  }
+  shutdown_requested_ = true;
+  queue_.wake();
+  if (thread_.joinable()) thread_.join();
+  fail_all(ErrorKind::kState, "gyre was shut down with this operation pending");
+  log_.debug("runtime stopped after {} rounds", rounds_.load());
+}
+
+void Runtime::fail_all(ErrorKind kind, const std::string& why) {
+  for (auto& e : queue_.close(why)) {
+    e.state->complete_one(make_error(kind, fmt::format("{} '{}': {}",
+                                                       collective_name(e.request.collective),
+                                                       e.request.name, why)));
+  }
+  std::shared_ptr<OpState> join;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    join.swap(join_state_);
+  }
+  if (join) join->complete_one(make_error(kind, fmt::format("join(): {}", why)));
+}
+
+void Runtime::loop() {
+  const auto cycle = std::chrono::microseconds(static_cast<long>(opt_.cycle_time_ms * 1000.0));
+  bool first = true;
+  try {
+    while (true) {
+      if (!first) queue_.wait_for_work(cycle);
+      if (!round()) break;
+      if (first) {
+        // The first round doubles as the start-up barrier: ranks may reach
+        // init() seconds apart, so the deadline applies from then on.
+        first = false;
+        if (opt_.op_timeout_s > 0) {
+          t_->set_timeout(std::chrono::milliseconds(
+              std::max<long>(1, static_cast<long>(opt_.op_timeout_s * 1000.0))));
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    fatal(e);
+  }
+  stopped_ = true;
+}
+
+void Runtime::fatal(const std::exception& e) {
+  const bool timeout = dynamic_cast<const TimeoutError*>(&e) != nullptr;
+  std::string pending = fmt::format("{}", fmt::join(queue_.pending_names(), ", "));
+  std::string text = fmt::format(
+      "{} during {}: {}. Tensors pending on this rank: [{}]. {}", timeout ? "timed out" : "failed",
+      phase_, e.what(), pending,
+      timeout ? fmt::format("No progress for GYRE_OP_TIMEOUT_S={} s: a rank is stuck or gone; "
+                            "aborting the job",
+                            opt_.op_timeout_s)
+              : std::string("The ranks can no longer agree: aborting the job"));
+  log_.error("{}", text);
+  stopped_ = true;
+  if (info_.abort) info_.abort(1);
+  // abort returned (in-process tests): fail everything and stop.
+  fail_all(timeout ? ErrorKind::kTimeout : ErrorKind::kTransport, text);
+}
+
+bool Runtime::round() {
+  const std::uint64_t round_no = rounds_.load();
+  phase_ = fmt::format("negotiation round {}", round_no);
+  RoundMessage mine;
+  mine.shutdown = shutdown_requested_.load();
+  mine.joined = join_requested_.load();
+  mine.step = vv_.own();
+  for (auto& r : queue_.drain_new()) {
+    if (r.error_kind == ErrorKind::kNone && r.step == mine.step) {
+      if (auto slot = cache_.find(r)) {
+        mine.cache_hits.push_back(*slot);
+        continue;
+      }
+    }
+    mine.requests.push_back(std::move(r));
+  }
+  mine.stall_failures.swap(stall_failures_);
+
+  std::vector<RoundMessage> msgs = exchange(mine);
+  rounds_.fetch_add(1);
+  for (int r = 0; r < size_; ++r) vv_.update(r, msgs[static_cast<std::size_t>(r)].step);
+  const auto agreed_at = Clock::now();
+  RoundOutcome out = coord_.process(msgs, cache_, agreed_at);
+
+  if (!out.responses.empty()) {
+    phase_ = fmt::format("round {}: running {} responses from '{}'", round_no,
+                         out.responses.size(), out.responses.front().name);
+    executor_.run(out.responses, agreed_at);
+    fusion_allocations_ = executor_.fusion_buffer().allocations();
+  }
+  if (out.join_completed) {
+    std::shared_ptr<OpState> join;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      join.swap(join_state_);
+    }
+    join_requested_ = false;
+    if (join) {
+      join->join_last_rank = *out.join_completed;
+      join->complete_one();
+    }
+  }
+  stall_failures_ = stall_.inspect(coord_, Clock::now(), log_);
+
+  if (out.shutdown_rank >= 0) {
+    fail_all(ErrorKind::kState,
+             out.shutdown_rank == rank_
+                 ? std::string("gyre was shut down with this operation pending")
+                 : fmt::format("gyre was shut down by rank {} (its shutdown() stops every "
+                               "rank's runtime in the same round)",
+                               out.shutdown_rank));
+    return false;
+  }
+  return true;
+}
+
+std::vector<RoundMessage> Runtime::exchange(const RoundMessage& mine) {
+  std::vector<std::byte> bytes = encode(mine);
+  std::vector<RoundMessage> out(static_cast<std::size_t>(size_));
+  if (size_ == 1) {
+    out[0] = decode(bytes, 0);
+    return out;
+  }
+  const std::size_t n = static_cast<std::size_t>(size_);
+  collectives::RingOptions ro;
+  ro.chunk_bytes = opt_.ring_chunk_bytes;
+  ro.tag = kTagNegotiate;
+
+  // Round part 1: the first kInlineBytes of every message (with its length).
+  std::vector<std::byte> block(kInlineBytes, std::byte{0});
+  std::memcpy(block.data(), bytes.data(), std::min(kInlineBytes, bytes.size()));
+  std::vector<std::byte> first(kInlineBytes * n);
+  std::vector<std::size_t> sizes(n, kInlineBytes);
+  collectives::ring_allgather(*t_, block.data(), first.data(), sizes, ro);
+
+  std::vector<std::size_t> lens(n), extra(n);
+  bool more = false;
+  for (std::size_t r = 0; r < n; ++r) {
+    lens[r] = encoded_length(std::span<const std::byte>(first.data() + r * kInlineBytes, 4));
+    extra[r] = lens[r] > kInlineBytes ? lens[r] - kInlineBytes : 0;
+    more = more || extra[r] > 0;
+  }
+  // Part 2, only when some message was longer: the remainders.
+  std::vector<std::byte> rest;
+  std::vector<std::size_t> rest_at(n, 0);
+  if (more) {
+    std::size_t total = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      rest_at[r] = total;
+      total += extra[r];
+    }
+    rest.resize(total);
+    const std::byte* tail = bytes.size() > kInlineBytes ? bytes.data() + kInlineBytes : nullptr;
+    collectives::ring_allgather(*t_, tail, rest.data(), extra, ro);
+  }
+  for (std::size_t r = 0; r < n; ++r) {
+    std::vector<std::byte> msg(lens[r]);
+    std::memcpy(msg.data(), first.data() + r * kInlineBytes, std::min(kInlineBytes, lens[r]));
+    if (extra[r]) std::memcpy(msg.data() + kInlineBytes, rest.data() + rest_at[r], extra[r]);
+    out[r] = decode(msg, static_cast<int>(r));
+  }
+  return out;
+}
+
+}  // namespace gyre::core
