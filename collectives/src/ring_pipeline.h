@@ -1,0 +1,81 @@
+// RingPipeline: the bookkeeping shared by the ring algorithms (allreduce,
+// reduce-scatter, allgather), so that each of them reads as its phases.
+//
+// The ring moves units. Unit (k, j) is step k, chunk j: this rank sends
+// chunk j of segment send_segment(k) to the next rank and receives chunk j
+// of segment recv_segment(k) = send_segment(k) - 1 from the previous one.
+// What is received at step k is what is sent at step k + 1, so data flows
+// around the ring one segment per step. Both neighbours enumerate units in
+// the same order (k major, j minor) and post sends and receives in that
+// order; the transport matches messages of one (source, tag) in posting
+// order, so every message lands in the receive meant for it. Empty chunks
+// (segments shorter than the chunk count) are skipped by both sides.
+//
+// Internal to collectives/; used by one thread at a time (the caller's).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "gyre/collectives/segment_plan.h"
+#include "gyre/collectives/transport.h"
+
+namespace gyre::collectives {
+
+class RingPipeline {
+ public:
+  // `steps` steps over `plan`; step 0 sends segment `first_send_segment`.
+  RingPipeline(transport::Transport& t, const SegmentPlan& plan, int steps,
+               int first_send_segment, int tag);
+  // Waits for outstanding sends only on the normal path (finish()); after an
+  // exception the transport is not reusable and the requests are abandoned.
+  ~RingPipeline() = default;
+
+  int steps() const { return steps_; }
+  std::size_t chunks() const { return plan_.chunks; }
+  std::size_t units() const { return static_cast<std::size_t>(steps_) * plan_.chunks; }
+  int send_segment(int k) const { return wrap(first_send_ - k); }
+  int recv_segment(int k) const { return wrap(first_send_ - k - 1); }
+
+  // Offset (bytes, from the start of a buffer laid out as the plan) and size
+  // of chunk j of segment s.
+  std::size_t chunk_byte_offset(int s, std::size_t j) const {
+    return plan_.chunk_offset(s, j) * plan_.elem_size;
+  }
+  std::size_t chunk_count(int s, std::size_t j) const { return plan_.chunk_count(s, j); }
+  std::size_t chunk_bytes(int s, std::size_t j) const {
+    return plan_.chunk_count(s, j) * plan_.elem_size;
+  }
+
+  // Posts the send of unit (k, j) from `data` (chunk_bytes(send_segment(k), j) bytes).
+  void post_send(int k, std::size_t j, const std::byte* data);
+  // Posts the receive of unit (k, j) into `data`.
+  void post_recv(int k, std::size_t j, std::byte* data);
+  void wait_send(int k, std::size_t j);
+  void wait_recv(int k, std::size_t j);
+  // Waits for every send posted so far.
+  void finish();
+
+ private:
+  int wrap(int s) const { return ((s % n_) + n_) % n_; }
+  std::size_t unit(int k, std::size_t j) const {
+    return static_cast<std::size_t>(k) * plan_.chunks + j;
+  }
+
+  transport::Transport& t_;
+  const SegmentPlan& plan_;
+  const int n_, steps_, first_send_, tag_;
+  const int next_, prev_;
+  std::vector<transport::Request> sends_, recvs_;  // indexed by unit
+};
+
+// A per-thread scratch area of at least `bytes` bytes, 64-byte aligned and
+// reused across calls (staging chunks, reduce-scatter intermediates), so a
+// collective does not fault in fresh pages every time. Valid until the
+// calling thread asks again.
+std::byte* thread_scratch(std::size_t bytes);
+
+// Receives kept posted ahead of the one being waited for.
+inline constexpr std::size_t kRecvWindow = 4;
+
+}  // namespace gyre::collectives

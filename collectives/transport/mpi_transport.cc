@@ -1,0 +1,289 @@
+// MpiWorld (process-level MPI set-up) and MpiTransport (point-to-point over
+// a duplicated communicator). The only file of gyre that includes mpi.h.
+//
+// Threads: MpiWorld::instance() may be called from any thread (the first
+// call initialises MPI). A transport is driven by one thread at a time, the
+// runtime's background thread; MPI_THREAD_MULTIPLE also lets the job's own
+// threads use MPI concurrently with it.
+#include "gyre/collectives/mpi_transport.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <fmt/format.h>
+#include <thread>
+#include <vector>
+
+#include "gyre/error.h"
+
+namespace gyre::transport {
+
+namespace {
+
+std::string mpi_error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", code);
+  return std::string(text, static_cast<std::size_t>(len));
+}
+
+void check_mpi(int code, const char* call) {
+  if (code != MPI_SUCCESS) {
+    throw TransportError(fmt::format("{} failed: {}", call, mpi_error_string(code)));
+  }
+}
+
+const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+  }
+  return "unknown";
+}
+
+// MPI counts are int: a message above this size is sent as several pieces
+// with the same tag. Both sides cut a message of a given size the same way,
+// and MPI keeps messages of one (source, tag) in order, so the pieces match.
+constexpr std::size_t kMaxPieceBytes = std::size_t{1} << 30;
+
+class MpiTransport final : public Transport {
+ public:
+  explicit MpiTransport(MPI_Comm comm) : comm_(comm) {
+    check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  }
+
+  ~MpiTransport() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "mpi"; }
+
+  Request isend(int peer, int tag, std::span<const std::byte> data) override {
+    check_peer(peer, "send");
+    const std::int64_t slot = allocate(peer, tag, data.size(), /*is_send=*/true);
+    Op& op = ops_[static_cast<std::size_t>(slot)];
+    // MPI_Isend takes a non-const buffer in old bindings; it does not write it.
+    auto* base = const_cast<std::byte*>(data.data());
+    for_each_piece(data.size(), [&](std::size_t off, int len) {
+      MPI_Request r;
+      post(MPI_Isend(base + off, len, MPI_BYTE, peer, tag, comm_, &r), "MPI_Isend", op);
+      op.reqs.push_back(r);
+    });
+    return Request{slot};
+  }
+
+  Request irecv(int peer, int tag, std::span<std::byte> data) override {
+    check_peer(peer, "receive");
+    const std::int64_t slot = allocate(peer, tag, data.size(), /*is_send=*/false);
+    Op& op = ops_[static_cast<std::size_t>(slot)];
+    for_each_piece(data.size(), [&](std::size_t off, int len) {
+      MPI_Request r;
+      post(MPI_Irecv(data.data() + off, len, MPI_BYTE, peer, tag, comm_, &r), "MPI_Irecv", op);
+      op.reqs.push_back(r);
+    });
+    return Request{slot};
+  }
+
+  bool test(Request& req) override {
+    if (!req.pending()) return true;
+    Op& op = lookup(req);
+    int flag = 0;
+    int code = MPI_Testall(static_cast<int>(op.reqs.size()), op.reqs.data(), &flag,
+                           op.statuses.data());
+    if (code != MPI_SUCCESS) fail(req, op, code);
+    if (!flag) return false;
+    release(req);
+    return true;
+  }
+
+  void wait(Request& req) override {
+    if (!req.pending()) return;
+    // Polling rather than MPI_Wait lets a deadline be enforced; yielding now
+    // and then keeps oversubscribed ranks (more ranks than cores) moving.
+    const bool bounded = timeout_.count() > 0;
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (unsigned spins = 1;; ++spins) {
+      if (test(req)) return;
+      if ((spins & 63) == 0) {
+        std::this_thread::yield();
+        if (bounded && std::chrono::steady_clock::now() > deadline) {
+          const Op& op = lookup(req);
+          throw TimeoutError(fmt::format(
+              "mpi transport: rank {} made no progress for {} ms {} {} bytes {} rank {} (tag {})",
+              rank_, timeout_.count(), op.is_send ? "sending" : "receiving", op.bytes,
+              op.is_send ? "to" : "from", op.peer, op.tag));
+        }
+      }
+    }
+  }
+
+ private:
+  struct Op {
+    std::vector<MPI_Request> reqs;  // one per piece
+    std::vector<MPI_Status> statuses;
+    int peer = -1, tag = 0;
+    std::size_t bytes = 0;
+    bool is_send = false;
+    bool in_use = false;
+  };
+
+  template <class F>
+  static void for_each_piece(std::size_t bytes, F&& f) {
+    if (bytes == 0) {
+      f(0, 0);
+      return;
+    }
+    for (std::size_t off = 0; off < bytes; off += kMaxPieceBytes) {
+      f(off, static_cast<int>(std::min(kMaxPieceBytes, bytes - off)));
+    }
+  }
+
+  void check_peer(int peer, const char* what) const {
+    if (peer < 0 || peer >= size_) {
+      throw InvalidArgument(
+          fmt::format("mpi transport: {} peer {} outside world of size {}", what, peer, size_));
+    }
+  }
+
+  std::int64_t allocate(int peer, int tag, std::size_t bytes, bool is_send) {
+    std::int64_t slot;
+    if (!free_.empty()) {
+      slot = free_.back();
+      free_.pop_back();
+    } else {
+      slot = static_cast<std::int64_t>(ops_.size());
+      ops_.emplace_back();
+    }
+    Op& op = ops_[static_cast<std::size_t>(slot)];
+    op.reqs.clear();
+    op.peer = peer;
+    op.tag = tag;
+    op.bytes = bytes;
+    op.is_send = is_send;
+    op.in_use = true;
+    return slot;
+  }
+
+  void post(int code, const char* call, Op& op) {
+    if (code != MPI_SUCCESS) {
+      throw TransportError(fmt::format("mpi transport: {} of {} bytes {} rank {} (tag {}): {}",
+                                       call, op.bytes, op.is_send ? "to" : "from", op.peer,
+                                       op.tag, mpi_error_string(code)));
+    }
+  }
+
+  Op& lookup(const Request& req) {
+    auto idx = static_cast<std::size_t>(req.slot);
+    if (idx >= ops_.size() || !ops_[idx].in_use) {
+      throw InvalidArgument(fmt::format("mpi transport: unknown request {}", req.slot));
+    }
+    Op& op = ops_[idx];
+    op.statuses.resize(op.reqs.size());
+    return op;
+  }
+
+  void release(Request& req) {
+    ops_[static_cast<std::size_t>(req.slot)].in_use = false;
+    free_.push_back(req.slot);
+    req.slot = -1;
+  }
+
+  [[noreturn]] void fail(Request& req, Op& op, int code) {
+    // With MPI_ERR_IN_STATUS the cause is in the per-request statuses.
+    if (code == MPI_ERR_IN_STATUS) {
+      for (const MPI_Status& s : op.statuses) {
+        if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING) {
+          code = s.MPI_ERROR;
+          break;
+        }
+      }
+    }
+    std::string what = fmt::format("mpi transport: {} {} bytes {} rank {} (tag {}) failed: {}",
+                                   op.is_send ? "sending" : "receiving", op.bytes,
+                                   op.is_send ? "to" : "from", op.peer, op.tag,
+                                   mpi_error_string(code));
+    release(req);
+    throw TransportError(what);
+  }
+
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+  std::vector<Op> ops_;            // indexed by Request::slot
+  std::vector<std::int64_t> free_;  // released slots, reused first
+};
+
+}  // namespace
+
+MpiWorld& MpiWorld::instance() {
+  static MpiWorld world;
+  return world;
+}
+
+MpiWorld::MpiWorld() {
+  int initialized = 0;
+  check_mpi(MPI_Initialized(&initialized), "MPI_Initialized");
+  int provided = MPI_THREAD_SINGLE;
+  if (!initialized) {
+    check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided),
+              "MPI_Init_thread");
+    owns_mpi_ = true;
+  } else {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) throw TransportError("MPI was already finalized before gyre initialised it");
+    check_mpi(MPI_Query_thread(&provided), "MPI_Query_thread");
+  }
+  // All transport calls come from the background thread, which is not the
+  // thread that initialised MPI: FUNNELED is not enough, SERIALIZED is.
+  if (provided < MPI_THREAD_SERIALIZED) {
+    throw TransportError(fmt::format(
+        "MPI thread level {} is too low: gyre calls MPI from its background thread and "
+        "needs at least MPI_THREAD_SERIALIZED{}",
+        thread_level_name(provided),
+        owns_mpi_ ? "" : " (the job initialised MPI itself; use MPI_Init_thread)"));
+  }
+  check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+  MPI_Comm local;
+  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL,
+                                &local),
+            "MPI_Comm_split_type");
+  check_mpi(MPI_Comm_rank(local, &local_rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(local, &local_size_), "MPI_Comm_size");
+  MPI_Comm_free(&local);
+}
+
+std::unique_ptr<Transport> MpiWorld::make_transport() {
+  if (finalized_) throw StateError("MpiWorld::make_transport after finalize()");
+  MPI_Comm comm;
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
+  // Errors come back as codes and become TransportError, instead of the
+  // default handler ending the job without a word about the operation.
+  check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  return std::make_unique<MpiTransport>(comm);
+}
+
+void MpiWorld::abort(int code) {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::abort();  // MPI_Abort should not return; make sure the process ends
+}
+
+void MpiWorld::finalize() {
+  if (finalized_) return;
+  finalized_ = true;
+  if (!owns_mpi_) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+}  // namespace gyre::transport

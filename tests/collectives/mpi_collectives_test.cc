@@ -1,0 +1,279 @@
+// The ring algorithms over MpiTransport, checked element by element against
+// MPI's own collectives on the same data: MPI_Allreduce, MPI_Allgatherv,
+// MPI_Bcast, MPI_Reduce_scatter and MPI_Alltoallv. Run under mpirun with 2,
+// 3 and 4 ranks (tests/collectives/CMakeLists.txt).
+//
+// Integers must match exactly. Floating results may differ from MPI's by
+// the order of additions: |ring - mpi| <= tol * sum_r |x_r| per element, with
+// tol = 1e-6 (float32), 1e-14 (float64); min and max must match exactly.
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gyre/collectives/algorithms.h"
+#include "gyre/collectives/mpi_transport.h"
+#include "gyre/error.h"
+
+using namespace gyre;
+using namespace gyre::collectives;
+
+namespace {
+
+int g_rank = 0, g_size = 1;
+long g_checks = 0, g_failures = 0;
+
+void fail(const std::string& what) {
+  if (g_failures < 20) std::fprintf(stderr, "rank %d: FAIL %s\n", g_rank, what.c_str());
+  ++g_failures;
+}
+
+template <class T> MPI_Datatype mpi_type();
+template <> MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
+template <> MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
+template <> MPI_Datatype mpi_type<std::int8_t>() { return MPI_INT8_T; }
+template <> MPI_Datatype mpi_type<std::uint8_t>() { return MPI_UINT8_T; }
+template <> MPI_Datatype mpi_type<std::int32_t>() { return MPI_INT32_T; }
+template <> MPI_Datatype mpi_type<std::int64_t>() { return MPI_INT64_T; }
+
+template <class T> DataType gyre_type();
+template <> DataType gyre_type<float>() { return DataType::kFloat32; }
+template <> DataType gyre_type<double>() { return DataType::kFloat64; }
+template <> DataType gyre_type<std::int8_t>() { return DataType::kInt8; }
+template <> DataType gyre_type<std::uint8_t>() { return DataType::kUInt8; }
+template <> DataType gyre_type<std::int32_t>() { return DataType::kInt32; }
+template <> DataType gyre_type<std::int64_t>() { return DataType::kInt64; }
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage: return MPI_SUM;
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kProduct: return MPI_PROD;
+  }
+  return MPI_SUM;
+}
+
+// Rank-dependent data: floats in [-1, 1]; integers small enough that the
+// product over 4 ranks cannot overflow (wrap-around would also agree, but
+// is not what this test is about).
+template <class T>
+std::vector<T> make_data(std::size_t count, unsigned seed) {
+  std::mt19937 gen(seed * 7919u + static_cast<unsigned>(g_rank) * 104729u + 1u);
+  std::vector<T> v(count);
+  for (auto& x : v) {
+    if constexpr (std::is_floating_point_v<T>) {
+      x = static_cast<T>(std::uniform_real_distribution<double>(-1.0, 1.0)(gen));
+    } else if constexpr (std::is_signed_v<T>) {
+      x = static_cast<T>(std::uniform_int_distribution<int>(-3, 3)(gen));
+    } else {
+      x = static_cast<T>(std::uniform_int_distribution<int>(0, 3)(gen));
+    }
+  }
+  return v;
+}
+
+template <class T>
+void compare(const std::vector<T>& got, const std::vector<T>& want, const std::vector<T>& abs_sum,
+             double tol, const std::string& what) {
+  ++g_checks;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const bool ok = tol == 0 ? got[i] == want[i]
+                             : std::fabs(double(got[i]) - double(want[i])) <= tol * double(abs_sum[i]) + 1e-30;
+    if (!ok) {
+      fail(what + ": element " + std::to_string(i) + " got " + std::to_string(double(got[i])) +
+           " want " + std::to_string(double(want[i])));
+      return;
+    }
+  }
+}
+
+template <class T>
+void check_allreduce(transport::Transport& t, std::size_t count, ReduceOp op, bool in_place,
+                     std::size_t chunk_bytes) {
+  const std::vector<T> in = make_data<T>(count, static_cast<unsigned>(count) + static_cast<unsigned>(op));
+  std::vector<T> want(count), abs_in(count), abs_sum(count);
+  MPI_Allreduce(in.data(), want.data(), static_cast<int>(count), mpi_type<T>(), mpi_op(op), MPI_COMM_WORLD);
+  double tol = 0;
+  if constexpr (std::is_floating_point_v<T>) {
+    for (std::size_t i = 0; i < count; ++i) abs_in[i] = std::fabs(in[i]);
+    MPI_Allreduce(abs_in.data(), abs_sum.data(), static_cast<int>(count), mpi_type<T>(), MPI_SUM, MPI_COMM_WORLD);
+    if (op == ReduceOp::kSum || op == ReduceOp::kAverage || op == ReduceOp::kProduct) {
+      tol = std::is_same_v<T, float> ? 1e-6 : 1e-14;
+    }
+    if (op == ReduceOp::kAverage) {
+      for (auto& x : want) x /= static_cast<T>(g_size);
+      for (auto& x : abs_sum) x /= static_cast<T>(g_size);
+    }
+    if (op == ReduceOp::kProduct) abs_sum.assign(count, T(1));  // |product| <= 1 here
+  }
+  std::vector<T> got = in;
+  if (!in_place) got.assign(count, T(0));
+  RingOptions opt;
+  opt.chunk_bytes = chunk_bytes;
+  ring_allreduce(t, in_place ? got.data() : in.data(), got.data(), count, gyre_type<T>(), op, opt);
+  compare(got, want, abs_sum, tol,
+          "ring_allreduce " + std::string(dtype_name(gyre_type<T>())) + " " + std::string(op_name(op)) +
+              " count " + std::to_string(count) + (in_place ? " in-place" : "") + " chunk " +
+              std::to_string(chunk_bytes));
+}
+
+template <class T>
+void allreduce_suite(transport::Transport& t) {
+  const std::size_t n = static_cast<std::size_t>(g_size);
+  const std::size_t counts[] = {0, 1, n - 1, n + 1, 1009, 300007};
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+    if (!op_defined(gyre_type<T>(), op)) continue;
+    for (std::size_t count : counts) {
+      check_allreduce<T>(t, count, op, count % 2 == 0, kDefaultChunkBytes);
+    }
+    check_allreduce<T>(t, 4099, op, false, 40);  // many chunks
+    check_allreduce<T>(t, 4099, op, true, 40);
+  }
+}
+
+void allgather_suite(transport::Transport& t) {
+  for (std::size_t base : {0, 1, 13, 70001}) {
+    for (std::size_t chunk : {kDefaultChunkBytes, std::size_t{1000}}) {
+      std::vector<std::size_t> blocks(g_size);
+      std::vector<int> counts(g_size), displs(g_size);
+      std::size_t total = 0;
+      for (int r = 0; r < g_size; ++r) {
+        blocks[r] = (r == 1) ? 0 : base * (r + 1) + static_cast<std::size_t>(r) * 3;  // uneven, one empty
+        counts[r] = static_cast<int>(blocks[r]);
+        displs[r] = static_cast<int>(total);
+        total += blocks[r];
+      }
+      std::vector<std::uint8_t> in(blocks[g_rank]);
+      for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<std::uint8_t>(g_rank * 31 + i * 7 + base);
+      std::vector<std::uint8_t> want(total), got(total, 0xee);
+      MPI_Allgatherv(in.data(), counts[g_rank], MPI_UINT8_T, want.data(), counts.data(), displs.data(),
+                     MPI_UINT8_T, MPI_COMM_WORLD);
+      RingOptions opt;
+      opt.chunk_bytes = chunk;
+      ring_allgather(t, in.data(), got.data(), blocks, opt);
+      std::vector<std::uint8_t> none;
+      compare(got, want, none, 0, "ring_allgather base " + std::to_string(base) + " chunk " + std::to_string(chunk));
+      // In place: this rank's block already sits in the output.
+      std::vector<std::uint8_t> inplace(total, 0xee);
+      std::memcpy(inplace.data() + displs[g_rank], in.data(), in.size());
+      ring_allgather(t, inplace.data() + displs[g_rank], inplace.data(), blocks, opt);
+      compare(inplace, want, none, 0, "ring_allgather in-place base " + std::to_string(base));
+    }
+  }
+}
+
+void broadcast_suite(transport::Transport& t) {
+  for (std::size_t bytes : {std::size_t{0}, std::size_t{1}, std::size_t{1009}, std::size_t{1} << 20}) {
+    for (int root = 0; root < g_size; ++root) {
+      std::vector<std::uint8_t> want(bytes), got(bytes);
+      for (std::size_t i = 0; i < bytes; ++i) {
+        want[i] = static_cast<std::uint8_t>(g_rank == root ? (i * 13 + root) : 0x11);
+      }
+      got = want;
+      MPI_Bcast(want.data(), static_cast<int>(bytes), MPI_UINT8_T, root, MPI_COMM_WORLD);
+      RingOptions opt;
+      opt.chunk_bytes = 64 * 1024;
+      ring_broadcast(t, got.data(), bytes, root, opt);
+      std::vector<std::uint8_t> none;
+      compare(got, want, none, 0, "ring_broadcast bytes " + std::to_string(bytes) + " root " + std::to_string(root));
+    }
+  }
+}
+
+template <class T>
+void reduce_scatter_suite(transport::Transport& t, ReduceOp op) {
+  for (std::size_t base : {0, 1, 5003}) {
+    std::vector<std::size_t> counts(g_size);
+    std::vector<int> icounts(g_size);
+    std::size_t total = 0;
+    for (int r = 0; r < g_size; ++r) {
+      counts[r] = base * (r % 2 + 1) + static_cast<std::size_t>(r);
+      icounts[r] = static_cast<int>(counts[r]);
+      total += counts[r];
+    }
+    const std::vector<T> in = make_data<T>(total, 99 + static_cast<unsigned>(base));
+    std::vector<T> want(counts[g_rank]), got(counts[g_rank]), abs_in(total), abs_sum(counts[g_rank]);
+    MPI_Reduce_scatter(in.data(), want.data(), icounts.data(), mpi_type<T>(), mpi_op(op), MPI_COMM_WORLD);
+    double tol = 0;
+    if constexpr (std::is_floating_point_v<T>) {
+      for (std::size_t i = 0; i < total; ++i) abs_in[i] = std::fabs(in[i]);
+      MPI_Reduce_scatter(abs_in.data(), abs_sum.data(), icounts.data(), mpi_type<T>(), MPI_SUM, MPI_COMM_WORLD);
+      if (op == ReduceOp::kSum || op == ReduceOp::kProduct) tol = std::is_same_v<T, float> ? 1e-6 : 1e-14;
+      if (op == ReduceOp::kProduct) abs_sum.assign(counts[g_rank], T(1));  // |product| <= 1 here
+    }
+    RingOptions opt;
+    opt.chunk_bytes = 4096;
+    ring_reduce_scatter(t, in.data(), got.data(), counts, gyre_type<T>(), op, opt);
+    compare(got, want, abs_sum, tol, "ring_reduce_scatter " + std::string(dtype_name(gyre_type<T>())) + " " +
+                                          std::string(op_name(op)) + " base " + std::to_string(base));
+  }
+}
+
+void alltoall_suite(transport::Transport& t) {
+  for (std::size_t k : {0, 1, 4097}) {
+    std::vector<std::size_t> send(g_size), recv(g_size);
+    std::vector<int> sc(g_size), sd(g_size), rc(g_size), rd(g_size);
+    std::size_t st = 0, rt = 0;
+    for (int p = 0; p < g_size; ++p) {
+      send[p] = ((g_rank + 2 * p) % 5) * k;  // what this rank sends to p
+      recv[p] = ((p + 2 * g_rank) % 5) * k;  // what p sends to this rank
+      sc[p] = static_cast<int>(send[p]); sd[p] = static_cast<int>(st); st += send[p];
+      rc[p] = static_cast<int>(recv[p]); rd[p] = static_cast<int>(rt); rt += recv[p];
+    }
+    std::vector<std::uint8_t> in(st), want(rt), got(rt, 0xee);
+    for (std::size_t i = 0; i < st; ++i) in[i] = static_cast<std::uint8_t>(g_rank * 71 + i * 3);
+    MPI_Alltoallv(in.data(), sc.data(), sd.data(), MPI_UINT8_T, want.data(), rc.data(), rd.data(),
+                  MPI_UINT8_T, MPI_COMM_WORLD);
+    alltoall(t, in.data(), send, got.data(), recv);
+    std::vector<std::uint8_t> none;
+    compare(got, want, none, 0, "alltoall k " + std::to_string(k));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  (void)argc;
+  (void)argv;
+  auto& world = transport::MpiWorld::instance();
+  g_rank = world.rank();
+  g_size = world.size();
+  int code = 0;
+  try {
+    auto t = world.make_transport();
+    t->set_timeout(std::chrono::milliseconds(60000));
+    allreduce_suite<float>(*t);
+    allreduce_suite<double>(*t);
+    allreduce_suite<std::int8_t>(*t);
+    allreduce_suite<std::uint8_t>(*t);
+    allreduce_suite<std::int32_t>(*t);
+    allreduce_suite<std::int64_t>(*t);
+    allgather_suite(*t);
+    broadcast_suite(*t);
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax}) {
+      reduce_scatter_suite<float>(*t, op);
+      reduce_scatter_suite<std::int32_t>(*t, op);
+    }
+    reduce_scatter_suite<double>(*t, ReduceOp::kProduct);
+    alltoall_suite(*t);
+    barrier(*t);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: exception: %s\n", g_rank, e.what());
+    world.abort(2);
+  }
+  long failures = 0;
+  MPI_Allreduce(&g_failures, &failures, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+  if (g_rank == 0) {
+    std::printf("mpi_collectives_test: %d ranks, %ld checks per rank, %ld failures\n", g_size, g_checks, failures);
+  }
+  if (failures) code = 1;
+  world.finalize();
+  return code;
+}

@@ -1,0 +1,135 @@
+// ring_allreduce on the in-process transport: every dtype and op, world
+// sizes 1..8, awkward counts, in place and out of place, many chunks, and
+// one few-million-element case. Expectations are closed forms
+// (test_support.h), checked element by element on every rank.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gyre/collectives/algorithms.h"
+#include "gyre/collectives/local_transport.h"
+#include "test_support.h"
+
+using namespace gyre;
+using namespace gyre::collectives;
+using gyre::transport::run_local_world;
+
+namespace {
+
+constexpr std::chrono::milliseconds kTimeout{60000};
+
+struct Case {
+  int n;
+  std::size_t count;
+  DataType dt;
+  ReduceOp op;
+  bool in_place;
+  std::size_t chunk_bytes = kDefaultChunkBytes;
+  double prescale = 1.0, postscale = 1.0;
+};
+
+std::string describe(const Case& c) {
+  return "n=" + std::to_string(c.n) + " count=" + std::to_string(c.count) + " dtype=" +
+         std::string(dtype_name(c.dt)) + " op=" + std::string(op_name(c.op)) +
+         (c.in_place ? " in-place" : " out-of-place") + " chunk_bytes=" +
+         std::to_string(c.chunk_bytes) + " prescale=" + std::to_string(c.prescale) +
+         " postscale=" + std::to_string(c.postscale);
+}
+
+// Runs the case; returns "" when every element of every rank is right,
+// otherwise a description of the first wrong element.
+std::string run_case(const Case& c) {
+  const std::size_t esz = dtype_size(c.dt);
+  std::vector<std::vector<std::byte>> in(c.n), out(c.n);
+  for (int r = 0; r < c.n; ++r) {
+    in[r].resize(c.count * esz);
+    for (std::size_t i = 0; i < c.count; ++i) test::store(c.dt, in[r].data(), i, test::contribution(c.op, r, i));
+    out[r] = c.in_place ? in[r] : std::vector<std::byte>(c.count * esz, std::byte{0x5a});
+  }
+  const std::vector<std::vector<std::byte>> original = in;
+  run_local_world(c.n, [&](transport::Transport& t) {
+    RingOptions opt;
+    opt.chunk_bytes = c.chunk_bytes;
+    opt.prescale = c.prescale;
+    opt.postscale = c.postscale;
+    auto& o = out[t.rank()];
+    const void* src = c.in_place ? o.data() : in[t.rank()].data();
+    ring_allreduce(t, src, o.data(), c.count, c.dt, c.op, opt);
+  }, kTimeout);
+  const bool scaled = c.op == ReduceOp::kAverage || c.prescale != 1.0 || c.postscale != 1.0;
+  const double tol = scaled ? test::scaled_tolerance(c.dt) : 0.0;
+  double factor = c.postscale;
+  if (c.op != ReduceOp::kProduct) factor *= c.prescale;  // linear ops only in these tests
+  for (int r = 0; r < c.n; ++r) {
+    for (std::size_t i = 0; i < c.count; ++i) {
+      const double want = test::expected(c.op, c.n, i) * factor;
+      const double got = test::load(c.dt, out[r].data(), i);
+      if (!test::close_enough(got, want, tol)) {
+        return "rank " + std::to_string(r) + " element " + std::to_string(i) + ": got " +
+               std::to_string(got) + ", want " + std::to_string(want);
+      }
+    }
+    if (!c.in_place && in[r] != original[r]) return "rank " + std::to_string(r) + ": input was modified";
+  }
+  return "";
+}
+
+void check(const Case& c) {
+  INFO(describe(c));
+  CHECK(run_case(c) == "");
+}
+
+}  // namespace
+
+TEST_CASE("ring_allreduce: every dtype and op for world sizes 1..8 and awkward counts",
+          "[allreduce]") {
+  for (int n = 1; n <= 8; ++n) {
+    const std::size_t counts[] = {0, 1, static_cast<std::size_t>(n - 1),
+                                  static_cast<std::size_t>(n + 1), 1009};
+    for (DataType dt : test::kAllTypes) {
+      for (ReduceOp op : test::kAllOps) {
+        if (!op_defined(dt, op)) continue;
+        for (std::size_t count : counts) {
+          for (bool in_place : {false, true}) check({n, count, dt, op, in_place});
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("ring_allreduce: many chunks per segment, including chunks of one element",
+          "[allreduce]") {
+  for (int n = 1; n <= 8; ++n) {
+    for (DataType dt : test::kAllTypes) {
+      const std::size_t esz = dtype_size(dt);
+      for (bool in_place : {false, true}) {
+        // ~13 chunks of 7 elements per segment, the last ones uneven.
+        check({n, static_cast<std::size_t>(90 * n + 3), dt, ReduceOp::kSum, in_place, 7 * esz});
+        // One element per chunk; a chunk size that is not a multiple of the
+        // element size is rounded down to whole elements.
+        check({n, static_cast<std::size_t>(3 * n + 2), dt, ReduceOp::kMax, in_place, esz + esz / 2});
+        check({n, 257, dt, ReduceOp::kSum, in_place, 1});
+      }
+    }
+  }
+}
+
+TEST_CASE("ring_allreduce: prescale and postscale on floating types", "[allreduce]") {
+  for (int n : {1, 2, 3, 5}) {
+    for (DataType dt : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16}) {
+      for (bool in_place : {false, true}) {
+        check({n, 301, dt, ReduceOp::kSum, in_place, 64, 0.5, 1.0});
+        check({n, 301, dt, ReduceOp::kAverage, in_place, 64, 2.0, 0.25});
+        check({n, 301, dt, ReduceOp::kMax, in_place, 64, 1.0, 4.0});
+      }
+    }
+  }
+}
+
+TEST_CASE("ring_allreduce: a few million elements", "[allreduce][large]") {
+  check({4, 3'000'017, DataType::kFloat32, ReduceOp::kSum, false});
+  check({3, 2'000'003, DataType::kInt32, ReduceOp::kSum, true, 64 * 1024});
+  check({2, 4'000'037, DataType::kBFloat16, ReduceOp::kMax, false});
+}

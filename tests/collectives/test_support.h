@@ -1,0 +1,98 @@
+// Helpers shared by the collectives unit tests: typed element access through
+// a DataType, closed-form inputs, and comparison tolerances.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "gyre/collectives/float16.h"
+#include "gyre/types.h"
+
+namespace gyre::test {
+
+// Writes v (already representable, or rounded by the type's own rule) as
+// element i of a buffer of dtype dt.
+inline void store(DataType dt, void* buf, std::size_t i, double v) {
+  switch (dt) {
+    case DataType::kFloat32: static_cast<float*>(buf)[i] = static_cast<float>(v); return;
+    case DataType::kFloat64: static_cast<double*>(buf)[i] = v; return;
+    case DataType::kFloat16:
+      static_cast<std::uint16_t*>(buf)[i] = collectives::float_to_half(static_cast<float>(v));
+      return;
+    case DataType::kBFloat16:
+      static_cast<std::uint16_t*>(buf)[i] = collectives::float_to_bf16(static_cast<float>(v));
+      return;
+    case DataType::kInt8: static_cast<std::int8_t*>(buf)[i] = static_cast<std::int8_t>(v); return;
+    case DataType::kUInt8: static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(v); return;
+    case DataType::kInt32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v); return;
+    case DataType::kInt64: static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v); return;
+  }
+}
+
+inline double load(DataType dt, const void* buf, std::size_t i) {
+  switch (dt) {
+    case DataType::kFloat32: return static_cast<const float*>(buf)[i];
+    case DataType::kFloat64: return static_cast<const double*>(buf)[i];
+    case DataType::kFloat16:
+      return collectives::half_to_float(static_cast<const std::uint16_t*>(buf)[i]);
+    case DataType::kBFloat16:
+      return collectives::bf16_to_float(static_cast<const std::uint16_t*>(buf)[i]);
+    case DataType::kInt8: return static_cast<const std::int8_t*>(buf)[i];
+    case DataType::kUInt8: return static_cast<const std::uint8_t*>(buf)[i];
+    case DataType::kInt32: return static_cast<const std::int32_t*>(buf)[i];
+    case DataType::kInt64: return static_cast<double>(static_cast<const std::int64_t*>(buf)[i]);
+  }
+  return 0;
+}
+
+// Relative tolerance for results that involve one inexact scaling (average,
+// pre/postscale): a few units in the last place of the type. Everything else
+// in these tests is exact by construction.
+inline double scaled_tolerance(DataType dt) {
+  switch (dt) {
+    case DataType::kFloat16: return 2e-3;
+    case DataType::kBFloat16: return 1.6e-2;
+    case DataType::kFloat32: return 1e-6;
+    case DataType::kFloat64: return 1e-14;
+    default: return 0;
+  }
+}
+
+inline bool close_enough(double got, double want, double rel) {
+  if (rel == 0) return got == want;
+  return std::fabs(got - want) <= rel * std::max(1.0, std::fabs(want));
+}
+
+inline constexpr DataType kAllTypes[] = {
+    DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16,
+    DataType::kInt8,    DataType::kUInt8,   DataType::kInt32,   DataType::kInt64};
+inline constexpr ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin,
+                                       ReduceOp::kMax, ReduceOp::kProduct};
+
+// Closed-form contributions: rank r's element i, small integers so every
+// type holds them and every reduction of them exactly.
+inline double contribution(ReduceOp op, int r, std::size_t i) {
+  if (op == ReduceOp::kProduct) return 1.0 + static_cast<double>((static_cast<std::size_t>(r) + i) % 2);
+  return static_cast<double>(r) + static_cast<double>(i % 7);
+}
+
+// The reduction of contribution(op, r, i) over ranks 0..n-1.
+inline double expected(ReduceOp op, int n, std::size_t i) {
+  const double base = static_cast<double>(i % 7);
+  switch (op) {
+    case ReduceOp::kSum: return n * base + n * (n - 1) / 2.0;
+    case ReduceOp::kAverage: return base + (n - 1) / 2.0;
+    case ReduceOp::kMin: return base;
+    case ReduceOp::kMax: return base + (n - 1);
+    case ReduceOp::kProduct: {
+      double p = 1;
+      for (int r = 0; r < n; ++r) p *= contribution(op, r, i);
+      return p;
+    }
+  }
+  return 0;
+}
+
+}  // namespace gyre::test
