@@ -146,7 +146,10 @@ void Coordinator::check(Response& resp) const {
   for (std::size_t r = 0; r < resp.per_rank.size(); ++r) {
     if (resp.per_rank[r]) steps[r] = resp.per_rank[r]->step;
   }
-  if (c != Collective::kResync) {  // resync is how diverged ranks agree again
+  // Only tensors of training steps are compared: fingerprint_check and
+  // resync are how diverged ranks are examined and repaired, and a barrier
+  // carries no data.
+  if (c != Collective::kResync && c != Collective::kFingerprint && c != Collective::kBarrier) {
     if (auto text = check_lag(what, steps, max_lag_)) {
       resp.error_kind = ErrorKind::kDivergence;
       resp.error = *text;

@@ -1,40 +1,23 @@
-// The public API (gyre.h): lifecycle, validation on the caller's thread,
-// enqueue. One Runtime per process over an MPI transport.
+// The operations of the API, on a given Runtime: validation on the caller's
+// thread, then enqueue. The public functions of gyre.h (api.cc) call these
+// on the process's runtime; in-process tests call them on one runtime per
+// rank thread.
 //
 // Validation failures throw InvalidArgument here, on the caller's thread;
 // the failed request is also announced to the other ranks (with the reason)
 // so that their matching operation fails with this rank's reason instead of
 // stalling. A duplicate pending name is not announced: the first operation
 // of that name is still valid.
-#include <cstdlib>
-#include <mutex>
+#include "operations.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "fingerprint.h"
-#include "gyre/collectives/mpi_transport.h"
-#include "gyre/gyre.h"
-#include "runtime.h"
 
-namespace gyre {
+namespace gyre::core {
 
 namespace {
-
-// Guards g_runtime (the pointer; the Runtime synchronises itself). User
-// calls copy the shared_ptr, so a concurrent shutdown() cannot destroy the
-// runtime under them.
-std::mutex g_mu;
-std::shared_ptr<core::Runtime> g_runtime;
-bool g_atexit_registered = false;
-
-std::shared_ptr<core::Runtime> runtime(const char* call) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  if (!g_runtime) {
-    throw StateError(fmt::format("gyre::{}: gyre is not initialised (call gyre::init() first)", call));
-  }
-  return g_runtime;
-}
 
 constexpr std::string_view kReserved = "__gyre.";
 
@@ -70,9 +53,9 @@ void check_op(const std::string& what, DataType dt, ReduceOp op) {
   }
 }
 
-core::Request base_request(core::Runtime& rt, const std::string& name, core::Collective c,
+Request base_request(Runtime& rt, const std::string& name, Collective c,
                            const TensorView& t) {
-  core::Request r;
+  Request r;
   r.name = name;
   r.collective = c;
   r.dtype = t.dtype;
@@ -85,15 +68,15 @@ core::Request base_request(core::Runtime& rt, const std::string& name, core::Col
 // Runs `validate`; on InvalidArgument announces the failure to the other
 // ranks, then rethrows.
 template <typename F>
-void validated(core::Runtime& rt, const core::Request& req, F&& validate) {
+void validated(Runtime& rt, const Request& req, F&& validate) {
   try {
     if (req.name.empty()) throw InvalidArgument(fmt::format("{}: the tensor name is empty",
-                                                            core::collective_name(req.collective)));
+                                                            collective_name(req.collective)));
     validate();
   } catch (const InvalidArgument& e) {
     if (!req.name.empty() && req.name.rfind(kReserved, 0) != 0) {
-      core::Request failed = req;
-      failed.error_kind = core::ErrorKind::kInvalidArgument;
+      Request failed = req;
+      failed.error_kind = ErrorKind::kInvalidArgument;
       failed.error = e.what();
       rt.queue().announce_failure(std::move(failed));
     }
@@ -101,8 +84,8 @@ void validated(core::Runtime& rt, const core::Request& req, F&& validate) {
   }
 }
 
-std::string describe(const core::Request& r) {
-  return fmt::format("{} '{}'", core::collective_name(r.collective), r.name);
+std::string describe(const Request& r) {
+  return fmt::format("{} '{}'", collective_name(r.collective), r.name);
 }
 
 void check_user_name(const std::string& what, const std::string& name) {
@@ -112,14 +95,14 @@ void check_user_name(const std::string& what, const std::string& name) {
   }
 }
 
-Handle submit(core::Runtime& rt, core::Request req, const TensorView& in, const TensorView& out) {
-  auto state = std::make_shared<core::OpState>();
-  core::LocalEntry e;
+Handle submit(Runtime& rt, Request req, const TensorView& in, const TensorView& out) {
+  auto state = std::make_shared<OpState>();
+  LocalEntry e;
   e.request = std::move(req);
   e.in = in;
   e.out = out;
   e.state = state;
-  std::vector<core::LocalEntry> v;
+  std::vector<LocalEntry> v;
   v.push_back(std::move(e));
   rt.queue().push(std::move(v));
   return Handle(state);
@@ -127,69 +110,28 @@ Handle submit(core::Runtime& rt, core::Request req, const TensorView& in, const 
 
 }  // namespace
 
-// Shared with operations_sync.cc.
-std::shared_ptr<core::Runtime> runtime_for(const char* call) { return runtime(call); }
-
-void init(const Options& options) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  if (g_runtime) throw StateError("gyre::init(): gyre is already initialised");
-  auto& world = transport::MpiWorld::instance();
-  if (!g_atexit_registered) {
-    // MPI is finalised at process exit rather than in shutdown(), so a
-    // process may init() again after shutdown() (MPI cannot be
-    // re-initialised once finalised).
-    std::atexit([] { transport::MpiWorld::instance().finalize(); });
-    g_atexit_registered = true;
-  }
-  core::RuntimeInfo info;
-  info.local_rank = world.local_rank();
-  info.local_size = world.local_size();
-  info.abort = [&world](int code) { world.abort(code); };
-  g_runtime = std::make_shared<core::Runtime>(options, world.make_transport(), std::move(info));
-}
-
-void shutdown() {
-  std::shared_ptr<core::Runtime> rt;
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    if (!g_runtime) throw StateError("gyre::shutdown(): gyre is not initialised");
-    rt.swap(g_runtime);
-  }
-  rt->shutdown();
-}
-
-bool is_initialized() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  return g_runtime != nullptr;
-}
-int rank() { return runtime("rank")->rank(); }
-int size() { return runtime("size")->size(); }
-int local_rank() { return runtime("local_rank")->local_rank(); }
-int local_size() { return runtime("local_size")->local_size(); }
-
-Handle allreduce_async(const std::string& name, const TensorView& in, const TensorView& out,
+Handle allreduce_async(Runtime& rt, const std::string& name, const TensorView& in, const TensorView& out,
                        ReduceOp op, double prescale, double postscale) {
-  return grouped_allreduce_async({name}, {in}, {out}, op, prescale, postscale);
+  return grouped_allreduce_async(rt, {name}, {in}, {out}, op, prescale, postscale);
 }
 
-Handle grouped_allreduce_async(const std::vector<std::string>& names,
+Handle grouped_allreduce_async(Runtime& rt, const std::vector<std::string>& names,
                                const std::vector<TensorView>& ins,
                                const std::vector<TensorView>& outs, ReduceOp op, double prescale,
                                double postscale) {
-  auto rt = runtime("allreduce_async");
   if (names.size() != ins.size() || names.size() != outs.size() || names.empty()) {
     throw InvalidArgument(fmt::format(
         "grouped_allreduce_async: {} names, {} inputs and {} outputs (need the same, non-zero, "
         "count)", names.size(), ins.size(), outs.size()));
   }
-  auto state = std::make_shared<core::OpState>(static_cast<int>(names.size()));
-  std::vector<core::LocalEntry> entries;
+  auto state = std::make_shared<OpState>(static_cast<int>(names.size()));
+  std::vector<LocalEntry> entries;
   for (std::size_t i = 0; i < names.size(); ++i) {
-    core::Request req = base_request(*rt, names[i], core::Collective::kAllreduce, ins[i]);
+    Request req = base_request(rt, names[i], Collective::kAllreduce, ins[i]);
     req.op = op;
     req.prescale = prescale;
     req.postscale = postscale;
-    validated(*rt, req, [&] {
+    validated(rt, req, [&] {
       const std::string what = describe(req);
       check_user_name(what, names[i]);
       check_view(what, "input", ins[i]);
@@ -201,56 +143,53 @@ Handle grouped_allreduce_async(const std::vector<std::string>& names,
             dtype_name(outs[i].dtype), outs[i].numel(), dtype_name(ins[i].dtype), ins[i].numel()));
       }
     });
-    core::LocalEntry e;
+    LocalEntry e;
     e.request = std::move(req);
     e.in = ins[i];
     e.out = outs[i];
     e.state = state;
     entries.push_back(std::move(e));
   }
-  rt->queue().push(std::move(entries));
+  rt.queue().push(std::move(entries));
   return Handle(state);
 }
 
-Handle allgather_async(const std::string& name, const TensorView& in) {
-  auto rt = runtime("allgather_async");
-  core::Request req = base_request(*rt, name, core::Collective::kAllgather, in);
-  validated(*rt, req, [&] {
+Handle allgather_async(Runtime& rt, const std::string& name, const TensorView& in) {
+  Request req = base_request(rt, name, Collective::kAllgather, in);
+  validated(rt, req, [&] {
     const std::string what = describe(req);
     check_user_name(what, name);
     check_view(what, "input", in);
     if (in.shape.empty()) throw InvalidArgument(what + ": needs at least one dimension");
   });
-  return submit(*rt, std::move(req), in, in);
+  return submit(rt, std::move(req), in, in);
 }
 
-Handle broadcast_async(const std::string& name, const TensorView& buf, int root) {
-  auto rt = runtime("broadcast_async");
-  core::Request req = base_request(*rt, name, core::Collective::kBroadcast, buf);
+Handle broadcast_async(Runtime& rt, const std::string& name, const TensorView& buf, int root) {
+  Request req = base_request(rt, name, Collective::kBroadcast, buf);
   req.root = root;
-  validated(*rt, req, [&] {
+  validated(rt, req, [&] {
     const std::string what = describe(req);
     check_user_name(what, name);
     check_view(what, "buffer", buf);
-    if (root < 0 || root >= rt->size()) {
+    if (root < 0 || root >= rt.size()) {
       throw InvalidArgument(
-          fmt::format("{}: root {} is not a rank (world size {})", what, root, rt->size()));
+          fmt::format("{}: root {} is not a rank (world size {})", what, root, rt.size()));
     }
   });
-  return submit(*rt, std::move(req), buf, buf);
+  return submit(rt, std::move(req), buf, buf);
 }
 
-Handle alltoall_async(const std::string& name, const TensorView& in,
+Handle alltoall_async(Runtime& rt, const std::string& name, const TensorView& in,
                       const std::vector<std::int64_t>& splits) {
-  auto rt = runtime("alltoall_async");
-  core::Request req = base_request(*rt, name, core::Collective::kAlltoall, in);
-  validated(*rt, req, [&] {
+  Request req = base_request(rt, name, Collective::kAlltoall, in);
+  validated(rt, req, [&] {
     const std::string what = describe(req);
     check_user_name(what, name);
     check_view(what, "input", in);
     if (in.shape.empty()) throw InvalidArgument(what + ": needs at least one dimension");
     const std::int64_t rows = in.shape[0];
-    const int n = rt->size();
+    const int n = rt.size();
     if (splits.empty()) {
       if (rows % n != 0) {
         throw InvalidArgument(fmt::format(
@@ -273,46 +212,37 @@ Handle alltoall_async(const std::string& name, const TensorView& in,
     }
     req.splits = splits;
   });
-  return submit(*rt, std::move(req), in, in);
+  return submit(rt, std::move(req), in, in);
 }
 
-Handle reducescatter_async(const std::string& name, const TensorView& in, ReduceOp op,
+Handle reducescatter_async(Runtime& rt, const std::string& name, const TensorView& in, ReduceOp op,
                            double prescale, double postscale) {
-  auto rt = runtime("reducescatter_async");
-  core::Request req = base_request(*rt, name, core::Collective::kReducescatter, in);
+  Request req = base_request(rt, name, Collective::kReducescatter, in);
   req.op = op;
   req.prescale = prescale;
   req.postscale = postscale;
-  validated(*rt, req, [&] {
+  validated(rt, req, [&] {
     const std::string what = describe(req);
     check_user_name(what, name);
     check_view(what, "input", in);
     check_op(what, in.dtype, op);
     if (in.shape.empty()) throw InvalidArgument(what + ": needs at least one dimension");
   });
-  return submit(*rt, std::move(req), in, in);
+  return submit(rt, std::move(req), in, in);
 }
 
-void barrier() {
-  auto rt = runtime("barrier");
-  core::Request req;
-  req.name = rt->internal_name("barrier");
-  req.collective = core::Collective::kBarrier;
-  req.step = rt->versions().own();
-  submit(*rt, std::move(req), {}, {}).wait();
+void barrier(Runtime& rt) {
+  Request req;
+  req.name = rt.internal_name("barrier");
+  req.collective = Collective::kBarrier;
+  req.step = rt.versions().own();
+  submit(rt, std::move(req), {}, {}).wait();
 }
 
-int join() {
-  auto rt = runtime("join");
-  auto state = rt->request_join();
+int join(Runtime& rt) {
+  auto state = rt.request_join();
   Handle(state).wait();
   return state->join_last_rank;
 }
 
-void commit_step() { runtime("commit_step")->versions().commit(); }
-std::uint64_t committed_steps() { return runtime("committed_steps")->versions().own(); }
-std::vector<std::uint64_t> version_vector() {
-  return runtime("version_vector")->versions().snapshot();
-}
-
-}  // namespace gyre
+}  // namespace gyre::core

@@ -10,10 +10,9 @@
 #include <fmt/ranges.h>
 
 #include "fingerprint.h"
-#include "gyre/gyre.h"
-#include "runtime.h"
+#include "operations.h"
 
-namespace gyre {
+namespace gyre::core {
 
 namespace {
 
@@ -29,17 +28,17 @@ void check_buffers(const char* call, const std::vector<NamedBuffer>& buffers) {
   }
 }
 
-std::shared_ptr<core::OpState> run(core::Runtime& rt, core::Request req,
+std::shared_ptr<OpState> run(Runtime& rt, Request req,
                                    const std::vector<NamedBuffer>& buffers) {
-  auto state = std::make_shared<core::OpState>();
-  core::LocalEntry e;
+  auto state = std::make_shared<OpState>();
+  LocalEntry e;
   e.request = std::move(req);
   e.state = state;
   for (const auto& b : buffers) {
     e.buffers.push_back(b.tensor);
     e.buffer_names.push_back(b.name);
   }
-  std::vector<core::LocalEntry> v;
+  std::vector<LocalEntry> v;
   v.push_back(std::move(e));
   rt.queue().push(std::move(v));
   Handle(state).wait();
@@ -48,27 +47,24 @@ std::shared_ptr<core::OpState> run(core::Runtime& rt, core::Request req,
 
 }  // namespace
 
-std::shared_ptr<core::Runtime> runtime_for(const char* call);  // operations.cc
-
-std::vector<FingerprintMismatch> fingerprint_check(const std::vector<NamedBuffer>& buffers) {
-  auto rt = runtime_for("fingerprint_check");
+std::vector<FingerprintMismatch> fingerprint_check(Runtime& rt,
+                                                   const std::vector<NamedBuffer>& buffers) {
   check_buffers("fingerprint_check", buffers);
-  core::Request req;
-  req.name = rt->internal_name("fingerprint");
-  req.collective = core::Collective::kFingerprint;
-  req.step = rt->versions().own();
+  Request req;
+  req.name = rt.internal_name("fingerprint");
+  req.collective = Collective::kFingerprint;
+  req.step = rt.versions().own();
   std::uint64_t names = buffers.size();
-  for (const auto& b : buffers) names = core::hash_combine(names, b.name);
+  for (const auto& b : buffers) names = hash_combine(names, b.name);
   req.digests.push_back(names);
   for (const auto& b : buffers) {
-    req.digests.push_back(core::hash_bytes(b.tensor.data, b.tensor.nbytes(),
+    req.digests.push_back(hash_bytes(b.tensor.data, b.tensor.nbytes(),
                                            static_cast<std::uint64_t>(b.tensor.dtype)));
   }
-  return run(*rt, std::move(req), buffers)->mismatches;
+  return run(rt, std::move(req), buffers)->mismatches;
 }
 
-void resync(const std::vector<NamedBuffer>& buffers, ResyncPolicy policy) {
-  auto rt = runtime_for("resync");
+void resync(Runtime& rt, const std::vector<NamedBuffer>& buffers, ResyncPolicy policy) {
   check_buffers("resync", buffers);
   std::uint64_t layout = buffers.size();
   for (const auto& b : buffers) {
@@ -77,16 +73,16 @@ void resync(const std::vector<NamedBuffer>& buffers, ResyncPolicy policy) {
           "resync: buffer '{}' is {}; the average policy needs floating types", b.name,
           dtype_name(b.tensor.dtype)));
     }
-    layout = core::hash_combine(layout, b.name);
-    layout = core::hash_combine(layout, dtype_name(b.tensor.dtype));
-    layout = core::hash_combine(layout, fmt::format("{}", fmt::join(b.tensor.shape, ",")));
+    layout = hash_combine(layout, b.name);
+    layout = hash_combine(layout, dtype_name(b.tensor.dtype));
+    layout = hash_combine(layout, fmt::format("{}", fmt::join(b.tensor.shape, ",")));
   }
-  core::Request req;
-  req.name = rt->internal_name("resync");
-  req.collective = core::Collective::kResync;
-  req.step = rt->versions().own();
+  Request req;
+  req.name = rt.internal_name("resync");
+  req.collective = Collective::kResync;
+  req.step = rt.versions().own();
   req.digests = {policy == ResyncPolicy::kNewest ? 0u : 1u, layout};
-  run(*rt, std::move(req), buffers);
+  run(rt, std::move(req), buffers);
 }
 
-}  // namespace gyre
+}  // namespace gyre::core

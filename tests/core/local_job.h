@@ -1,0 +1,107 @@
+// LocalJob: n gyre runtimes in one process, one per rank thread, over a
+// LocalTransport world. Catch2 assertions are not thread-safe, so rank
+// functions report failures by throwing (expect(), expect_throw()); run()
+// rethrows the root-cause exception on the test's thread. A rank that fails
+// shuts its runtime down, which stops every rank's runtime in the same
+// round and fails their pending waits: nothing hangs.
+#pragma once
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <future>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "gyre/collectives/local_transport.h"
+#include "gyre/gyre.h"
+#include "operations.h"
+#include "runtime.h"
+
+namespace gyre::test {
+
+struct LocalJob {
+  static void run(int n, const Options& opt,
+                  const std::function<void(int rank, core::Runtime& rt)>& fn) {
+    auto world = transport::make_local_world(n);
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          core::RuntimeInfo info;
+          info.abort = [](int) {};  // in-process: the runtime fails its handles instead
+          core::Runtime rt(opt, std::make_unique<transport::LocalTransport>(world, r), info);
+          fn(r, rt);
+          rt.shutdown();
+        } catch (...) {
+          errors[static_cast<std::size_t>(r)] = std::current_exception();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    // The root cause: a rank's own failure rather than the StateError the
+    // others see when its runtime stops.
+    std::exception_ptr first;
+    for (auto& e : errors) {
+      if (!e) continue;
+      try {
+        std::rethrow_exception(e);
+      } catch (const StateError&) {
+        if (!first) first = e;
+      } catch (...) {
+        std::rethrow_exception(e);
+      }
+    }
+    if (first) std::rethrow_exception(first);
+  }
+};
+
+inline void expect(bool ok, int rank, const std::string& what) {
+  if (!ok) throw std::runtime_error(fmt::format("rank {}: expected {}", rank, what));
+}
+#define GYRE_EXPECT(rank, cond) ::gyre::test::expect((cond), (rank), #cond)
+
+// Waits for h with a deadline; rethrows the operation's error.
+inline void wait_for(const Handle& h, double seconds = 60.0) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto fut = done->get_future();
+  h.on_complete([done](std::exception_ptr) { done->set_value(); });
+  if (fut.wait_for(std::chrono::duration<double>(seconds)) != std::future_status::ready) {
+    throw std::runtime_error(fmt::format("operation did not complete within {} s", seconds));
+  }
+  h.wait();
+}
+
+// Runs fn, expects an exception of type E; returns its message.
+template <typename E, typename F>
+std::string expect_throw(int rank, F&& fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    throw std::runtime_error(
+        fmt::format("rank {}: expected another exception type, got: {}", rank, e.what()));
+  }
+  throw std::runtime_error(fmt::format("rank {}: expected an exception, none thrown", rank));
+}
+
+inline bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+inline TensorView view(std::vector<float>& v) {
+  TensorView t;
+  t.data = v.data();
+  t.dtype = DataType::kFloat32;
+  t.shape = {static_cast<std::int64_t>(v.size())};
+  return t;
+}
+
+}  // namespace gyre::test
