@@ -34,6 +34,15 @@ std::unique_ptr<ImportedTensor> import(py::handle obj, const std::string& name, 
   return ImportedTensor::from_object(obj, name, access);
 }
 
+// Refused here, before enqueueing, so that no other rank waits on it.
+void check_op_defined(const std::string& name, const TensorView& v, ReduceOp op) {
+  if (!op_defined(v.dtype, op)) {
+    throw InvalidArgument("tensor '" + name + "': reduce op " + std::string(op_name(op)) +
+                          " is not defined for " + std::string(dtype_name(v.dtype)) +
+                          " (average needs a floating type; use gyre.Sum)");
+  }
+}
+
 // Runs f with the GIL released after destroying finished operations' tensors.
 template <typename F>
 auto blocking(F&& f) {
@@ -49,6 +58,7 @@ std::shared_ptr<PendingOp> allreduce(const std::string& name, py::handle in, py:
   Imports keep;
   keep.push_back(import(in, name, out.is_none() ? Access::kWrite : Access::kRead));
   TensorView vin = keep.back()->view();
+  check_op_defined(name, vin, rop);
   TensorView vout = vin;
   if (!out.is_none()) {
     keep.push_back(import(out, name, Access::kWrite));
@@ -77,6 +87,7 @@ std::shared_ptr<PendingOp> grouped_allreduce(const std::vector<std::string>& nam
   for (std::size_t i = 0; i < names.size(); ++i) {
     keep.push_back(import(ins[i], names[i], in_place ? Access::kWrite : Access::kRead));
     vins.push_back(keep.back()->view());
+    check_op_defined(names[i], vins.back(), rop);
     if (!in_place) {
       keep.push_back(import(out_seq[i], names[i], Access::kWrite));
     }
@@ -142,6 +153,7 @@ void bind_operations(py::module_& m) {
         Imports keep;
         keep.push_back(import(in, name, Access::kRead));
         TensorView v = keep.back()->view();
+        check_op_defined(name, v, rop);
         return PendingOp::start(std::move(keep), [&] {
           return reducescatter_async(name, v, rop, pre, post);
         });

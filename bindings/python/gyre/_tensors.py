@@ -38,6 +38,7 @@ def as_framework_array(x):
     if is_torch(x) or isinstance(x, np.ndarray):
         return x
     if hasattr(x, "__dlpack__"):
+        check_cpu_device(x)
         try:
             return np.from_dlpack(x)
         except (TypeError, BufferError, RuntimeError) as e:
@@ -48,6 +49,22 @@ def as_framework_array(x):
         raise InvalidArgumentError(
             f"expected a tensor (torch, numpy or a DLPack producer), got {type(x).__name__}"
         ) from None
+
+
+def check_cpu_device(x):
+    """Refuses a DLPack producer on a GPU before anything is exported (the
+    extension does the same for tensors it takes directly)."""
+    try:
+        device_type = int(x.__dlpack_device__()[0])
+    except (AttributeError, TypeError, ValueError, IndexError):
+        return
+    if device_type in (2, 10, 13):  # CUDA, ROCm, CUDA managed
+        raise InvalidArgumentError(
+            f"{type(x).__name__} is on a GPU (DLPack device type {device_type}), but this build of "
+            "gyre has no NCCL support; move it to the CPU")
+    if device_type not in (1, 3):  # CPU, CUDA host (pinned) memory
+        raise InvalidArgumentError(
+            f"{type(x).__name__} is on DLPack device type {device_type}; gyre takes CPU tensors only")
 
 
 def empty_like(x):

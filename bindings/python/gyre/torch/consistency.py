@@ -9,7 +9,9 @@ import torch
 from gyre import _gyre
 from gyre.exceptions import DivergenceError, InvalidArgumentError
 
-from .functions import Staged, named_tensors
+from gyre.objects import broadcast_object
+
+from .functions import Staged, broadcast_optimizer_state, named_tensors
 
 
 def _model_tensors(model, what):
@@ -48,7 +50,7 @@ def check_consistency(model):
         + "\nrepair with gyre.torch.resync(model)", by_name)
 
 
-def resync(model, policy="newest"):
+def resync(model, policy="newest", optimizer=None):
     """Makes every rank's parameters and buffers equal again, and sets every
     rank's committed step to the agreed one.
 
@@ -56,10 +58,22 @@ def resync(model, policy="newest"):
     the most steps (ties: the lowest rank). policy="average": the average over
     ranks (integer buffers, such as BatchNorm's step counters, cannot be
     averaged; use "newest" for models that have them).
+
+    With `optimizer`, its state (momentum buffers, ...) is also made equal:
+    under either policy every rank takes the newest rank's optimizer state,
+    since a rank that skipped a step holds stale optimizer state as well.
     """
     if policy not in ("newest", "average"):
         raise InvalidArgumentError(f"resync: unknown policy {policy!r} (expected 'newest' or 'average')")
     staged = _staged(model, "resync")
+    # While ranks are at different steps every other collective fails, so
+    # the newest rank is read from this rank's version vector now, and the
+    # ranks agree on rank 0's reading once resync has equalised the steps.
+    steps = _gyre.version_vector()
+    newest = steps.index(max(steps))  # index() gives the lowest rank on ties
     _gyre.resync([(name, s.tensor) for name, s in staged], policy)
     for _, s in staged:
         s.write_back()
+    if optimizer is not None:
+        root = broadcast_object(newest, root_rank=0, name="resync.newest")
+        broadcast_optimizer_state(optimizer, root_rank=root)

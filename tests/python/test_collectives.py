@@ -1,0 +1,195 @@
+"""Every collective of the gyre package against a numpy/torch reference.
+
+Each rank's input is computable by every rank (conftest.rank_data), so the
+reference is computed locally and compared with what gyre returns.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import gyre
+from conftest import rank_data
+
+REDUCERS = {
+    gyre.Sum: lambda xs: np.sum(xs, axis=0),
+    gyre.Average: lambda xs: np.mean(xs, axis=0),
+    gyre.Min: lambda xs: np.min(xs, axis=0),
+    gyre.Max: lambda xs: np.max(xs, axis=0),
+    gyre.Product: lambda xs: np.prod(xs, axis=0),
+}
+FLOAT_TOL = {np.float32: 1e-5, np.float64: 1e-12, np.float16: 2e-3}
+
+
+def to_numpy(x):
+    return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+class DLPackOnly:
+    """A DLPack producer that is neither torch nor numpy (and has no buffer
+    protocol): gyre must take it through __dlpack__ alone."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32, np.int64, np.int8,
+                                   np.uint8])
+@pytest.mark.parametrize("op", list(REDUCERS))
+def test_allreduce_numpy_every_dtype_and_op(size, rank, dtype, op):
+    if op == gyre.Average and np.issubdtype(dtype, np.integer):
+        pytest.skip("Average is defined on floating types only (tested in test_errors)")
+    shape = (3, 5)
+    inputs = [rank_data(r, shape, dtype, seed=int(op)) for r in range(size)]
+    result = gyre.allreduce(inputs[rank], op=op, name=f"ar.{np.dtype(dtype).name}.{int(op)}")
+    wide = np.float64 if np.issubdtype(dtype, np.floating) else np.int64
+    expected = REDUCERS[op](np.stack([x.astype(wide) for x in inputs]))
+    assert result.dtype == dtype and result.shape == shape
+    if np.issubdtype(dtype, np.floating):
+        np.testing.assert_allclose(result.astype(np.float64), expected, rtol=FLOAT_TOL[dtype],
+                                   atol=FLOAT_TOL[dtype])
+    else:
+        np.testing.assert_array_equal(result, expected.astype(dtype))
+
+
+def test_allreduce_torch_bfloat16_and_scaling(size, rank):
+    x = torch.from_numpy(rank_data(rank, (17,), np.float32, seed=3))
+    expected = sum(torch.from_numpy(rank_data(r, (17,), np.float32, seed=3)) for r in range(size))
+    bf = gyre.allreduce(x.to(torch.bfloat16), op=gyre.Sum)
+    assert bf.dtype == torch.bfloat16
+    torch.testing.assert_close(bf.float(), expected, rtol=2e-2, atol=2e-2)
+    scaled = gyre.allreduce(x, op=gyre.Sum, prescale_factor=0.5, postscale_factor=3.0)
+    torch.testing.assert_close(scaled, expected * 1.5, rtol=1e-5, atol=1e-5)
+    avg = gyre.allreduce(x, average=True)
+    torch.testing.assert_close(avg, expected / size, rtol=1e-5, atol=1e-6)
+
+
+def test_allreduce_in_place_async_and_grad_tensors(size, rank):
+    base = torch.arange(6, dtype=torch.float64).reshape(2, 3)
+    t = base * (rank + 1)
+    h = gyre.allreduce_async_(t, op=gyre.Sum, name="inplace")
+    assert isinstance(h, gyre.Handle)
+    out = gyre.synchronize(h)
+    assert out is t and gyre.poll(h)
+    torch.testing.assert_close(t, base * sum(range(1, size + 1)))
+    # A tensor that requires grad is detached, not refused; in place lands in it.
+    w = torch.full((4,), float(rank), requires_grad=True)
+    gyre.allreduce_(w, op=gyre.Max)
+    assert torch.equal(w.detach(), torch.full((4,), float(size - 1)))
+    r = gyre.synchronize(gyre.allreduce_async(torch.ones(3, requires_grad=True), op=gyre.Sum))
+    assert not r.requires_grad and torch.equal(r, torch.full((3,), float(size)))
+
+
+def test_generic_dlpack_producer_and_readonly_input(size, rank):
+    a = np.full((2, 2), rank + 1, dtype=np.float32)
+    out = gyre.allreduce(DLPackOnly(a), op=gyre.Sum)
+    assert isinstance(out, np.ndarray)
+    np.testing.assert_array_equal(out, np.full((2, 2), size * (size + 1) / 2))
+    ro = np.full(3, 2.0)
+    ro.flags.writeable = False  # numpy refuses DLPack export: the buffer protocol takes it
+    np.testing.assert_array_equal(gyre.allreduce(ro, op=gyre.Product), np.full(3, 2.0 ** size))
+    gyre.allreduce_(DLPackOnly(a), op=gyre.Min)  # in place through DLPack alone
+    np.testing.assert_array_equal(a, np.ones((2, 2)))
+
+
+def test_grouped_allreduce(size, rank):
+    tensors = [torch.from_numpy(rank_data(rank, s, np.float32, seed=i))
+               for i, s in enumerate([(3,), (2, 4), (1,)])]
+    expected = [sum(torch.from_numpy(rank_data(r, t.shape, np.float32, seed=i)) for r in range(size))
+                for i, t in enumerate(tensors)]
+    outs = gyre.grouped_allreduce(tensors, op=gyre.Sum)
+    for o, e in zip(outs, expected):
+        torch.testing.assert_close(o, e)
+    h = gyre.grouped_allreduce_async_(tensors, op=gyre.Sum, name="grouped.inplace")
+    assert gyre.synchronize(h) == tensors
+    for t, e in zip(tensors, expected):
+        torch.testing.assert_close(t, e)
+    # A numpy array and a torch tensor in one group.
+    mixed = gyre.grouped_allreduce([np.ones(2), torch.ones(3)], average=False)
+    assert isinstance(mixed[0], np.ndarray) and isinstance(mixed[1], torch.Tensor)
+    assert mixed[0].tolist() == [size] * 2 and mixed[1].tolist() == [size] * 3
+
+
+def test_allgather_uneven_first_dimension(size, rank):
+    mine = torch.full((rank + 1, 2), rank, dtype=torch.int64)
+    out = gyre.allgather(mine)
+    expected = torch.cat([torch.full((r + 1, 2), r, dtype=torch.int64) for r in range(size)])
+    assert torch.equal(out, expected)
+    arr = gyre.synchronize(gyre.allgather_async(np.arange(3, dtype=np.float16) + rank))
+    assert arr.dtype == np.float16
+    np.testing.assert_array_equal(arr, np.concatenate([np.arange(3) + r for r in range(size)]))
+    # An empty contribution from every rank.
+    assert tuple(gyre.allgather(torch.zeros(0, 3)).shape) == (0, 3)
+
+
+def test_broadcast_every_root(size, rank):
+    for root in range(size):
+        t = torch.from_numpy(rank_data(rank, (4, 3), np.float32, seed=7))
+        expected = torch.from_numpy(rank_data(root, (4, 3), np.float32, seed=7))
+        copy = gyre.broadcast(t, root_rank=root)
+        torch.testing.assert_close(copy, expected)
+        if rank != root:
+            assert not torch.equal(t, expected)  # broadcast (no underscore) left t alone
+        gyre.broadcast_(t, root)
+        torch.testing.assert_close(t, expected)
+    a = np.full(5, rank, dtype=np.int32)
+    gyre.synchronize(gyre.broadcast_async_(a, size - 1))
+    np.testing.assert_array_equal(a, np.full(5, size - 1))
+
+
+def test_alltoall_with_and_without_splits(size, rank):
+    # Rank r sends (p + 1) rows to rank p; row values encode (sender, receiver).
+    splits = [p + 1 for p in range(size)]
+    rows = np.concatenate([np.full((p + 1, 2), 10 * rank + p) for p in range(size)]).astype(np.float32)
+    out, received = gyre.alltoall(torch.from_numpy(rows), splits=splits)
+    expected = np.concatenate([np.full((rank + 1, 2), 10 * s + rank) for s in range(size)])
+    np.testing.assert_array_equal(out.numpy(), expected)
+    assert received.tolist() == [rank + 1] * size
+    even = gyre.alltoall(np.arange(2 * size, dtype=np.int64) + 100 * rank)
+    np.testing.assert_array_equal(even, np.array([100 * s + 2 * rank + k for s in range(size)
+                                                  for k in range(2)]))
+
+
+def test_reducescatter_uneven_rows(size, rank):
+    n_rows = 2 * size + 1  # does not divide evenly: earlier ranks take one extra row
+    inputs = [rank_data(r, (n_rows, 3), np.float64, seed=11) for r in range(size)]
+    total = np.sum(inputs, axis=0)
+    bounds = np.cumsum([0] + [n_rows // size + (1 if r < n_rows % size else 0) for r in range(size)])
+    out = gyre.reducescatter(torch.from_numpy(inputs[rank]), op=gyre.Sum)
+    np.testing.assert_allclose(out.numpy(), total[bounds[rank]:bounds[rank + 1]], rtol=1e-12)
+    avg = gyre.reducescatter(inputs[rank])
+    np.testing.assert_allclose(avg, total[bounds[rank]:bounds[rank + 1]] / size, rtol=1e-12)
+
+
+def test_objects(size, rank):
+    obj = {"rank": rank, "payload": list(range(rank * 3))}
+    assert gyre.broadcast_object(obj, root_rank=size - 1) == {"rank": size - 1,
+                                                              "payload": list(range((size - 1) * 3))}
+    assert gyre.allgather_object(obj) == [{"rank": r, "payload": list(range(r * 3))}
+                                          for r in range(size)]
+
+
+def test_topology_barrier_and_version_vector(size, rank):
+    assert 0 <= gyre.local_rank() < gyre.local_size() <= size
+    assert gyre.is_initialized()
+    gyre.barrier()
+    vv = gyre.version_vector()
+    assert len(vv) == size and vv[rank] == gyre.committed_steps()
+
+
+def test_join_last_rank_reduces_with_zeros(size, rank):
+    last = size - 1
+    if rank == last:
+        # Every other rank has joined: they contribute zeros, and Average
+        # divides by the ranks that contributed (this one).
+        out = gyre.allreduce(torch.full((3,), 6.0), op=gyre.Sum, name="join.after")
+        assert out.tolist() == [6.0] * 3
+        out = gyre.allreduce(torch.full((3,), 6.0), op=gyre.Average, name="join.after.avg")
+        assert out.tolist() == [6.0] * 3
+    assert gyre.join() == last

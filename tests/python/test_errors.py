@@ -1,0 +1,118 @@
+"""Bad arguments raise the documented exceptions on the calling rank, before
+anything is enqueued (so no other rank waits for an operation that never
+comes); the runtime's errors surface as gyre exceptions."""
+
+import numpy as np
+import pytest
+import torch
+
+import gyre
+
+
+class FakeCudaTensor:
+    """Claims to live on a CUDA device; exporting it must never be attempted."""
+
+    exported = False
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None):
+        FakeCudaTensor.exported = True
+        raise AssertionError("__dlpack__ called on a CUDA tensor")
+
+
+def assert_nothing_enqueued(size):
+    """A collective right after a refused call still matches across ranks:
+    the refused call neither enqueued anything nor consumed a generated name."""
+    out = gyre.allreduce(torch.ones(2), op=gyre.Sum)
+    assert out.tolist() == [size, size]
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: torch.ones(4, 3).t(), "not contiguous"),
+    (lambda: np.ones((4, 3))[:, ::2], "not contiguous"),
+    (lambda: torch.ones(3, dtype=torch.bool), "unsupported dtype bool"),
+    (lambda: torch.ones(3, dtype=torch.int16), "unsupported dtype int16"),
+    (lambda: torch.ones(3, dtype=torch.complex64), "unsupported dtype complex64"),
+    (lambda: np.ones(3, dtype=np.uint32), "unsupported dtype uint32"),
+    (lambda: [1.0, 2.0], "expected a tensor"),
+    (lambda: FakeCudaTensor(), "no NCCL support"),
+])
+def test_bad_tensors_are_refused_before_enqueue(size, make, match):
+    bad = make()
+    for call in (lambda: gyre.allreduce(bad), lambda: gyre.allreduce_async_(bad),
+                 lambda: gyre.allgather(bad), lambda: gyre.broadcast_(bad, 0)):
+        with pytest.raises(gyre.InvalidArgumentError, match=match):
+            call()
+    assert not FakeCudaTensor.exported
+    assert_nothing_enqueued(size)
+
+
+def test_error_names_the_tensor(size):
+    with pytest.raises(gyre.InvalidArgumentError, match="'weights.fc1'.*not contiguous"):
+        gyre.allreduce(torch.ones(2, 2).t(), name="weights.fc1")
+    # InvalidArgumentError is both a GyreError and a ValueError.
+    with pytest.raises(ValueError):
+        gyre.allreduce(torch.ones(2, dtype=torch.bool))
+    assert issubclass(gyre.InvalidArgumentError, gyre.GyreError)
+    assert issubclass(gyre.DivergenceError, gyre.GyreError)
+
+
+def test_bad_arguments(size):
+    t = torch.ones(2 * size)
+    with pytest.raises(gyre.InvalidArgumentError, match="read-only"):
+        ro = np.ones(3)
+        ro.flags.writeable = False
+        gyre.allreduce_(ro)
+    with pytest.raises(gyre.InvalidArgumentError, match="unknown reduction op"):
+        gyre.allreduce(t, op=17)
+    with pytest.raises(gyre.InvalidArgumentError, match="either average= or op="):
+        gyre.allreduce(t, average=True, op=gyre.Sum)
+    with pytest.raises(gyre.InvalidArgumentError):
+        gyre.allreduce(torch.ones(2, dtype=torch.int32), op=gyre.Average)  # would truncate
+    with pytest.raises(gyre.InvalidArgumentError, match="root_rank"):
+        gyre.broadcast(t, root_rank=size)
+    with pytest.raises(gyre.InvalidArgumentError, match="root_rank"):
+        gyre.broadcast_(t, root_rank=-1)
+    with pytest.raises(gyre.InvalidArgumentError, match="splits"):
+        gyre.alltoall(t, splits=[1] * (size + 1))
+    with pytest.raises(gyre.InvalidArgumentError, match="add up to"):
+        gyre.alltoall(t, splits=[1] * size + [0] * 0 if size > 1 else [5])
+    with pytest.raises(gyre.InvalidArgumentError, match="at least one tensor"):
+        gyre.grouped_allreduce([])
+    with pytest.raises(gyre.InvalidArgumentError, match="name"):
+        gyre.allreduce(t, name="")
+    with pytest.raises(gyre.InvalidArgumentError, match="synchronize"):
+        gyre.synchronize("not a handle")
+    assert_nothing_enqueued(size)
+
+
+def test_tensor_resized_while_in_flight(size, rank):
+    t = torch.ones(8)
+    if rank == 0:
+        handle = gyre.allreduce_async_(t, op=gyre.Sum, name="resized")
+        # Shrinking keeps the storage (the runtime's writes stay in bounds),
+        # but the tensor no longer is what was sent.
+        t.resize_(4)
+        gyre.barrier()  # the others enqueue only now: the operation is in flight
+        with pytest.raises(gyre.InvalidArgumentError, match="'resized' was resized"):
+            gyre.synchronize(handle)
+    else:
+        gyre.barrier()
+        assert gyre.allreduce_(t, op=gyre.Sum, name="resized").tolist() == [size] * 8
+
+
+def test_mismatched_shapes_raise_on_every_rank(size, rank):
+    t = torch.ones(3 + rank)
+    with pytest.raises(gyre.MismatchError, match="mismatch"):
+        gyre.allreduce(t, name="mismatched.shape")
+    assert_nothing_enqueued(size)
+
+
+def test_duplicate_pending_name_is_refused(size):
+    t1, t2 = torch.ones(2), torch.ones(2)
+    h = gyre.allreduce_async_(t1, name="dup", op=gyre.Sum)
+    with pytest.raises(gyre.InvalidArgumentError, match="dup"):
+        gyre.allreduce_async_(t2, name="dup", op=gyre.Sum)
+    assert gyre.synchronize(h).tolist() == [size, size]
