@@ -1,0 +1,213 @@
+// The public API (gyre.h) under mpirun with 2-4 ranks. Every test case
+// initialises gyre and shuts it down again; MPI itself is finalised at exit.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "gyre/gyre.h"
+
+using namespace gyre;
+
+namespace {
+
+Options test_options() {
+  Options o;
+  o.cycle_time_ms = 0.5;
+  o.op_timeout_s = 60;  // a bug here aborts the job instead of hanging it
+  return o;
+}
+
+// Initialises gyre for one test case and shuts it down at scope exit.
+struct Session {
+  explicit Session(const Options& o = test_options()) { init(o); }
+  ~Session() {
+    if (is_initialized()) shutdown();
+  }
+};
+
+TensorView view(std::vector<float>& v) {
+  return TensorView{v.data(), DataType::kFloat32, {static_cast<std::int64_t>(v.size())}};
+}
+
+std::vector<std::vector<float>> random_order(std::size_t fusion_threshold) {
+  Options o = test_options();
+  o.fusion_threshold_bytes = fusion_threshold;
+  Session s(o);
+  const int n = size(), r = rank();
+  constexpr int kTensors = 200;
+  std::vector<std::vector<float>> bufs(kTensors);
+  std::vector<int> order(kTensors);
+  for (int t = 0; t < kTensors; ++t) {
+    bufs[t].resize(1 + (static_cast<std::size_t>(t) * 7919) % 5000);
+    for (std::size_t i = 0; i < bufs[t].size(); ++i) bufs[t][i] = static_cast<float>(r + (i + t) % 7);
+    order[t] = t;
+  }
+  std::mt19937 rng(99 + r);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<Handle> hs(kTensors);
+  for (int t : order) {
+    ReduceOp op = t % 2 ? ReduceOp::kSum : ReduceOp::kAverage;
+    hs[t] = allreduce_async(fmt::format("grad.{}", t), view(bufs[t]), view(bufs[t]), op);
+  }
+  int wrong = 0;
+  for (int t = 0; t < kTensors; ++t) {
+    hs[t].wait();
+    for (std::size_t i = 0; i < bufs[t].size(); ++i) {
+      float want = static_cast<float>(n * static_cast<int>((i + t) % 7) + n * (n - 1) / 2);
+      if (t % 2 == 0) want /= static_cast<float>(n);
+      if (std::fabs(bufs[t][i] - want) > 1e-5f * want) ++wrong;
+    }
+  }
+  CHECK(wrong == 0);
+  return bufs;
+}
+
+}  // namespace
+
+TEST_CASE("mpi: lifecycle errors are StateError and re-init works", "[mpi]") {
+  CHECK_FALSE(is_initialized());
+  CHECK_THROWS_AS(rank(), StateError);
+  std::vector<float> v(2, 1.0f);
+  CHECK_THROWS_WITH(allreduce_async("x", view(v), view(v)), Catch::Contains("not initialised"));
+  CHECK_THROWS_AS(shutdown(), StateError);
+  init(test_options());
+  CHECK(is_initialized());
+  CHECK_THROWS_WITH(init(test_options()), Catch::Contains("already initialised"));
+  CHECK(size() >= 2);
+  CHECK(local_size() >= 1);
+  CHECK(local_rank() < local_size());
+  shutdown();
+  CHECK_THROWS_AS(version_vector(), StateError);
+  Session again;  // a second init in the same process
+  allreduce_async("after.reinit", view(v), view(v), ReduceOp::kSum).wait();
+  CHECK(v[0] == static_cast<float>(size()));
+}
+
+TEST_CASE("mpi: random enqueue order on every rank; fusion on and off agree", "[mpi]") {
+  auto fused = random_order(64 << 10);
+  auto unfused = random_order(0);
+  REQUIRE(fused == unfused);
+}
+
+TEST_CASE("mpi: a mismatch fails on every rank and the runtime goes on", "[mpi]") {
+  Session s;
+  std::vector<float> a(rank() == 1 ? 6 : 4, 1.0f);
+  try {
+    allreduce_async("mismatched", view(a), view(a)).wait();
+    FAIL("no MismatchError");
+  } catch (const MismatchError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("'mismatched'") && Catch::Contains("shape") &&
+                             Catch::Contains("rank 1 has [6]"));
+  }
+  std::vector<float> b(4, 2.0f);
+  allreduce_async("fine", view(b), view(b), ReduceOp::kSum).wait();
+  CHECK(b[3] == 2.0f * static_cast<float>(size()));
+}
+
+TEST_CASE("mpi: a rank that skips a step gets DivergenceError everywhere", "[mpi]") {
+  Session s;
+  std::vector<float> g(3, 1.0f);
+  for (int step = 0; step < 2; ++step) {
+    allreduce_async("w", view(g), view(g)).wait();
+    if (!(rank() == size() - 1 && step == 1)) commit_step();
+  }
+  try {
+    allreduce_async("w", view(g), view(g)).wait();
+    FAIL("no DivergenceError");
+  } catch (const DivergenceError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("'w'") &&
+                             Catch::Contains(fmt::format("rank {} at step 1", size() - 1)));
+  }
+  auto vv = version_vector();
+  CHECK(vv[static_cast<std::size_t>(size() - 1)] == 1);
+  CHECK(vv[0] == 2);
+}
+
+TEST_CASE("mpi: fingerprint_check and resync (both policies)", "[mpi]") {
+  for (auto policy : {ResyncPolicy::kNewest, ResyncPolicy::kAverage}) {
+    Session s;
+    std::vector<float> w(4096);
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::sin(static_cast<float>(i));
+    const float orig = w[100];
+    if (rank() == 1) w[100] += 0.5f;
+    if (rank() == 0) commit_step();  // rank 0 is newest
+    std::vector<NamedBuffer> bufs = {{"w", view(w)}};
+    auto mm = fingerprint_check(bufs);
+    REQUIRE(mm.size() == 1);
+    CHECK(mm[0].name == "w");
+    REQUIRE(mm[0].groups.size() == 2);
+    resync(bufs, policy);
+    CHECK(fingerprint_check(bufs).empty());
+    float want = policy == ResyncPolicy::kNewest ? orig : orig + 0.5f / static_cast<float>(size());
+    CHECK(w[100] == Approx(want));
+    CHECK(committed_steps() == 1);
+  }
+}
+
+TEST_CASE("mpi: join with uneven step counts", "[mpi]") {
+  Session s;
+  const int n = size(), r = rank();
+  for (int step = 0; step < r + 2; ++step) {
+    std::vector<float> g(7, static_cast<float>(r));
+    allreduce_async(fmt::format("j.{}", step), view(g), view(g)).wait();
+    float sum = 0, count = 0;
+    for (int q = 0; q < n; ++q) {
+      if (q + 2 > step) {
+        sum += static_cast<float>(q);
+        count += 1;
+      }
+    }
+    CHECK(g[6] == Approx(sum / count));
+  }
+  CHECK(join() == n - 1);
+}
+
+TEST_CASE("mpi: shutdown with pending work fails it, on every rank", "[mpi]") {
+  Session s;
+  std::vector<float> g(4, 1.0f);
+  allreduce_async("warm", view(g), view(g)).wait();
+  if (rank() == 0) {
+    Handle h = allreduce_async("only.rank0", view(g), view(g));
+    shutdown();
+    CHECK_THROWS_AS(h.wait(), StateError);
+  } else {
+    bool stopped = false;
+    for (int i = 0; !stopped; ++i) {
+      try {
+        allreduce_async(fmt::format("later.{}", i), view(g), view(g)).wait();
+      } catch (const StateError& e) {
+        CHECK_THAT(e.what(), Catch::Contains("shut down by rank 0"));
+        stopped = true;
+      }
+    }
+  }
+}
+
+TEST_CASE("mpi: the timeline file is valid JSON", "[mpi]") {
+  const std::string path = "gyre_core_mpi_timeline.json";
+  int me = -1;
+  {
+    Options o = test_options();
+    o.timeline_path = path;
+    Session s(o);
+    std::vector<float> a(64, 1.0f), b(64, 1.0f);
+    Handle x = allreduce_async("t.a", view(a), view(a));
+    Handle y = allreduce_async("t.b", view(b), view(b));
+    x.wait();
+    y.wait();
+    barrier();
+    me = rank();
+  }
+  if (me == 0) {
+    std::string cmd = "python3 -c \"import json,sys; e=json.load(open(sys.argv[1]))['traceEvents'];"
+                      " sys.exit(0 if any(x['name']=='ALLREDUCE' for x in e) else 1)\" " + path;
+    CHECK(std::system(cmd.c_str()) == 0);
+    std::remove(path.c_str());
+  }
+}
