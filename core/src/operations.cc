@@ -110,6 +110,9 @@ Handle submit(Runtime& rt, Request req, const TensorView& in, const TensorView& 
 
 }  // namespace
 
+static void validate_member(Runtime& rt, const Request& req, const std::string& name,
+                            const TensorView& in, const TensorView& out, ReduceOp op);
+
 Handle allreduce_async(Runtime& rt, const std::string& name, const TensorView& in, const TensorView& out,
                        ReduceOp op, double prescale, double postscale) {
   return grouped_allreduce_async(rt, {name}, {in}, {out}, op, prescale, postscale);
@@ -131,18 +134,23 @@ Handle grouped_allreduce_async(Runtime& rt, const std::vector<std::string>& name
     req.op = op;
     req.prescale = prescale;
     req.postscale = postscale;
-    validated(rt, req, [&] {
-      const std::string what = describe(req);
-      check_user_name(what, names[i]);
-      check_view(what, "input", ins[i]);
-      check_view(what, "output", outs[i]);
-      check_op(what, ins[i].dtype, op);
-      if (outs[i].dtype != ins[i].dtype || outs[i].numel() != ins[i].numel()) {
-        throw InvalidArgument(fmt::format(
-            "{}: output ({} x {}) does not match input ({} x {})", what,
-            dtype_name(outs[i].dtype), outs[i].numel(), dtype_name(ins[i].dtype), ins[i].numel()));
+    // A bad member fails the whole group: the other ranks hear of every
+    // member, not only the bad one, so none of them waits for the rest.
+    auto announce_group = [&](const InvalidArgument& e) {
+      for (std::size_t j = 0; j < names.size(); ++j) {
+        if (j == i || names[j].empty() || names[j].rfind(kReserved, 0) == 0) continue;
+        Request other = base_request(rt, names[j], Collective::kAllreduce, ins[j]);
+        other.error_kind = ErrorKind::kInvalidArgument;
+        other.error = fmt::format("its group failed: {}", e.what());
+        rt.queue().announce_failure(std::move(other));
       }
-    });
+    };
+    try {
+      validate_member(rt, req, names[i], ins[i], outs[i], op);
+    } catch (const InvalidArgument& e) {
+      announce_group(e);
+      throw;
+    }
     LocalEntry e;
     e.request = std::move(req);
     e.in = ins[i];
@@ -152,6 +160,22 @@ Handle grouped_allreduce_async(Runtime& rt, const std::vector<std::string>& name
   }
   rt.queue().push(std::move(entries));
   return Handle(state);
+}
+
+static void validate_member(Runtime& rt, const Request& req, const std::string& name,
+                            const TensorView& in, const TensorView& out, ReduceOp op) {
+  validated(rt, req, [&] {
+      const std::string what = describe(req);
+      check_user_name(what, name);
+      check_view(what, "input", in);
+      check_view(what, "output", out);
+      check_op(what, in.dtype, op);
+      if (out.dtype != in.dtype || out.numel() != in.numel()) {
+        throw InvalidArgument(fmt::format("{}: output ({} x {}) does not match input ({} x {})",
+                                          what, dtype_name(out.dtype), out.numel(),
+                                          dtype_name(in.dtype), in.numel()));
+      }
+  });
 }
 
 Handle allgather_async(Runtime& rt, const std::string& name, const TensorView& in) {

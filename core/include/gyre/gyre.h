@@ -78,7 +78,10 @@ class Handle {
 // MPI_THREAD_MULTIPLE when available, else MPI_THREAD_SERIALIZED) and starts
 // the background thread. Calling init() twice, or anything below before
 // init(), throws StateError. shutdown() fails pending operations with
-// StateError and finalises MPI if init() initialised it.
+// StateError, on this rank and (through the next negotiation round) on
+// every other rank, whose runtimes stop in the same round. MPI, if init()
+// initialised it, is finalised at process exit, so that init() may be
+// called again after shutdown().
 void init(const Options& options = Options::from_env());
 void shutdown();
 bool is_initialized();
