@@ -190,9 +190,12 @@ TEST_CASE("mpi: shutdown with pending work fails it, on every rank", "[mpi]") {
 }
 
 TEST_CASE("mpi: the timeline file is valid JSON", "[mpi]") {
-  const std::string path = "gyre_core_mpi_timeline.json";
+  std::string path;  // one file per world size: the np2 and np3 runs may overlap
   int me = -1;
   {
+    init(test_options());  // to learn the world size
+    path = fmt::format("gyre_core_mpi_timeline_np{}.json", size());
+    shutdown();
     Options o = test_options();
     o.timeline_path = path;
     Session s(o);
