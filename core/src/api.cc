@@ -39,7 +39,18 @@ void init(const Options& options) {
     // MPI is finalised at process exit rather than in shutdown(), so a
     // process may init() again after shutdown() (MPI cannot be
     // re-initialised once finalised).
-    std::atexit([] { transport::MpiWorld::instance().finalize(); });
+    // A process that exits without shutdown() stops its runtime first (which
+    // also stops the other ranks' runtimes in the same round), so MPI is
+    // never finalised under a running background thread.
+    std::atexit([] {
+      std::shared_ptr<core::Runtime> rt;
+      {
+        std::lock_guard<std::mutex> lock(g_mu);
+        rt.swap(g_runtime);
+      }
+      if (rt) rt->shutdown();
+      transport::MpiWorld::instance().finalize();
+    });
     g_atexit_registered = true;
   }
   core::RuntimeInfo info;

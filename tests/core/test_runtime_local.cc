@@ -313,8 +313,10 @@ TEST_CASE("local: shutdown fails pending work with StateError on every rank", "[
 
 TEST_CASE("local: the stall inspector fails a tensor one rank never enqueues", "[runtime]") {
   Options opt = fast_options();
-  opt.stall_warning_s = 0.1;
-  opt.stall_shutdown_s = 0.3;
+  // Long enough that the second tensor, enqueued by both ranks at about the
+  // same time, never stalls even on a loaded machine.
+  opt.stall_warning_s = 0.2;
+  opt.stall_shutdown_s = 1.5;
   std::promise<void> failed;
   auto failed_seen = failed.get_future().share();
   LocalJob::run(2, opt, [&](int r, Runtime& rt) {
