@@ -108,6 +108,10 @@ void Coordinator::check(Response& resp) const {
     if (auto diff = compare_field(resp, name, value)) fail(ErrorKind::kMismatch, *diff);
   };
   field("collective", [](const Request& r) { return std::string(collective_name(r.collective)); });
+  field("group", [](const Request& r) {
+    return r.group_size ? fmt::format("group '{}' of {}", r.group, r.group_size)
+                        : std::string("no group");
+  });
   if (!resp.ok()) return;
   const Collective c = resp.collective;
   const bool reduces = c == Collective::kAllreduce || c == Collective::kReducescatter;
@@ -228,8 +232,33 @@ RoundOutcome Coordinator::process(const std::vector<RoundMessage>& msgs, Respons
     }
     if (all) ready.emplace_back(p.seq, name);
   }
-  std::sort(ready.begin(), ready.end());
+  // Members of a grouped allreduce wait until the whole group is ready and
+  // then run together, ordered by the group's first arrival.
+  std::map<std::pair<std::string, std::uint32_t>, std::pair<std::uint32_t, std::uint64_t>> groups;
+  auto group_of = [&](const std::string& name) -> std::pair<std::string, std::uint32_t> {
+    for (const auto& req : pending_.at(name).per_rank) {
+      if (req) return {req->group, req->group_size};
+    }
+    return {};
+  };
   for (const auto& [seq, name] : ready) {
+    auto g = group_of(name);
+    if (g.second < 2) continue;
+    auto& [count, first] = groups.try_emplace(g, 0u, seq).first->second;
+    ++count;
+    first = std::min(first, seq);
+  }
+  std::vector<std::pair<std::pair<std::uint64_t, std::uint64_t>, std::string>> order;
+  for (const auto& [seq, name] : ready) {
+    auto g = group_of(name);
+    if (g.second < 2) {
+      order.push_back({{seq, seq}, name});
+    } else if (groups[g].first >= g.second) {
+      order.push_back({{groups[g].second, seq}, name});
+    }
+  }
+  std::sort(order.begin(), order.end());
+  for (const auto& [key, name] : order) {
     auto it = pending_.find(name);
     Response resp = make_response(name, it->second);
     pending_.erase(it);

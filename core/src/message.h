@@ -59,6 +59,10 @@ struct Request {
   std::vector<std::int64_t> shape;
   std::vector<std::int64_t> splits;    // alltoall: rows sent to each rank
   std::vector<std::uint64_t> digests;  // fingerprint / resync, see operations.cc
+  // grouped_allreduce: the group's first name and its size (0: no group).
+  // Members become ready together and run in the same round.
+  std::string group;
+  std::uint32_t group_size = 0;
   std::uint64_t step = 0;              // sender's committed step at enqueue
   // Set when the sender failed this operation on its own (bad argument
   // found at enqueue): the other ranks fail it too, with this reason.

@@ -134,6 +134,10 @@ Handle grouped_allreduce_async(Runtime& rt, const std::vector<std::string>& name
     req.op = op;
     req.prescale = prescale;
     req.postscale = postscale;
+    if (names.size() > 1) {
+      req.group = names[0];
+      req.group_size = static_cast<std::uint32_t>(names.size());
+    }
     // A bad member fails the whole group: the other ranks hear of every
     // member, not only the bad one, so none of them waits for the rest.
     auto announce_group = [&](const InvalidArgument& e) {

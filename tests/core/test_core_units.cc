@@ -336,3 +336,34 @@ TEST_CASE("timeline file is valid JSON after every event", "[timeline]") {
   std::remove(path.c_str());
   CHECK_THROWS_AS(Timeline("/nonexistent-dir/x.json", 0), InvalidArgument);
 }
+
+TEST_CASE("coordinator: a grouped allreduce runs once the whole group is ready", "[coordinator]") {
+  ResponseCache cache(16);
+  Coordinator c(2, 0, 0);
+  auto member = [](const std::string& name) {
+    Request r = make_req(name, {2});
+    r.group = "a";
+    r.group_size = 2;
+    return r;
+  };
+  auto msgs = empty_round(2);
+  msgs[0].requests = {member("a"), make_req("x", {1}), member("b")};
+  msgs[1].requests = {member("a"), make_req("x", {1})};
+  auto out = c.process(msgs, cache, Clock::now());
+  REQUIRE(out.responses.size() == 1);  // x; a waits for b
+  CHECK(out.responses[0].name == "x");
+  msgs = empty_round(2);
+  msgs[1].requests = {member("b")};
+  out = c.process(msgs, cache, Clock::now());
+  REQUIRE(out.responses.size() == 2);
+  CHECK(out.responses[0].name == "a");
+  CHECK(out.responses[1].name == "b");
+  CHECK(out.responses[0].ok());
+  // One rank grouping what another does not: a mismatch on "group".
+  msgs = empty_round(2);
+  msgs[0].requests = {member("a"), member("b")};
+  msgs[1].requests = {make_req("a", {2}), make_req("b", {2})};
+  out = c.process(msgs, cache, Clock::now());
+  REQUIRE(out.responses.size() == 2);
+  CHECK_THAT(out.responses[0].error, Catch::Contains("ranks disagree on group"));
+}
