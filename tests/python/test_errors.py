@@ -110,9 +110,15 @@ def test_mismatched_shapes_raise_on_every_rank(size, rank):
     assert_nothing_enqueued(size)
 
 
-def test_duplicate_pending_name_is_refused(size):
+def test_duplicate_pending_name_is_refused(size, rank):
     t1, t2 = torch.ones(2), torch.ones(2)
-    h = gyre.allreduce_async_(t1, name="dup", op=gyre.Sum)
-    with pytest.raises(gyre.InvalidArgumentError, match="dup"):
-        gyre.allreduce_async_(t2, name="dup", op=gyre.Sum)
+    if rank == 0:
+        h = gyre.allreduce_async_(t1, name="dup", op=gyre.Sum)
+        # Still pending: the other ranks enqueue "dup" only after the barrier.
+        with pytest.raises(gyre.InvalidArgumentError, match="dup"):
+            gyre.allreduce_async_(t2, name="dup", op=gyre.Sum)
+        gyre.barrier()
+    else:
+        gyre.barrier()
+        h = gyre.allreduce_async_(t1, name="dup", op=gyre.Sum)
     assert gyre.synchronize(h).tolist() == [size, size]
