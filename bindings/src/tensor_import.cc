@@ -55,7 +55,10 @@ bool is_row_major(const std::vector<std::int64_t>& shape, const std::int64_t* st
 
 std::string shape_string(const std::vector<std::int64_t>& shape) {
   std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(shape[i]);
+  }
   return s + "]";
 }
 

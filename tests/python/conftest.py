@@ -28,6 +28,13 @@ def size():
     return gyre.size()
 
 
+@pytest.fixture
+def multi_rank(size):
+    """For tests about disagreement between ranks: meaningless on one rank."""
+    if size < 2:
+        pytest.skip("needs at least 2 ranks (run under mpirun)")
+
+
 def rank_data(r, shape, dtype, seed=0):
     """Rank r's deterministic test input: any rank can compute every rank's,
     so references need no communication."""

@@ -4,6 +4,10 @@ Each rank's input is computable by every rank (conftest.rank_data), so the
 reference is computed locally and compared with what gyre returns.
 """
 
+import gc
+import time
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -193,3 +197,23 @@ def test_join_last_rank_reduces_with_zeros(size, rank):
         out = gyre.allreduce(torch.full((3,), 6.0), op=gyre.Average, name="join.after.avg")
         assert out.tolist() == [6.0] * 3
     assert gyre.join() == last
+
+
+def test_tensor_kept_alive_in_flight_and_released_after(size, rank, multi_rank):
+    a = np.full(4, 1.0)
+    alive = weakref.ref(a)
+    if rank == 0:
+        gyre.allreduce_async_(a, op=gyre.Sum, name="keepalive")
+        del a  # the handle is dropped too: gyre alone holds the array now
+        gc.collect()
+        assert alive() is not None  # in flight: the other ranks enqueue after the barrier
+        gyre.barrier()
+    else:
+        gyre.barrier()
+        gyre.allreduce_(a, op=gyre.Sum, name="keepalive")
+        del a
+    # Completed: released on this thread without any further gyre call.
+    deadline = time.monotonic() + 30
+    while alive() is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert alive() is None

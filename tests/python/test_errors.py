@@ -88,7 +88,7 @@ def test_bad_arguments(size):
     assert_nothing_enqueued(size)
 
 
-def test_tensor_resized_while_in_flight(size, rank):
+def test_tensor_resized_while_in_flight(size, rank, multi_rank):
     t = torch.ones(8)
     if rank == 0:
         handle = gyre.allreduce_async_(t, op=gyre.Sum, name="resized")
@@ -103,14 +103,14 @@ def test_tensor_resized_while_in_flight(size, rank):
         assert gyre.allreduce_(t, op=gyre.Sum, name="resized").tolist() == [size] * 8
 
 
-def test_mismatched_shapes_raise_on_every_rank(size, rank):
+def test_mismatched_shapes_raise_on_every_rank(size, rank, multi_rank):
     t = torch.ones(3 + rank)
     with pytest.raises(gyre.MismatchError, match="mismatch"):
         gyre.allreduce(t, name="mismatched.shape")
     assert_nothing_enqueued(size)
 
 
-def test_duplicate_pending_name_is_refused(size, rank):
+def test_duplicate_pending_name_is_refused(size, rank, multi_rank):
     t1, t2 = torch.ones(2), torch.ones(2)
     if rank == 0:
         h = gyre.allreduce_async_(t1, name="dup", op=gyre.Sum)

@@ -174,7 +174,7 @@ def test_broadcast_optimizer_state_and_bool_buffers(size, rank):
             torch.testing.assert_close(mine[key], theirs[key], rtol=0, atol=0)
 
 
-def test_skipped_step_raises_divergence_on_every_rank_then_resync(size, rank):
+def test_skipped_step_raises_divergence_on_every_rank_then_resync(size, rank, multi_rank):
     model = make_model(seed=6)
     opt = distributed(model)
     skipper = size - 1
@@ -197,7 +197,7 @@ def test_skipped_step_raises_divergence_on_every_rank_then_resync(size, rank):
     assert_same_on_every_rank(model, size)
 
 
-def test_check_consistency_names_the_perturbed_parameter_and_resync_repairs(size, rank):
+def test_check_consistency_names_the_perturbed_parameter_and_resync_repairs(size, rank, multi_rank):
     model = make_model(seed=7)
     hvd.check_consistency(model)  # identical: no error
     victim = size - 1
