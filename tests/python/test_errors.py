@@ -2,6 +2,9 @@
 anything is enqueued (so no other rank waits for an operation that never
 comes); the runtime's errors surface as gyre exceptions."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -122,3 +125,15 @@ def test_duplicate_pending_name_is_refused(size, rank, multi_rank):
         gyre.barrier()
         h = gyre.allreduce_async_(t1, name="dup", op=gyre.Sum)
     assert gyre.synchronize(h).tolist() == [size, size]
+
+
+def test_calls_before_init_raise_state_error():
+    code = ("import numpy, gyre\n"
+            "for call in (gyre.rank, lambda: gyre.allreduce(numpy.ones(2))):\n"
+            "    try:\n"
+            "        call()\n"
+            "    except gyre.StateError as e:\n"
+            "        print('StateError:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("StateError:") == 2, out.stdout

@@ -215,12 +215,16 @@ def test_check_consistency_names_the_perturbed_parameter_and_resync_repairs(size
 
 
 def test_resync_average(size, rank):
-    model = make_model(seed=8)
+    model = nn.Sequential(make_model(seed=8), nn.BatchNorm1d(3))
     with torch.no_grad():
-        model[0].weight.fill_(float(rank))
+        model[0][0].weight.fill_(float(rank))
+        model[1].running_mean.fill_(2.0 * rank)
+        model[1].num_batches_tracked.fill_(10 + rank)  # int64: not averaged
     hvd.resync(model, policy="average")
     hvd.check_consistency(model)
-    torch.testing.assert_close(model[0].weight, torch.full_like(model[0].weight, (size - 1) / 2))
+    torch.testing.assert_close(model[0][0].weight, torch.full_like(model[0][0].weight, (size - 1) / 2))
+    torch.testing.assert_close(model[1].running_mean, torch.full((3,), float(size - 1)))
+    assert model[1].num_batches_tracked.item() == 10  # every rank at the same step: rank 0's
 
 
 def test_optimizer_argument_errors():

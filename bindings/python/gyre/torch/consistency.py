@@ -10,6 +10,7 @@ from gyre import _gyre
 from gyre.exceptions import DivergenceError, InvalidArgumentError
 
 from gyre.objects import broadcast_object
+from gyre.ops import broadcast_async_, synchronize
 
 from .functions import Staged, broadcast_optimizer_state, named_tensors
 
@@ -55,9 +56,10 @@ def resync(model, policy="newest", optimizer=None):
     rank's committed step to the agreed one.
 
     policy="newest": every rank takes the values of the rank that committed
-    the most steps (ties: the lowest rank). policy="average": the average over
-    ranks (integer buffers, such as BatchNorm's step counters, cannot be
-    averaged; use "newest" for models that have them).
+    the most steps (ties: the lowest rank). policy="average": floating-point
+    tensors become their average over ranks; integer and bool buffers (such
+    as BatchNorm's num_batches_tracked) cannot be averaged and take the
+    newest rank's values.
 
     With `optimizer`, its state (momentum buffers, ...) is also made equal:
     under either policy every rank takes the newest rank's optimizer state,
@@ -71,9 +73,21 @@ def resync(model, policy="newest", optimizer=None):
     # ranks agree on rank 0's reading once resync has equalised the steps.
     steps = _gyre.version_vector()
     newest = steps.index(max(steps))  # index() gives the lowest rank on ties
-    _gyre.resync([(name, s.tensor) for name, s in staged], policy)
+    if policy == "newest":
+        by_resync, by_broadcast = staged, []
+    else:
+        by_resync = [(n, s) for n, s in staged if s.tensor.is_floating_point()]
+        by_broadcast = [(n, s) for n, s in staged if not s.tensor.is_floating_point()]
+    if by_resync:
+        _gyre.resync([(name, s.tensor) for name, s in by_resync], policy)
+    else:  # nothing to average: the step counts are equalised all the same
+        _gyre.resync([], "newest")
+    if by_broadcast or optimizer is not None:
+        root = broadcast_object(newest, root_rank=0, name="resync.newest")
+        handles = [broadcast_async_(s.tensor, root, name=f"resync.{name}") for name, s in by_broadcast]
+        for h in handles:
+            synchronize(h)
+        if optimizer is not None:
+            broadcast_optimizer_state(optimizer, root_rank=root)
     for _, s in staged:
         s.write_back()
-    if optimizer is not None:
-        root = broadcast_object(newest, root_rank=0, name="resync.newest")
-        broadcast_optimizer_state(optimizer, root_rank=root)
