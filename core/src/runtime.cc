@@ -18,6 +18,8 @@ constexpr int kTagNegotiate = 1;
 // round; longer messages send the rest in a second one. Steady-state
 // messages (flags, step, cache bits) fit easily.
 constexpr std::size_t kInlineBytes = 256;
+// Least deadline of the first round (see loop()).
+constexpr double kStartupTimeoutS = 60.0;
 
 std::unique_ptr<Timeline> make_timeline(const Options& o, int rank) {
   if (o.timeline_path.empty()) return nullptr;
@@ -93,19 +95,21 @@ void Runtime::fail_all(ErrorKind kind, const std::string& why) {
 
 void Runtime::loop() {
   const auto cycle = std::chrono::microseconds(static_cast<long>(opt_.cycle_time_ms * 1000.0));
+  auto deadline = [](double seconds) {
+    return std::chrono::milliseconds(std::max<long>(1, static_cast<long>(seconds * 1000.0)));
+  };
   bool first = true;
+  // The first round doubles as the start-up barrier: ranks may reach init()
+  // seconds apart, so it gets at least kStartupTimeoutS; a rank whose init()
+  // failed after creating its transport still ends the job then.
+  if (opt_.op_timeout_s > 0) t_->set_timeout(deadline(std::max(opt_.op_timeout_s, kStartupTimeoutS)));
   try {
     while (true) {
       if (!first) queue_.wait_for_work(cycle);
       if (!round()) break;
       if (first) {
-        // The first round doubles as the start-up barrier: ranks may reach
-        // init() seconds apart, so the deadline applies from then on.
         first = false;
-        if (opt_.op_timeout_s > 0) {
-          t_->set_timeout(std::chrono::milliseconds(
-              std::max<long>(1, static_cast<long>(opt_.op_timeout_s * 1000.0))));
-        }
+        if (opt_.op_timeout_s > 0) t_->set_timeout(deadline(opt_.op_timeout_s));
       }
     }
   } catch (const std::exception& e) {
