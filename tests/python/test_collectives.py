@@ -5,6 +5,7 @@ reference is computed locally and compared with what gyre returns.
 """
 
 import gc
+import threading
 import time
 import weakref
 
@@ -217,3 +218,25 @@ def test_tensor_kept_alive_in_flight_and_released_after(size, rank, multi_rank):
     while alive() is not None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert alive() is None
+
+
+def test_gil_released_while_waiting(size, rank, multi_rank):
+    t = torch.ones(3)
+    if rank == 0:
+        h = gyre.allreduce_async_(t, op=gyre.Sum, name="gil")
+        assert not gyre.poll(h)  # the other ranks enqueue after the barrier
+        waiter = threading.Thread(target=gyre.synchronize, args=(h,))
+        waiter.start()
+        # This thread runs Python while the waiter blocks in synchronize(): it
+        # could not if the wait held the GIL.
+        spins, end = 0, time.monotonic() + 0.2
+        while time.monotonic() < end:
+            spins += 1
+        assert spins > 0 and waiter.is_alive() and not gyre.poll(h)
+        gyre.barrier()
+        waiter.join(timeout=60)
+        assert not waiter.is_alive() and gyre.poll(h)
+    else:
+        gyre.barrier()
+        gyre.allreduce_(t, op=gyre.Sum, name="gil")
+    assert t.tolist() == [float(size)] * 3
