@@ -73,8 +73,10 @@ void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at
       continue;
     }
     if (r.collective == Collective::kAllreduce) {
-      items[i] = FusionItem{true, r.agreed.dtype, effective_op(r), r.agreed.prescale,
-                            effective_postscale(r), r.agreed.device, r.agreed.nbytes()};
+      const std::size_t bytes = r.agreed.nbytes();
+      const bool small = opt_.fusion_max_tensor_bytes == 0 || bytes <= opt_.fusion_max_tensor_bytes;
+      items[i] = FusionItem{small, r.agreed.dtype, effective_op(r), r.agreed.prescale,
+                            effective_postscale(r), r.agreed.device, bytes};
     }
   }
 

@@ -379,3 +379,22 @@ TEST_CASE("local: timeline is Chrome trace JSON with the phases", "[runtime][tim
     std::remove(path.c_str());
   }
 }
+
+TEST_CASE("local: large tensors bypass the fusion buffer, small ones share it", "[runtime][fusion]") {
+  for (std::size_t max_tensor : {std::size_t{1} << 20, std::size_t{0}}) {
+    Options opt = fast_options();
+    opt.fusion_max_tensor_bytes = max_tensor;
+    std::vector<int> allocations(2, -1);
+    LocalJob::run(2, opt, [&](int r, Runtime& rt) {
+      // Two 2 MiB tensors, grouped so that they are ready in the same round.
+      std::vector<float> a(512 << 10, 1.0f), b(512 << 10, 2.0f);
+      wait_for(core::grouped_allreduce_async(rt, {"big.a", "big.b"}, {view(a), view(b)},
+                                             {view(a), view(b)}, ReduceOp::kSum));
+      GYRE_EXPECT(r, a.back() == 2.0f && b.front() == 4.0f);
+      allocations[static_cast<std::size_t>(r)] = rt.fusion_allocations();
+    });
+    INFO("fusion_max_tensor_bytes " << max_tensor);
+    CHECK(allocations[0] == (max_tensor ? 0 : 1));
+    CHECK(allocations[1] == allocations[0]);
+  }
+}

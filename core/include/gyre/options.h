@@ -13,6 +13,11 @@ enum class LogLevel { kTrace = 0, kDebug, kInfo, kWarning, kError, kFatal };
 struct Options {
   // GYRE_FUSION_THRESHOLD: bytes per fusion buffer; 0 disables fusion.
   std::size_t fusion_threshold_bytes = 64u << 20;
+  // GYRE_FUSION_MAX_TENSOR: only tensors up to this many bytes are copied
+  // into fusion buffers; larger ones are bandwidth-bound already, so they
+  // are reduced in place, saving two copies. 0: no limit besides the
+  // threshold.
+  std::size_t fusion_max_tensor_bytes = 1u << 20;
   // GYRE_CYCLE_TIME_MS: longest the background thread sleeps between
   // negotiation rounds when no work is enqueued (it wakes at once on enqueue).
   double cycle_time_ms = 1.0;
