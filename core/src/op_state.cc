@@ -1,6 +1,8 @@
 // OpState completion and the gyre::Handle methods.
 #include "op_state.h"
 
+#include <cstdio>
+
 #include "gyre/error.h"
 
 namespace gyre {
@@ -19,7 +21,17 @@ void OpState::complete_one(std::exception_ptr err) {
     done.store(true, std::memory_order_release);
   }
   cv.notify_all();
-  for (auto& fn : to_call) fn(final_error);
+  for (auto& fn : to_call) {
+    // A throwing callback must not unwind into the background thread's
+    // loop (which would end the job): report it and go on.
+    try {
+      fn(final_error);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[gyre] an on_complete callback threw: %s\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "[gyre] an on_complete callback threw a non-standard exception\n");
+    }
+  }
 }
 
 }  // namespace core

@@ -1,5 +1,6 @@
 // Timeline: a Chrome trace-event JSON file of what happened to each tensor
-// (QUEUE, NEGOTIATE, MEMCPY_IN_FUSION_BUFFER, ALLREDUCE, ..., MEMCPY_OUT),
+// (QUEUE, NEGOTIATE, MEMCPY_IN_FUSION_BUFFER, ALLREDUCE or the other
+// collectives, MEMCPY_OUT_FUSION_BUFFER),
 // viewable in Perfetto or chrome://tracing.
 //
 // Events are complete ("X") events with microsecond timestamps relative to
