@@ -398,3 +398,20 @@ TEST_CASE("local: large tensors bypass the fusion buffer, small ones share it", 
     CHECK(allocations[1] == allocations[0]);
   }
 }
+
+TEST_CASE("local: a throwing on_complete callback does not stop the runtime", "[runtime]") {
+  LocalJob::run(2, fast_options(), [&](int r, Runtime& rt) {
+    std::vector<float> a(3, 1.0f);
+    Handle h = core::allreduce_async(rt, "cb", view(a), view(a), ReduceOp::kSum);
+    std::promise<bool> called;
+    auto fut = called.get_future();
+    h.on_complete([&called](std::exception_ptr e) {
+      called.set_value(e == nullptr);
+      throw std::runtime_error("callback failure");
+    });
+    GYRE_EXPECT(r, fut.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+    GYRE_EXPECT(r, fut.get());
+    wait_for(core::allreduce_async(rt, "after.cb", view(a), view(a), ReduceOp::kSum));
+    GYRE_EXPECT(r, a[0] == 4.0f);
+  });
+}
