@@ -21,16 +21,21 @@ void OpState::complete_one(std::exception_ptr err) {
     done.store(true, std::memory_order_release);
   }
   cv.notify_all();
-  for (auto& fn : to_call) {
-    // A throwing callback must not unwind into the background thread's
-    // loop (which would end the job): report it and go on.
-    try {
-      fn(final_error);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "[gyre] an on_complete callback threw: %s\n", e.what());
-    } catch (...) {
-      std::fprintf(stderr, "[gyre] an on_complete callback threw a non-standard exception\n");
-    }
+  for (auto& fn : to_call) run_callback(fn, final_error);
+}
+
+void OpState::run_callback(const std::function<void(std::exception_ptr)>& fn,
+                           std::exception_ptr err) {
+  // A throwing callback must not unwind into the background thread's loop
+  // (which would end the job): report it and go on. The same when it runs
+  // at once on the registering thread, so a callback behaves alike wherever
+  // it runs.
+  try {
+    fn(err);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[gyre] an on_complete callback threw: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "[gyre] an on_complete callback threw a non-standard exception\n");
   }
 }
 
@@ -70,7 +75,7 @@ void Handle::on_complete(std::function<void(std::exception_ptr)> fn) const {
     }
     err = s.error;
   }
-  fn(err);
+  core::OpState::run_callback(fn, err);
 }
 
 const OwnedTensor& Handle::output() const { return checked(state_).output; }

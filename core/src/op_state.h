@@ -23,6 +23,10 @@ struct OpState {
   // Called once per member. The last call publishes the result, wakes
   // waiters and runs the callbacks (outside the lock).
   void complete_one(std::exception_ptr err = nullptr);
+  // Runs an on_complete callback; an exception it throws is reported on
+  // stderr, never propagated.
+  static void run_callback(const std::function<void(std::exception_ptr)>& fn,
+                           std::exception_ptr err);
 
   // Guards everything below except `done`, which is also read without the
   // lock by poll().
