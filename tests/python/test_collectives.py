@@ -75,6 +75,29 @@ def test_allreduce_torch_bfloat16_and_scaling(size, rank):
     torch.testing.assert_close(avg, expected / size, rtol=1e-5, atol=1e-6)
 
 
+def test_fp16_compression_of_collectives(size, rank):
+    inputs = [rank_data(r, (40,), np.float32, seed=13) for r in range(size)]
+    rounded = [x.astype(np.float16).astype(np.float64) for x in inputs]
+    out = gyre.allreduce(torch.from_numpy(inputs[rank]), op=gyre.Sum,
+                         compression=gyre.Compression.fp16)
+    assert out.dtype == torch.float32  # decompressed to the caller's dtype
+    np.testing.assert_allclose(out.numpy(), np.sum(rounded, axis=0), rtol=2e-3, atol=2e-3)
+    outs = gyre.grouped_allreduce([inputs[rank], inputs[rank][:5]], op=gyre.Max,
+                                  compression=gyre.Compression.fp16)
+    assert all(o.dtype == np.float32 for o in outs)
+    np.testing.assert_array_equal(outs[1], np.max(rounded, axis=0)[:5].astype(np.float32))
+    rs = gyre.reducescatter(inputs[rank].reshape(40, 1), op=gyre.Sum,
+                            compression=gyre.Compression.fp16)
+    assert rs.dtype == np.float32
+    counts = [40 // size + (1 if r < 40 % size else 0) for r in range(size)]
+    lo = sum(counts[:rank])
+    np.testing.assert_allclose(rs[:, 0], np.sum(rounded, axis=0)[lo:lo + counts[rank]], rtol=2e-3,
+                               atol=2e-3)
+    # Integers are sent as they are.
+    ints = gyre.allreduce(np.full(3, rank, np.int64), op=gyre.Sum, compression=gyre.Compression.fp16)
+    assert ints.dtype == np.int64 and ints.tolist() == [sum(range(size))] * 3
+
+
 def test_allreduce_in_place_async_and_grad_tensors(size, rank):
     base = torch.arange(6, dtype=torch.float64).reshape(2, 3)
     t = base * (rank + 1)
@@ -113,6 +136,9 @@ def test_grouped_allreduce(size, rank):
         torch.testing.assert_close(o, e)
     h = gyre.grouped_allreduce_async_(tensors, op=gyre.Sum, name="grouped.inplace")
     assert gyre.synchronize(h) == tensors
+    for t, e in zip(tensors, expected):
+        torch.testing.assert_close(t, e)
+    assert gyre.grouped_allreduce_(tensors, op=gyre.Min) == tensors  # equal everywhere now
     for t, e in zip(tensors, expected):
         torch.testing.assert_close(t, e)
     # A numpy array and a torch tensor in one group.

@@ -94,6 +94,17 @@ def test_fp16_compression_and_skip_synchronize(size, rank):
     assert_same_on_every_rank(model, size)
 
 
+def test_gradient_predivide_factor_keeps_the_average(size, rank):
+    model, ref = make_model(seed=11), make_model(seed=11)
+    opt = distributed(model, gradient_predivide_factor=4.0)
+    opt.zero_grad()
+    loss_fn(model, *batch(rank, 40)).backward()
+    opt.step()
+    loss_fn(ref, *union(size, 40)).backward()
+    torch.optim.SGD(ref.parameters(), lr=LR, momentum=0.9).step()
+    assert_models_close(model, ref)
+
+
 def test_backward_passes_per_step_accumulates_then_reduces(size, rank):
     model, ref = make_model(seed=2), make_model(seed=2)
     opt = distributed(model, backward_passes_per_step=2)
