@@ -5,8 +5,12 @@ Run under mpirun through mpi_pytest.py; a plain `pytest` runs them on one rank.
 
 import numpy as np
 import pytest
+import torch
 
 import gyre
+
+# Several ranks share two cores: one intra-op thread each avoids oversubscription.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session", autouse=True)
