@@ -14,6 +14,7 @@
 // the threshold) and reused. Thread: background thread only.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -55,7 +56,8 @@ class FusionBuffer {
  public:
   std::byte* get(std::size_t bytes);
   std::size_t capacity() const { return size_; }
-  int allocations() const { return allocations_; }
+  // Read by other threads (statistics), hence atomic.
+  int allocations() const { return allocations_.load(); }
 
  private:
   struct Free {
@@ -63,7 +65,7 @@ class FusionBuffer {
   };
   std::unique_ptr<std::byte, Free> data_;
   std::size_t size_ = 0;
-  int allocations_ = 0;
+  std::atomic<int> allocations_{0};
 };
 
 }  // namespace gyre::core

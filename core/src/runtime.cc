@@ -163,7 +163,6 @@ bool Runtime::round() {
     phase_ = fmt::format("round {}: running {} responses from '{}'", round_no,
                          out.responses.size(), out.responses.front().name);
     executor_.run(out.responses, agreed_at);
-    fusion_allocations_ = executor_.fusion_buffer().allocations();
   }
   if (out.join_completed) {
     std::shared_ptr<OpState> join;

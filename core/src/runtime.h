@@ -75,7 +75,7 @@ class Runtime {
 
   // Statistics for tests and benchmarks (background-thread counters).
   std::uint64_t rounds() const { return rounds_.load(); }
-  int fusion_allocations() const { return fusion_allocations_.load(); }
+  int fusion_allocations() const { return executor_.fusion_buffer().allocations(); }
 
  private:
   void loop();
@@ -108,7 +108,6 @@ class Runtime {
   std::string phase_;                        // background thread: what it is doing (errors)
   std::atomic<bool> stopped_{false};         // the background loop has ended
   std::atomic<std::uint64_t> rounds_{0};
-  std::atomic<int> fusion_allocations_{0};
   std::atomic<std::uint64_t> internal_seq_{0};
   std::thread thread_;
 };

@@ -3,7 +3,10 @@
 // functions report failures by throwing (expect(), expect_throw()); run()
 // rethrows the root-cause exception on the test's thread. A rank that fails
 // shuts its runtime down, which stops every rank's runtime in the same
-// round and fails their pending waits: nothing hangs.
+// round and fails their pending waits: nothing hangs. (A rank function
+// that throws has already unwound its buffers when its runtime stops, so a
+// failing test may report follow-on errors; the first failure is the one
+// to read. Tests must therefore not race their own expectations.)
 #pragma once
 
 #include <chrono>

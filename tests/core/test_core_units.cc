@@ -8,6 +8,9 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
+#include <unistd.h>
+
 #include "coordinator.h"
 #include "fingerprint.h"
 #include "fusion.h"
@@ -311,7 +314,7 @@ TEST_CASE("fingerprints: digests and mismatch groups", "[fingerprint]") {
 }
 
 TEST_CASE("timeline file is valid JSON after every event", "[timeline]") {
-  std::string path = "gyre_core_timeline_unit.json";
+  std::string path = fmt::format("gyre_core_timeline_unit_{}.json", ::getpid());
   auto parses = [&] {
     std::string cmd = "python3 -c \"import json,sys; d=json.load(open(sys.argv[1])); "
                       "assert isinstance(d['traceEvents'], list)\" " + path;

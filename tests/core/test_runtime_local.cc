@@ -9,6 +9,8 @@
 #include <mutex>
 #include <random>
 
+#include <unistd.h>
+
 #include "local_job.h"
 
 using namespace gyre;
@@ -142,6 +144,8 @@ TEST_CASE("local: every collective, grouped allreduce and barrier", "[runtime]")
 }
 
 TEST_CASE("local: mismatches fail on every rank, the runtime goes on", "[runtime]") {
+  std::promise<void> second_refused;
+  auto refused = second_refused.get_future().share();
   LocalJob::run(3, fast_options(), [&](int r, Runtime& rt) {
     std::vector<float> a(r == 1 ? 5 : 4, 1.0f), b(4, 1.0f);
     auto msg = expect_throw<MismatchError>(r, [&] {
@@ -177,14 +181,21 @@ TEST_CASE("local: mismatches fail on every rank, the runtime goes on", "[runtime
       });
       GYRE_EXPECT(r, contains(msg, "failed on rank 1") && contains(msg, "null"));
     }
-    // A name enqueued twice while pending: refused on that rank only.
+    // A name enqueued twice while pending: refused on that rank only. The
+    // other ranks enqueue it only after rank 0's second attempt, so it is
+    // certainly still pending then.
     std::vector<float> c(4, 1.0f);
-    Handle h = core::allreduce_async(rt, "twice", view(c), view(c), ReduceOp::kSum);
+    Handle h;
     if (r == 0) {
+      h = core::allreduce_async(rt, "twice", view(c), view(c), ReduceOp::kSum);
       msg = expect_throw<InvalidArgument>(r, [&] {
         core::allreduce_async(rt, "twice", view(b), view(b), ReduceOp::kSum);
       });
       GYRE_EXPECT(r, contains(msg, "'twice'") && contains(msg, "already pending"));
+      second_refused.set_value();
+    } else {
+      GYRE_EXPECT(r, refused.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+      h = core::allreduce_async(rt, "twice", view(c), view(c), ReduceOp::kSum);
     }
     wait_for(h);
     GYRE_EXPECT(r, c == std::vector<float>(4, 3.0f));
@@ -360,7 +371,9 @@ TEST_CASE("local: a small response cache evicts and stays correct", "[runtime][c
 
 TEST_CASE("local: timeline is Chrome trace JSON with the phases", "[runtime][timeline]") {
   Options opt = fast_options();
-  opt.timeline_path = "gyre_core_timeline_{rank}.json";
+  // The pid keeps concurrent runs of this binary apart.
+  const std::string stem = fmt::format("gyre_core_timeline_{}", ::getpid());
+  opt.timeline_path = stem + "_{rank}.json";
   LocalJob::run(2, opt, [&](int r, Runtime& rt) {
     std::vector<float> a(100, 1.0f), b(100, 1.0f);
     Handle x = core::allreduce_async(rt, "tl.a", view(a), view(a));
@@ -369,7 +382,7 @@ TEST_CASE("local: timeline is Chrome trace JSON with the phases", "[runtime][tim
     wait_for(y);
   });
   for (int r = 0; r < 2; ++r) {
-    std::string path = fmt::format("gyre_core_timeline_{}.json", r);
+    std::string path = fmt::format("{}_{}.json", stem, r);
     std::string cmd = fmt::format(
         "python3 -c \"import json,sys; ev=json.load(open(sys.argv[1]))['traceEvents']; "
         "names={{e['name'] for e in ev}}; "
