@@ -42,6 +42,19 @@ std::string upper(std::string_view s) {
   return out;
 }
 
+// The exception a failed response becomes; a divergence carries the steps.
+std::exception_ptr response_error(const Response& r) {
+  if (r.error_kind != ErrorKind::kDivergence) return make_error(r.error_kind, r.error);
+  DivergenceDetail d;
+  d.tensor = r.name;
+  for (std::size_t q = 0; q < r.per_rank.size(); ++q) {
+    if (!r.per_rank[q]) continue;
+    d.ranks.push_back(static_cast<int>(q));
+    d.steps.push_back(r.per_rank[q]->step);
+  }
+  return std::make_exception_ptr(DivergenceError(r.error, std::move(d)));
+}
+
 }  // namespace
 
 std::byte* Executor::scratch(std::size_t bytes) {
@@ -69,7 +82,7 @@ void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at
     }
     if (!r.ok()) {
       log_.debug("{}", r.error);
-      if (entries[i]) entries[i]->state->complete_one(make_error(r.error_kind, r.error));
+      if (entries[i]) entries[i]->state->complete_one(response_error(r));
       continue;
     }
     if (r.collective == Collective::kAllreduce) {

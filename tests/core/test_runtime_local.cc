@@ -214,6 +214,14 @@ TEST_CASE("local: a skipped step is a DivergenceError on every rank", "[runtime]
     });
     GYRE_EXPECT(r, contains(msg, "'grad'") && contains(msg, "ranks 0, 1 at step 3") &&
                        contains(msg, "rank 2 at step 2"));
+    try {
+      wait_for(core::allreduce_async(rt, "grad", view(g), view(g)));
+      GYRE_EXPECT(r, false);
+    } catch (const DivergenceError& e) {
+      GYRE_EXPECT(r, e.detail().tensor == "grad");
+      GYRE_EXPECT(r, (e.detail().ranks == std::vector<int>{0, 1, 2}));
+      GYRE_EXPECT(r, (e.detail().steps == std::vector<std::uint64_t>{3, 3, 2}));
+    }
     // Every rank's view of the version vector has seen the steps.
     auto vv = rt.versions().snapshot();
     GYRE_EXPECT(r, (vv == std::vector<std::uint64_t>{3, 3, 2}));

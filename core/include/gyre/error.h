@@ -4,8 +4,11 @@
 // operation it affects and rethrown by Handle::wait() on the caller's thread.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace gyre {
 
@@ -27,10 +30,24 @@ class MismatchError : public Error {
   using Error::Error;
 };
 
+// Which ranks were at which committed step when an operation failed with
+// DivergenceError (empty when the error did not come from a step check).
+struct DivergenceDetail {
+  std::string tensor;
+  std::vector<int> ranks;             // the ranks that submitted the tensor
+  std::vector<std::uint64_t> steps;   // steps[i]: committed step of ranks[i]
+};
+
 // Ranks are at different training steps, or hold different parameter values.
 class DivergenceError : public Error {
  public:
   using Error::Error;
+  DivergenceError(const std::string& what, DivergenceDetail detail)
+      : Error(what), detail_(std::move(detail)) {}
+  const DivergenceDetail& detail() const { return detail_; }
+
+ private:
+  DivergenceDetail detail_;
 };
 
 // An operation made no progress within its deadline.
