@@ -162,6 +162,11 @@ bool Runtime::round() {
   if (!out.responses.empty()) {
     phase_ = fmt::format("round {}: running {} responses from '{}'", round_no,
                          out.responses.size(), out.responses.front().name);
+    if (log_.enabled(LogLevel::kTrace)) {
+      std::vector<std::string> names;
+      for (const auto& r : out.responses) names.push_back(r.name);
+      log_.log(LogLevel::kTrace, "round {}: running [{}]", round_no, fmt::join(names, ", "));
+    }
     executor_.run(out.responses, agreed_at);
   }
   if (out.join_completed) {
