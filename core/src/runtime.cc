@@ -124,8 +124,9 @@ void Runtime::fatal(const std::exception& e) {
   std::string text = fmt::format(
       "{} during {}: {}. Tensors pending on this rank: [{}]. {}", timeout ? "timed out" : "failed",
       phase_, e.what(), pending,
-      timeout ? fmt::format("No progress for GYRE_OP_TIMEOUT_S={} s: a rank is stuck or gone; "
-                            "aborting the job",
+      timeout ? fmt::format("No progress for GYRE_OP_TIMEOUT_S={} s: a rank is stuck or gone "
+                            "(ranks wait on their ring predecessor, so the stuck rank is the "
+                            "one the other ranks' messages lead back to); aborting the job",
                             opt_.op_timeout_s)
               : std::string("The ranks can no longer agree: aborting the job"));
   log_.error("{}", text);
