@@ -1,6 +1,7 @@
 // Executor: dispatch, fusion of allreduces, and the per-collective runners.
 #include "executor.h"
 
+#include <cctype>
 #include <cstring>
 
 #include <fmt/format.h>
