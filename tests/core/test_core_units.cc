@@ -370,3 +370,25 @@ TEST_CASE("coordinator: a grouped allreduce runs once the whole group is ready",
   REQUIRE(out.responses.size() == 2);
   CHECK_THAT(out.responses[0].error, Catch::Contains("ranks disagree on group"));
 }
+
+TEST_CASE("coordinator: collective, scale factors and root are compared too", "[coordinator]") {
+  ResponseCache cache(16);
+  Coordinator c(2, 0, 0);
+  auto msgs = empty_round(2);
+  Request ar = make_req("k", {2}), bc = make_req("k", {2});
+  bc.collective = Collective::kBroadcast;
+  bc.root = 0;
+  Request p0 = make_req("p", {2}), p1 = make_req("p", {2});
+  p1.prescale = 0.5;
+  Request q0 = make_req("q", {2}), q1 = make_req("q", {2});
+  q1.postscale = 2.0;
+  msgs[0].requests = {ar, p0, q0};
+  msgs[1].requests = {bc, p1, q1};
+  auto out = c.process(msgs, cache, Clock::now());
+  REQUIRE(out.responses.size() == 3);
+  CHECK(out.responses[0].error ==
+        "allreduce 'k': ranks disagree on collective: rank 0 has allreduce; rank 1 has broadcast");
+  CHECK_THAT(out.responses[1].error, Catch::Contains("prescale") && Catch::Contains("rank 1 has 0.5"));
+  CHECK_THAT(out.responses[2].error, Catch::Contains("postscale") && Catch::Contains("rank 1 has 2"));
+  for (auto& r : out.responses) CHECK(r.error_kind == ErrorKind::kMismatch);
+}
