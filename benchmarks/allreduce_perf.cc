@@ -82,6 +82,8 @@ Timing:
   --blocks N            sweep: timed blocks per size and system (default 5)
 Output:
   --json FILE           also write the rows as JSON (for benchmarks/plot_bandwidth.py)
+  --only SYSTEM         run one system alone, e.g. under a profiler (sweep: gyre
+                        or mpi; --gradients: runtime, per-tensor, fused or ring)
   -h, --help
 )";
 
@@ -109,6 +111,7 @@ PerfOptions parse_args(int argc, char** argv, bool* help) {
     else if (a == "--gradients") o.gradients_path = std::string(value());
     else if (a == "--latency") o.latency = true;
     else if (a == "--json") o.json_path = std::string(value());
+    else if (a == "--only") o.only = std::string(value());
     else throw InvalidArgument(fmt::format("unknown option '{}' (see --help)", a));
   }
   if (o.min_bytes > o.max_bytes) {
@@ -120,6 +123,16 @@ PerfOptions parse_args(int argc, char** argv, bool* help) {
   if (o.chunk_bytes == 0) throw InvalidArgument("--chunk must be positive");
   if (!o.gradients_path.empty() && o.latency) {
     throw InvalidArgument("--gradients and --latency are separate modes; give one");
+  }
+  if (!o.only.empty()) {
+    const bool sweep_ok = o.gradients_path.empty() && !o.latency && (o.only == "gyre" || o.only == "mpi");
+    const bool grad_ok = !o.gradients_path.empty() && (o.only == "runtime" || o.only == "per-tensor" ||
+                                                       o.only == "fused" || o.only == "ring");
+    if (!sweep_ok && !grad_ok) {
+      throw InvalidArgument(fmt::format(
+          "--only '{}': the sweep takes gyre or mpi, --gradients takes runtime, per-tensor, fused or ring",
+          o.only));
+    }
   }
   if (!op_defined(o.dtype, o.op)) {
     throw InvalidArgument(fmt::format("--op {} is not defined on --datatype {}", op_name(o.op),

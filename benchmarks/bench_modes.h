@@ -41,6 +41,9 @@ struct PerfOptions {
   std::string gradients_path;  // non-empty: gradient-set mode
   bool latency = false;        // latency mode
   std::string json_path;       // non-empty: rank 0 writes the rows there
+  // Runs one system alone, e.g. under a profiler. Sweep: "gyre" or "mpi";
+  // gradient sets: "runtime", "per-tensor", "fused" or "ring". Empty: all.
+  std::string only;
 };
 
 // One way of allreducing `count` elements from `in` to `out` (out-of-place;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,7 +60,9 @@ struct FloatBuffer {
 };
 
 struct StepSystem {
-  StepSystem(std::string n, std::function<void()> fn) : name(std::move(n)), step(std::move(fn)) {}
+  StepSystem(std::string k, std::string n, std::function<void()> fn)
+      : key(std::move(k)), name(std::move(n)), step(std::move(fn)) {}
+  std::string key;  // what --only names
   std::string name;
   std::function<void()> step;
   std::vector<double> times;  // seconds, this rank, then slowest rank
@@ -106,7 +109,7 @@ int run_gradient_set(const PerfOptions& o) {
   for (std::size_t k = 0; k < sizes.size(); ++k) names[k] = fmt::format("grad.{}", k);
 
   std::vector<StepSystem> systems;
-  systems.emplace_back("gyre runtime (allreduce_async x N, wait all)", [&] {
+  systems.emplace_back("runtime", "gyre runtime (allreduce_async x N, wait all)", [&] {
                        std::vector<Handle> handles;
                        handles.reserve(sizes.size());
                        for (std::size_t k = sizes.size(); k-- > 0;) {
@@ -116,13 +119,17 @@ int run_gradient_set(const PerfOptions& o) {
                        }
                        for (const Handle& h : handles) h.wait();
                      });
-  systems.emplace_back("MPI_Allreduce per tensor", [&] {
+  systems.emplace_back("per-tensor", "MPI_Allreduce per tensor", [&] {
                        for (std::size_t k = sizes.size(); k-- > 0;) {
                          mpi_allreduce(in.p + offset[k], out.p + offset[k], sizes[k], dt, op);
                        }
                      });
-  systems.emplace_back("MPI_Allreduce fused (1 call)", [&] { mpi_allreduce(in.p, out.p, total, dt, op); });
-  systems.emplace_back("gyre ring fused (1 call)", [&] { ring.run(in.p, out.p, total, dt, op); });
+  systems.emplace_back("fused", "MPI_Allreduce fused (1 call)", [&] { mpi_allreduce(in.p, out.p, total, dt, op); });
+  systems.emplace_back("ring", "gyre ring fused (1 call)", [&] { ring.run(in.p, out.p, total, dt, op); });
+
+  if (!o.only.empty()) {
+    std::erase_if(systems, [&](const StepSystem& x) { return x.key != o.only; });
+  }
 
   for (long s = 0; s < warmup + steps; ++s) {
     // Rotate the order every step, so that no system always runs first.
@@ -149,8 +156,15 @@ int run_gradient_set(const PerfOptions& o) {
   }
 
   if (rank == 0) {
-    const double ref_per_tensor = median(systems[1].times);
-    const double ref_fused = median(systems[2].times);
+    // References left out by --only give NaN ratios.
+    auto median_of = [&](const char* key) {
+      for (const StepSystem& x : systems) {
+        if (x.key == key) return median(x.times);
+      }
+      return std::numeric_limits<double>::quiet_NaN();
+    };
+    const double ref_per_tensor = median_of("per-tensor");
+    const double ref_fused = median_of("fused");
     fmt::print("# gyre-allreduce-perf gradient set: {}\n", o.gradients_path);
     fmt::print("# {} tensors, {} float32 elements ({:.1f} MB), {}, {} ranks, backward order (last tensor first)\n",
                sizes.size(), total, bytes / 1e6, op_name(op), world);

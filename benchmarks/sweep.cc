@@ -67,13 +67,21 @@ std::uint64_t wrong_on_all_ranks(const void* out, std::size_t count, const PerfO
 }
 
 std::string row_json(const Row& r, const PerfOptions& o, int world) {
+  if (r.time_s < 0) {  // --only mpi
+    return fmt::format(
+        "{{\"bytes\": {}, \"count\": {}, \"dtype\": {}, \"op\": {}, \"mpi_time_us\": {}, "
+        "\"mpi_busbw_gbs\": {}, \"mpi_wrong\": {}}}",
+        r.bytes, r.count, json_string(dtype_name(o.dtype)), json_string(op_name(o.op)),
+        json_number(r.mpi_time_s * 1e6), json_number(allreduce_busbw_gbs(r.bytes, r.mpi_time_s, world)),
+        r.mpi_wrong);
+  }
   const double busbw = allreduce_busbw_gbs(r.bytes, r.time_s, world);
   std::string s = fmt::format(
       "{{\"bytes\": {}, \"count\": {}, \"dtype\": {}, \"op\": {}, \"time_us\": {}, \"algbw_gbs\": {}, "
       "\"busbw_gbs\": {}, \"wrong\": {}",
       r.bytes, r.count, json_string(dtype_name(o.dtype)), json_string(op_name(o.op)),
       json_number(r.time_s * 1e6), json_number(algbw_gbs(r.bytes, r.time_s)), json_number(busbw), r.wrong);
-  if (r.mpi_time_s >= 0) {
+  if (r.mpi_time_s >= 0 && r.time_s >= 0) {
     const double mpi_busbw = allreduce_busbw_gbs(r.bytes, r.mpi_time_s, world);
     s += fmt::format(", \"mpi_time_us\": {}, \"mpi_busbw_gbs\": {}, \"mpi_wrong\": {}, \"ratio\": {}",
                      json_number(r.mpi_time_s * 1e6), json_number(mpi_busbw), r.mpi_wrong,
@@ -94,7 +102,9 @@ int run_sweep(const PerfOptions& o) {
 
   if (o.runtime) init();
   const System gyre_sys = o.runtime ? make_runtime_system("gyre-allreduce-perf") : make_ring_system(o.chunk_bytes);
-  const bool have_mpi = mpi_datatype(o.dtype) != MPI_DATATYPE_NULL;
+  // --only runs one side alone (to profile it); its rows have n/a for the other.
+  const bool have_mpi = mpi_datatype(o.dtype) != MPI_DATATYPE_NULL && o.only != "gyre";
+  const bool have_gyre = o.only != "mpi";
   const System mpi_sys = make_mpi_system();
 
   const std::vector<std::size_t> sizes = sweep_sizes(o);
@@ -135,7 +145,7 @@ int run_sweep(const PerfOptions& o) {
     poison(mpi_out.p, count * elem);
 
     for (long w = 0; w < warmup; ++w) {
-      gyre_sys.run(in.p, out.p, count, o.dtype, o.op);
+      if (have_gyre) gyre_sys.run(in.p, out.p, count, o.dtype, o.op);
       if (have_mpi) mpi_sys.run(in.p, mpi_out.p, count, o.dtype, o.op);
     }
     std::vector<double> t_gyre, t_mpi;
@@ -143,28 +153,35 @@ int run_sweep(const PerfOptions& o) {
       // Alternate which system goes first, so neither always follows the other.
       const bool gyre_first = b % 2 == 0;
       if (have_mpi && !gyre_first) t_mpi.push_back(time_block(mpi_sys, in.p, mpi_out.p, count, o, iters));
-      t_gyre.push_back(time_block(gyre_sys, in.p, out.p, count, o, iters));
+      if (have_gyre) t_gyre.push_back(time_block(gyre_sys, in.p, out.p, count, o, iters));
       if (have_mpi && gyre_first) t_mpi.push_back(time_block(mpi_sys, in.p, mpi_out.p, count, o, iters));
     }
     Row r;
     r.bytes = count * elem;
     r.count = count;
-    r.time_s = median(max_across_ranks(t_gyre));
+    r.time_s = have_gyre ? median(max_across_ranks(t_gyre)) : -1.0;
     r.mpi_time_s = have_mpi ? median(max_across_ranks(t_mpi)) : -1.0;
-    r.wrong = wrong_on_all_ranks(out.p, count, o, world);
+    r.wrong = have_gyre ? wrong_on_all_ranks(out.p, count, o, world) : 0;
     r.mpi_wrong = have_mpi ? wrong_on_all_ranks(mpi_out.p, count, o, world) : 0;
     total_wrong += r.wrong + r.mpi_wrong;
     rows.push_back(r);
 
     if (rank == 0) {
-      std::string line = fmt::format("  {:>10} {:>12} {:>8} {:>7} {:>10.2f} {:>8.3f} {:>8.3f} {:>7}", r.bytes,
-                                     r.count, dtype_name(o.dtype), op_name(o.op), r.time_s * 1e6,
-                                     algbw_gbs(r.bytes, r.time_s), allreduce_busbw_gbs(r.bytes, r.time_s, world),
-                                     r.wrong);
-      if (have_mpi) {
+      std::string line = fmt::format("  {:>10} {:>12} {:>8} {:>7}", r.bytes, r.count, dtype_name(o.dtype),
+                                     op_name(o.op));
+      if (have_gyre) {
+        line += fmt::format(" {:>10.2f} {:>8.3f} {:>8.3f} {:>7}", r.time_s * 1e6, algbw_gbs(r.bytes, r.time_s),
+                            allreduce_busbw_gbs(r.bytes, r.time_s, world), r.wrong);
+      } else {
+        line += fmt::format(" {:>10} {:>8} {:>8} {:>7}", "n/a", "n/a", "n/a", "n/a");
+      }
+      if (have_mpi && have_gyre) {
         line += fmt::format(" {:>10.2f} {:>8.3f} {:>7} {:>8.2f}", r.mpi_time_s * 1e6,
                             allreduce_busbw_gbs(r.bytes, r.mpi_time_s, world), r.mpi_wrong,
                             r.mpi_time_s / r.time_s);
+      } else if (have_mpi) {
+        line += fmt::format(" {:>10.2f} {:>8.3f} {:>7} {:>8}", r.mpi_time_s * 1e6,
+                            allreduce_busbw_gbs(r.bytes, r.mpi_time_s, world), r.mpi_wrong, "n/a");
       } else {
         line += fmt::format(" {:>10} {:>8} {:>7} {:>8}", "n/a", "n/a", "n/a", "n/a");
       }
@@ -176,12 +193,13 @@ int run_sweep(const PerfOptions& o) {
   if (rank == 0) {
     double sum_bw = 0, sum_mpi_bw = 0;
     for (const Row& r : rows) {
-      sum_bw += allreduce_busbw_gbs(r.bytes, r.time_s, world);
+      if (have_gyre) sum_bw += allreduce_busbw_gbs(r.bytes, r.time_s, world);
       if (have_mpi) sum_mpi_bw += allreduce_busbw_gbs(r.bytes, r.mpi_time_s, world);
     }
     const double n_rows = rows.empty() ? 1.0 : static_cast<double>(rows.size());
-    fmt::print("# Avg bus bandwidth: gyre {:.3f} GB/s", sum_bw / n_rows);
-    if (have_mpi) fmt::print(", MPI {:.3f} GB/s", sum_mpi_bw / n_rows);
+    fmt::print("# Avg bus bandwidth:");
+    if (have_gyre) fmt::print(" gyre {:.3f} GB/s", sum_bw / n_rows);
+    if (have_mpi) fmt::print("{} MPI {:.3f} GB/s", have_gyre ? "," : "", sum_mpi_bw / n_rows);
     fmt::print("\n# Wrong elements in total: {} {}\n", total_wrong, total_wrong == 0 ? "OK" : "FAILED");
     if (!o.json_path.empty()) {
       std::string j = fmt::format(
