@@ -57,13 +57,16 @@ std::string Runtime::internal_name(const char* what) {
 }
 
 std::shared_ptr<OpState> Runtime::request_join() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stopped_.load()) throw StateError("join(): gyre's background loop has stopped");
-  if (join_state_) throw InvalidArgument("join(): this rank is already joining");
-  join_state_ = std::make_shared<OpState>();
-  join_requested_ = true;
-  queue_.wake();
-  return join_state_;
+  std::shared_ptr<OpState> state;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_.load()) throw StateError("join(): gyre's background loop has stopped");
+    if (join_state_) throw InvalidArgument("join(): this rank is already joining");
+    join_state_ = state = std::make_shared<OpState>();
+    join_requested_ = true;
+  }
+  queue_.wake();  // outside mu_: no lock is taken while holding another
+  return state;
 }
 
 void Runtime::shutdown() {
