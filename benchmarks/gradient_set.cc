@@ -104,7 +104,9 @@ int run_gradient_set(const PerfOptions& o) {
   // communicator duplication (collective on MPI_COMM_WORLD) happens in the
   // same order on every rank whatever the runtime's start-up does.
   const System ring = make_ring_system(o.chunk_bytes);
-  init();
+  // Started only when timed: with --only of an MPI system the job runs
+  // without gyre's background thread, to see whether its presence slows MPI.
+  if (o.only.empty() || o.only == "runtime") init();
   std::vector<std::string> names(sizes.size());
   for (std::size_t k = 0; k < sizes.size(); ++k) names[k] = fmt::format("grad.{}", k);
 
