@@ -17,6 +17,7 @@
 // steps n-1..2n-3 copy. The last reduce-scatter step forwards its result as
 // the first all-gather step's send, so the pipeline runs across the phase
 // boundary without draining.
+#include <algorithm>
 #include <cstring>
 
 #include "gyre/collectives/algorithms.h"
@@ -33,7 +34,6 @@ class RingAllreduce {
   RingAllreduce(Transport& t, const std::byte* src, std::byte* out, const SegmentPlan& plan,
                 CombineFn combine, DataType dt, double postscale, int tag)
       : n_(t.size()),
-        plan_(plan),
         pipe_(t, plan, 2 * (n_ - 1), t.rank(), tag),
         src_(src),
         out_(out),
@@ -57,7 +57,7 @@ class RingAllreduce {
     for (std::size_t j = 0; j < pipe_.chunks(); ++j) {
       pipe_.post_send(0, j, src_ + pipe_.chunk_byte_offset(pipe_.send_segment(0), j));
     }
-    for (std::size_t u = 0; u < kRecvWindow; ++u) post_receive(u);
+    top_up(kRecvWindow);
   }
 
   // n-1 steps: receive a partial sum of segment r-k-1, combine it with this
@@ -67,7 +67,7 @@ class RingAllreduce {
     for (int k = 0; k <= last; ++k) {
       const int seg = pipe_.recv_segment(k);
       for (std::size_t j = 0; j < pipe_.chunks(); ++j) {
-        pipe_.wait_recv(k, j);
+        wait_unit(k, j);
         const std::size_t off = pipe_.chunk_byte_offset(seg, j);
         const std::size_t count = pipe_.chunk_count(seg, j);
         combine_(out_ + off, src_ + off, staging(k, j), count);
@@ -81,7 +81,7 @@ class RingAllreduce {
   void all_gather_phase() {
     for (int k = n_ - 1; k < pipe_.steps(); ++k) {
       for (std::size_t j = 0; j < pipe_.chunks(); ++j) {
-        pipe_.wait_recv(k, j);
+        wait_unit(k, j);
         forward(k, j);
       }
     }
@@ -93,23 +93,56 @@ class RingAllreduce {
     if (k + 1 < pipe_.steps()) {
       pipe_.post_send(k + 1, j, out_ + pipe_.chunk_byte_offset(pipe_.send_segment(k + 1), j));
     }
-    post_receive(static_cast<std::size_t>(k) * pipe_.chunks() + j + kRecvWindow);
+    top_up(static_cast<std::size_t>(k) * pipe_.chunks() + j + 1 + kRecvWindow);
   }
 
-  void post_receive(std::size_t u) {
-    if (u >= pipe_.units()) return;
-    const int k = static_cast<int>(u / pipe_.chunks());
-    const std::size_t j = u % pipe_.chunks();
+  // Posts receives, in unit order, up to (not including) unit `limit`.
+  // Stops early, without blocking, at an all-gather receive whose buffer is
+  // still being sent from (see hazard_free); wait_unit() posts it later.
+  void top_up(std::size_t limit) {
+    limit = std::min(limit, pipe_.units());
+    while (posted_ < limit) {
+      const int k = static_cast<int>(posted_ / pipe_.chunks());
+      const std::size_t j = posted_ % pipe_.chunks();
+      if (!hazard_free(k, j, /*block=*/false)) return;
+      post_receive(k, j);
+      ++posted_;
+    }
+  }
+
+  // Waits for the receive of unit (k, j), posting it first if top_up could not.
+  void wait_unit(int k, std::size_t j) {
+    const std::size_t u = static_cast<std::size_t>(k) * pipe_.chunks() + j;
+    while (posted_ <= u) {
+      const int pk = static_cast<int>(posted_ / pipe_.chunks());
+      const std::size_t pj = posted_ % pipe_.chunks();
+      hazard_free(pk, pj, /*block=*/true);
+      post_receive(pk, pj);
+      ++posted_;
+    }
+    pipe_.wait_recv(k, j);
+  }
+
+  // An all-gather receive at step k overwrites the segment that
+  // reduce-scatter step k-(n-1) sent from `out` (from `src` at step 0, which
+  // is `out` when in place). Its buffer is free once that send completed;
+  // in practice it has, as the data has been around the ring since.
+  bool hazard_free(int k, std::size_t j, bool block) {
+    const int k_send = k - (n_ - 1);
+    if (k_send < 0 || (k_send == 0 && src_ != out_)) return true;
+    if (block) {
+      pipe_.wait_send(k_send, j);
+      return true;
+    }
+    return pipe_.test_send(k_send, j);
+  }
+
+  void post_receive(int k, std::size_t j) {
     if (k < n_ - 1) {
       pipe_.post_recv(k, j, staging(k, j));
-      return;
+    } else {
+      pipe_.post_recv(k, j, out_ + pipe_.chunk_byte_offset(pipe_.recv_segment(k), j));
     }
-    // All-gather receives overwrite the segment that reduce-scatter step
-    // k-(n-1) sent from `out` (or, in place, from the input); that send must
-    // be complete first. It almost always is: the data has been around the
-    // ring since.
-    pipe_.wait_send(k - (n_ - 1), j);
-    pipe_.post_recv(k, j, out_ + pipe_.chunk_byte_offset(pipe_.recv_segment(k), j));
   }
 
   std::byte* staging(int k, std::size_t j) {
@@ -117,7 +150,6 @@ class RingAllreduce {
   }
 
   const int n_;
-  const SegmentPlan& plan_;
   RingPipeline pipe_;
   const std::byte* src_;
   std::byte* out_;
@@ -126,6 +158,7 @@ class RingAllreduce {
   double postscale_;
   std::size_t slot_bytes_;
   std::byte* staging_;
+  std::size_t posted_ = 0;  // receives of units [0, posted_) have been posted
 };
 
 }  // namespace

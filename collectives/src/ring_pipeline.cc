@@ -32,6 +32,7 @@ void RingPipeline::post_recv(int k, std::size_t j, std::byte* data) {
 }
 
 void RingPipeline::wait_send(int k, std::size_t j) { t_.wait(sends_[unit(k, j)]); }
+bool RingPipeline::test_send(int k, std::size_t j) { return t_.test(sends_[unit(k, j)]); }
 void RingPipeline::wait_recv(int k, std::size_t j) { t_.wait(recvs_[unit(k, j)]); }
 
 void RingPipeline::finish() {

@@ -52,6 +52,8 @@ class RingPipeline {
   // Posts the receive of unit (k, j) into `data`.
   void post_recv(int k, std::size_t j, std::byte* data);
   void wait_send(int k, std::size_t j);
+  // Whether the send of unit (k, j) has completed (or was never posted).
+  bool test_send(int k, std::size_t j);
   void wait_recv(int k, std::size_t j);
   // Waits for every send posted so far.
   void finish();
