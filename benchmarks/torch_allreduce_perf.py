@@ -5,10 +5,12 @@ same job:
     mpirun -np 2 python3 benchmarks/torch_allreduce_perf.py -b 1K -e 64M -f 4
 
 One row per size: bytes, elements, gyre.torch time and busbw, #wrong, gloo's
-time and busbw, gloo#wrong, and the ratio gyre busbw / gloo busbw. float32 sum,
-in place on both sides (gyre.torch.allreduce_ and dist.all_reduce); blocks of
-back-to-back iterations alternate between the two, the time of a size is the
-median over blocks of the slowest rank's mean per iteration.
+time and busbw, gloo#wrong, and the ratio gyre busbw / gloo busbw. float32 sum
+through gyre.torch.allreduce (a new output tensor per call, Horovod's
+semantics), or with --in-place through gyre.torch.allreduce_, beside
+dist.all_reduce (always in place); blocks of back-to-back iterations
+alternate between the two, the time of a size is the median over blocks of
+the slowest rank's mean per iteration.
 
 torch.distributed is initialised with env:// from Open MPI's
 OMPI_COMM_WORLD_RANK/SIZE, MASTER_ADDR=127.0.0.1 and a port rank 0 picks
@@ -77,6 +79,8 @@ def main():
     ap.add_argument("-w", "--warmup", type=int, default=3)
     ap.add_argument("-n", "--iters", type=int, default=5, help="iterations per timed block")
     ap.add_argument("--blocks", type=int, default=5)
+    ap.add_argument("--in-place", action="store_true",
+                    help="time gyre.torch.allreduce_ (in place, like gloo) instead of allreduce")
     ap.add_argument("--json", help="rank 0 writes the rows here (for plot_bandwidth.py)")
     a = ap.parse_args()
     if a.stepfactor < 2:
@@ -91,14 +95,18 @@ def main():
             sizes.append(b)
         b *= a.stepfactor
 
+    # Each returns the tensor holding the result.
     def gyre_op(buf, name):
-        gt.allreduce_(buf, name=name, op=gt.Sum)
+        if a.in_place:
+            return gt.allreduce_(buf, name=name, op=gt.Sum)
+        return gt.allreduce(buf, name=name, op=gt.Sum)
 
     def gloo_op(buf, name):
         dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+        return buf
 
     def time_block(op, buf, src, name):
-        # The in-place sum grows the values by a factor n per call; refill
+        # An in-place sum grows the values by a factor n per call; refill
         # between blocks (untimed) so they stay finite.
         buf.copy_(src)
         dist.barrier()
@@ -114,8 +122,8 @@ def main():
 
     def wrong_count(op, buf, src, name, want):
         buf.copy_(src)
-        op(buf, name)
-        w = torch.tensor([int((buf != want).sum())], dtype=torch.int64)
+        result = op(buf, name)
+        w = torch.tensor([int((result != want).sum())], dtype=torch.int64)
         dist.all_reduce(w)
         return int(w.item())
 
@@ -123,8 +131,9 @@ def main():
         return nbytes / t / 1e9 * 2 * (world - 1) / world
 
     if rank == 0:
-        print(f"# torch allreduce sweep: {world} ranks, float32 sum, in place; torch {torch.__version__}")
-        print("# gyre: gyre.torch.allreduce_; peer: torch.distributed.all_reduce, gloo backend")
+        gyre_call = "gyre.torch.allreduce_ (in place)" if a.in_place else "gyre.torch.allreduce (new output)"
+        print(f"# torch allreduce sweep: {world} ranks, float32 sum; torch {torch.__version__}")
+        print(f"# gyre: {gyre_call}; peer: torch.distributed.all_reduce (in place), gloo backend")
         print(f"# time: median over {a.blocks} blocks of the mean of {a.iters} back-to-back iterations, "
               f"slowest rank; {a.warmup} warm-up iterations; blocks alternate")
         print(f"# {'size':>10} {'count':>12} {'time':>10} {'busbw':>8} {'#wrong':>7} "
@@ -168,7 +177,8 @@ def main():
         print(f"# Wrong elements in total: {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}")
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"benchmark": "torch-sweep", "system": "gyre.torch.allreduce_",
+                json.dump({"benchmark": "torch-sweep",
+                           "system": "gyre.torch.allreduce_" if a.in_place else "gyre.torch.allreduce",
                            "peer": "torch.distributed gloo", "ranks": world, "dtype": "float32",
                            "op": "sum", "rows": rows}, f, indent=1)
     dist.destroy_process_group()
