@@ -238,6 +238,38 @@ def test_resync_average(size, rank):
     assert model[1].num_batches_tracked.item() == 10  # every rank at the same step: rank 0's
 
 
+def test_differentiable_collectives(size, rank):
+    # Output gradient on rank s: w_s = s + 1 (times a per-element pattern).
+    pattern = torch.arange(1.0, 4.0)
+    w_sum = sum(s + 1 for s in range(size)) * pattern
+
+    x = torch.full((3,), float(rank), requires_grad=True)
+    y = hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0)
+    assert y.requires_grad
+    (y * (rank + 1) * pattern).sum().backward()
+    torch.testing.assert_close(x.grad, 2.0 * w_sum)
+
+    x = torch.full((3,), float(rank), requires_grad=True)
+    (hvd.allreduce(x) * (rank + 1) * pattern).sum().backward()  # Average
+    torch.testing.assert_close(x.grad, w_sum / size)
+
+    x = torch.full((rank + 1, 3), float(rank), requires_grad=True)
+    y = hvd.allgather(x)
+    assert y.shape[0] == size * (size + 1) // 2
+    (y * (rank + 1) * pattern).sum().backward()
+    torch.testing.assert_close(x.grad, w_sum.expand(rank + 1, 3))
+
+    root = size - 1
+    x = torch.full((3,), float(rank), requires_grad=True)
+    y = hvd.broadcast(x, root_rank=root)
+    assert y.tolist() == [float(root)] * 3
+    (y * (rank + 1) * pattern).sum().backward()
+    torch.testing.assert_close(x.grad, w_sum if rank == root else torch.zeros(3))
+
+    # Not differentiable: Min/Max/Product results and the in-place forms.
+    assert not hvd.allreduce(torch.ones(2, requires_grad=True), op=hvd.Max).requires_grad
+
+
 def test_optimizer_argument_errors():
     model = make_model(seed=9)
     base = torch.optim.SGD(model.parameters(), lr=LR)

@@ -7,7 +7,8 @@
     gyre.broadcast_optimizer_state(optimizer, root_rank=0)
 
 Everything in ``gyre`` (the collectives, which take torch tensors directly) is
-here too, plus the optimizer wrapper, parameter and optimizer-state broadcast,
+here too, with ``allreduce``, ``allgather`` and ``broadcast`` differentiable
+(gyre/torch/autograd.py), plus the optimizer wrapper, parameter and optimizer-state broadcast,
 and the divergence checks ``check_consistency`` and ``resync``.
 """
 
@@ -16,6 +17,8 @@ import torch as _torch
 from gyre import *  # noqa: F401,F403
 from gyre import __all__ as _gyre_all
 
+# Differentiable versions of three collectives replace gyre's here.
+from .autograd import allgather, allreduce, broadcast  # noqa: F811
 from .consistency import check_consistency, resync
 from .functions import broadcast_optimizer_state, broadcast_parameters
 from .optimizer import DistributedOptimizer
