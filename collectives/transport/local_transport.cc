@@ -3,6 +3,7 @@
 // whole world; the unit tests it serves move at most a few tens of MB.
 #include "gyre/collectives/local_transport.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -97,7 +98,23 @@ LocalTransport::LocalTransport(std::shared_ptr<LocalWorld> world, int rank)
   }
 }
 
-LocalTransport::~LocalTransport() = default;
+LocalTransport::~LocalTransport() { cancel_pending(); }
+
+// Withdraws this rank's unmatched receives from its mailbox, so that no later
+// send copies into buffers its owner is about to free. Called when the rank
+// stops (destructor) and before wait() throws: a rank released from a failed
+// world unwinds its buffers while other ranks may still be sending.
+void LocalTransport::cancel_pending() {
+  std::lock_guard<std::mutex> lock(world_->mu_);
+  auto& queues = world_->boxes_[static_cast<std::size_t>(rank_)].queues;
+  for (auto& [slot, op] : slots_->ops) {
+    if (op->done) continue;
+    auto it = queues.find({op->src, op->tag});
+    if (it == queues.end()) continue;
+    auto& recvs = it->second.recvs;
+    recvs.erase(std::remove(recvs.begin(), recvs.end(), op), recvs.end());
+  }
+}
 
 int LocalTransport::size() const { return world_->size(); }
 
@@ -179,6 +196,8 @@ void LocalTransport::wait(Request& req) {
     auto ready = [&] { return op.done || world_->failed_rank_ >= 0; };
     if (timeout_.count() > 0) {
       if (!world_->cv_.wait_until(lock, deadline, ready)) {
+        lock.unlock();
+        cancel_pending();
         throw TimeoutError(fmt::format(
             "local transport: rank {} waited {} ms to receive {} bytes from rank {} (tag {})",
             rank_, timeout_.count(), op.buf.size(), op.src, op.tag));
@@ -187,9 +206,12 @@ void LocalTransport::wait(Request& req) {
       world_->cv_.wait(lock, ready);
     }
     if (!op.done) {
+      const int failed = world_->failed_rank_;
+      lock.unlock();
+      cancel_pending();
       throw TransportError(fmt::format(
           "local transport: rank {} gave up receiving {} bytes from rank {} (tag {}): rank {} failed",
-          rank_, op.buf.size(), op.src, op.tag, world_->failed_rank_));
+          rank_, op.buf.size(), op.src, op.tag, failed));
     }
   }
   test(req);  // releases the slot and reports a size mismatch

@@ -60,7 +60,18 @@ class MpiTransport final : public Transport {
   ~MpiTransport() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
+    if (finalized) return;
+    // Requests still pending here were abandoned by an error; receives are
+    // cancelled so they cannot write into buffers their owners free.
+    for (Op& op : ops_) {
+      if (!op.in_use) continue;
+      for (MPI_Request& r : op.reqs) {
+        if (r == MPI_REQUEST_NULL) continue;
+        if (!op.is_send) MPI_Cancel(&r);
+        MPI_Request_free(&r);
+      }
+    }
+    MPI_Comm_free(&comm_);
   }
 
   int rank() const override { return rank_; }

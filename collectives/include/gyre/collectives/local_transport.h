@@ -6,6 +6,8 @@
 // its own LocalTransport (one thread per transport, as Transport requires).
 // When any rank of run_local_world() throws, the world is marked failed and
 // every rank blocked in wait() gets a TransportError instead of hanging.
+// A rank whose wait() throws, or whose transport is destroyed, withdraws its
+// unmatched receives first, so later sends never write into freed buffers.
 #pragma once
 
 #include <functional>
@@ -31,6 +33,7 @@ class LocalTransport final : public Transport {
   std::string name() const override { return "local"; }
 
  private:
+  void cancel_pending();
   struct Slots;  // this rank's outstanding receives (see the .cc)
   std::shared_ptr<LocalWorld> world_;
   int rank_;
