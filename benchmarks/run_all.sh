@@ -44,10 +44,13 @@ for r in $(seq 1 "$reps"); do
     echo "== torch.$r" | tee "$out/torch.$r.txt"
     mpirun -np "$np" python3 "$here/torch_allreduce_perf.py" -b 1K -e 64M -f 4 \
       --json "$out/torch.$r.json" | tee -a "$out/torch.$r.txt"
+    echo "== torch-inplace.$r" | tee "$out/torch-inplace.$r.txt"
+    mpirun -np "$np" python3 "$here/torch_allreduce_perf.py" -b 1K -e 64M -f 4 --in-place \
+      --json "$out/torch-inplace.$r.json" | tee -a "$out/torch-inplace.$r.txt"
   fi
 done
 echo "load after: $(cat /proc/loadavg)" >> "$out/machine.txt"
 
 plots=("$out"/sweep-ring.*.json "$out"/sweep-runtime.*.json)
-[ -z "${SKIP_TORCH:-}" ] && plots+=("$out"/torch.*.json)
+[ -z "${SKIP_TORCH:-}" ] && plots+=("$out"/torch.*.json "$out"/torch-inplace.*.json)
 python3 "$here/plot_bandwidth.py" -o "$out/busbw.png" "${plots[@]}"

@@ -99,15 +99,17 @@ def latency_table(folder):
 
 
 def torch_table(folder):
-    docs = load(folder, "torch.*.json")
-    if not docs:
+    out_of_place, in_place = load(folder, "torch.*.json"), load(folder, "torch-inplace.*.json")
+    if not out_of_place and not in_place:
         return
-    print("| size | gyre.torch busbw | gloo busbw | gyre.torch / gloo |")
-    print("|---:|---:|---:|---:|")
-    cols = [by_size(docs, k) for k in ("busbw_gbs", "peer_busbw_gbs", "ratio")]
-    for size in sorted(cols[0]):
-        print(f"| {human(size)} | " + " | ".join(cell(c[size]) for c in cols) + " |")
-    print()
+    print("| size | gyre.torch.allreduce busbw | gloo busbw | ratio | gyre.torch.allreduce_ busbw | "
+          "gloo busbw | ratio |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    cols = [by_size(d, k) for d in (out_of_place, in_place) for k in ("busbw_gbs", "peer_busbw_gbs", "ratio")]
+    for size in sorted(set(cols[0]) | set(cols[3])):
+        print(f"| {human(size)} | " + " | ".join(cell(c.get(size, [])) for c in cols) + " |")
+    print("\nbusbw in GB/s; ratio = gyre.torch busbw / gloo busbw in the same run; allreduce returns a new "
+          "tensor, allreduce_ reduces in place (as gloo does).\n")
 
 
 def main():
