@@ -42,6 +42,13 @@ def series_of(doc):
     return out
 
 
+def human(nbytes):
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes >> shift}{unit}"
+    return f"{nbytes}"
+
+
 def main():
     ap = argparse.ArgumentParser(description="bus bandwidth vs size, log-log")
     ap.add_argument("files", nargs="+", help="--json outputs of the sweeps")
@@ -73,6 +80,11 @@ def main():
         if n > 1:
             ax.fill_between(sizes, lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
     ax.set_xscale("log", base=2)
+    all_sizes = sorted(set().union(*(set(r) for rl in runs.values() for r in rl)))
+    if all_sizes:
+        ticks = [1 << k for k in range(0, 41, 2) if all_sizes[0] <= (1 << k) <= all_sizes[-1]]
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([human(t) for t in ticks], rotation=45, fontsize=8)
     ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")
