@@ -1,6 +1,7 @@
 // Ring allgather of per-rank byte blocks of any sizes: n-1 steps in which
 // rank r passes block r-k on to r+1 and receives block r-k-1 straight into
 // its place in `out`, every block pipelined in chunks.
+#include <algorithm>
 #include <cstring>
 #include <fmt/format.h>
 
@@ -20,12 +21,10 @@ class RingAllgather {
       : pipe_(t, plan, t.size() - 1, t.rank(), tag), in_(in), out_(out) {}
 
   void run() {
-    // Step 0 sends this rank's block from `in`; later steps forward what
+    // Step 0 sends this rank's block from `in`, all at once (see
+    // ring_allreduce.cc for why not windowed); later steps forward what
     // arrived in `out` at the step before.
-    for (std::size_t j = 0; j < pipe_.chunks(); ++j) {
-      pipe_.post_send(0, j, in_ + pipe_.chunk_byte_offset(pipe_.send_segment(0), j) -
-                                pipe_.chunk_byte_offset(pipe_.send_segment(0), 0));
-    }
+    for (std::size_t j = 0; j < pipe_.chunks(); ++j) send_own_chunk(j);
     for (std::size_t u = 0; u < kRecvWindow; ++u) post_receive(u);
     for (int k = 0; k < pipe_.steps(); ++k) {
       for (std::size_t j = 0; j < pipe_.chunks(); ++j) {
@@ -33,13 +32,19 @@ class RingAllgather {
         if (k + 1 < pipe_.steps()) {
           pipe_.post_send(k + 1, j, out_ + pipe_.chunk_byte_offset(pipe_.send_segment(k + 1), j));
         }
-        post_receive(static_cast<std::size_t>(k) * pipe_.chunks() + j + kRecvWindow);
+        const std::size_t u = static_cast<std::size_t>(k) * pipe_.chunks() + j;
+        post_receive(u + kRecvWindow);
       }
     }
     pipe_.finish();
   }
 
  private:
+  void send_own_chunk(std::size_t j) {
+    const int own = pipe_.send_segment(0);
+    pipe_.post_send(0, j, in_ + pipe_.chunk_byte_offset(own, j) - pipe_.chunk_byte_offset(own, 0));
+  }
+
   void post_receive(std::size_t u) {
     if (u >= pipe_.units()) return;
     const int k = static_cast<int>(u / pipe_.chunks());

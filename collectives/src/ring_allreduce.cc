@@ -51,13 +51,18 @@ class RingAllreduce {
   }
 
  private:
-  // Step 0 sends this rank's own segment straight from the input; the first
-  // receives are posted before anything else waits.
+  // Step 0 sends this rank's own segment straight from the input, all of it
+  // at once. (Holding these sends back to the receive window would save MPI
+  // buffering the head of unexpected messages, but forwarded sends must
+  // follow them in unit order on the one tag: they could then not start
+  // until the whole segment had been posted anyway.)
   void start() {
-    for (std::size_t j = 0; j < pipe_.chunks(); ++j) {
-      pipe_.post_send(0, j, src_ + pipe_.chunk_byte_offset(pipe_.send_segment(0), j));
-    }
+    for (std::size_t j = 0; j < pipe_.chunks(); ++j) send_own_chunk(j);
     top_up(kRecvWindow);
+  }
+
+  void send_own_chunk(std::size_t j) {
+    pipe_.post_send(0, j, src_ + pipe_.chunk_byte_offset(pipe_.send_segment(0), j));
   }
 
   // n-1 steps: receive a partial sum of segment r-k-1, combine it with this
@@ -90,10 +95,11 @@ class RingAllreduce {
   // Unit (k, j) is done: send its chunk on as unit (k+1, j) and keep the
   // receive window full.
   void forward(int k, std::size_t j) {
+    const std::size_t u = static_cast<std::size_t>(k) * pipe_.chunks() + j;
     if (k + 1 < pipe_.steps()) {
       pipe_.post_send(k + 1, j, out_ + pipe_.chunk_byte_offset(pipe_.send_segment(k + 1), j));
     }
-    top_up(static_cast<std::size_t>(k) * pipe_.chunks() + j + 1 + kRecvWindow);
+    top_up(u + 1 + kRecvWindow);
   }
 
   // Posts receives, in unit order, up to (not including) unit `limit`.

@@ -36,7 +36,12 @@ void ring_broadcast(Transport& t, void* buf, std::size_t bytes, int root, const 
 
   std::vector<transport::Request> sends(chunks), recvs(chunks);
   if (position == 0) {
-    for (std::size_t j = 0; j < chunks; ++j) sends[j] = t.isend(next, opt.tag, chunk(j));
+    // At most kRecvWindow chunks in flight, matching the receives the next
+    // rank keeps posted (an unmatched message costs MPI an extra copy).
+    for (std::size_t j = 0; j < chunks; ++j) {
+      if (j >= kRecvWindow) t.wait(sends[j - kRecvWindow]);
+      sends[j] = t.isend(next, opt.tag, chunk(j));
+    }
   } else {
     auto post_receive = [&](std::size_t j) {
       if (j < chunks) recvs[j] = t.irecv(prev, opt.tag, chunk(j));

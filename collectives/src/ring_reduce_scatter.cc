@@ -6,6 +6,7 @@
 // Intermediate partial results (steps 0..n-3) live in two block-sized
 // scratch halves used alternately: the result of step k is sent at step k+1,
 // so before step k+2 overwrites that half, the send must have completed.
+#include <algorithm>
 #include <cstring>
 #include <fmt/format.h>
 #include <vector>
@@ -42,10 +43,9 @@ class RingReduceScatter {
   }
 
   void run() {
-    // Step 0 sends this rank's input for block r-1.
-    for (std::size_t j = 0; j < pipe_.chunks(); ++j) {
-      pipe_.post_send(0, j, in_ + pipe_.chunk_byte_offset(pipe_.send_segment(0), j));
-    }
+    // Step 0 sends this rank's input for block r-1, all at once (see
+    // ring_allreduce.cc for why not windowed).
+    for (std::size_t j = 0; j < pipe_.chunks(); ++j) send_own_chunk(j);
     for (std::size_t u = 0; u < kRecvWindow; ++u) post_receive(u);
     const int last = pipe_.steps() - 1;
     for (int k = 0; k <= last; ++k) {
@@ -68,7 +68,8 @@ class RingReduceScatter {
         } else {
           pipe_.post_send(k + 1, j, dst);
         }
-        post_receive(static_cast<std::size_t>(k) * pipe_.chunks() + j + kRecvWindow);
+        const std::size_t u = static_cast<std::size_t>(k) * pipe_.chunks() + j;
+        post_receive(u + kRecvWindow);
       }
     }
     pipe_.finish();
@@ -79,6 +80,10 @@ class RingReduceScatter {
     std::size_t m = 0;
     for (int s = 0; s < p.world(); ++s) m = std::max(m, p.segment_count(s));
     return m * p.elem_size;
+  }
+
+  void send_own_chunk(std::size_t j) {
+    pipe_.post_send(0, j, in_ + pipe_.chunk_byte_offset(pipe_.send_segment(0), j));
   }
 
   void post_receive(std::size_t u) {

@@ -52,7 +52,10 @@ constexpr std::size_t kMaxPieceBytes = std::size_t{1} << 30;
 
 class MpiTransport final : public Transport {
  public:
-  explicit MpiTransport(MPI_Comm comm) : comm_(comm) {
+  // `yield_when_idle`: give the core away now and then while waiting; right
+  // when the host runs more ranks than it has cores, costly otherwise (a
+  // yielding rank can lose its core to any other process for a time slice).
+  MpiTransport(MPI_Comm comm, bool yield_when_idle) : comm_(comm), yield_(yield_when_idle) {
     check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
   }
@@ -118,14 +121,13 @@ class MpiTransport final : public Transport {
 
   void wait(Request& req) override {
     if (!req.pending()) return;
-    // Polling rather than MPI_Wait lets a deadline be enforced; yielding now
-    // and then keeps oversubscribed ranks (more ranks than cores) moving.
+    // Polling rather than MPI_Wait lets a deadline be enforced.
     const bool bounded = timeout_.count() > 0;
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     for (unsigned spins = 1;; ++spins) {
       if (test(req)) return;
       if ((spins & 63) == 0) {
-        std::this_thread::yield();
+        if (yield_) std::this_thread::yield();
         if (bounded && std::chrono::steady_clock::now() > deadline) {
           const Op& op = lookup(req);
           throw TimeoutError(fmt::format(
@@ -227,6 +229,7 @@ class MpiTransport final : public Transport {
   }
 
   MPI_Comm comm_;
+  const bool yield_;
   int rank_ = 0, size_ = 1;
   std::vector<Op> ops_;            // indexed by Request::slot
   std::vector<std::int64_t> free_;  // released slots, reused first
@@ -280,7 +283,10 @@ std::unique_ptr<Transport> MpiWorld::make_transport() {
   // Errors come back as codes and become TransportError, instead of the
   // default handler ending the job without a word about the operation.
   check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  return std::make_unique<MpiTransport>(comm);
+  // More ranks on this host than cores: waiting ranks must yield.
+  const unsigned cores = std::thread::hardware_concurrency();
+  const bool oversubscribed = cores == 0 || static_cast<unsigned>(local_size_) > cores;
+  return std::make_unique<MpiTransport>(comm, oversubscribed);
 }
 
 void MpiWorld::abort(int code) {

@@ -40,7 +40,12 @@ inline float half_to_float(std::uint16_t h) {
   // float denormal is ever produced or consumed.
   const float sub = std::bit_cast<float>((em << 13) + (113u << 23)) - 6.103515625e-05f;
   const std::uint32_t subnormal = std::bit_cast<std::uint32_t>(sub);
-  const std::uint32_t bits = exp == 0 ? subnormal : (exp == 0x7c00u ? special : normal);
+  // Selects as masks rather than ?: so that gcc if-converts and vectorises
+  // the loops that inline this.
+  const std::uint32_t sub_mask = 0u - static_cast<std::uint32_t>(exp == 0);
+  const std::uint32_t special_mask = 0u - static_cast<std::uint32_t>(exp == 0x7c00u);
+  const std::uint32_t bits = (subnormal & sub_mask) | (special & special_mask) |
+                             (normal & ~(sub_mask | special_mask));
   return std::bit_cast<float>(sign | bits);
 }
 
@@ -50,8 +55,8 @@ inline std::uint16_t float_to_half(float f) {
   const std::uint32_t a = x & 0x7fffffffu;  // |f|
   // |f| >= 2^16 overflows (values in [65520, 65536) are handled by the
   // normal path, whose rounding carries them into infinity).
-  const bool nan = a > 0x7f800000u;
-  const std::uint32_t big = nan ? (0x7e00u | ((a >> 13) & 0x3ffu)) : 0x7c00u;
+  const std::uint32_t nan_mask = 0u - static_cast<std::uint32_t>(a > 0x7f800000u);
+  const std::uint32_t big = 0x7c00u | (nan_mask & (0x0200u | ((a >> 13) & 0x3ffu)));
   // Normal half range [2^-14, 2^16): rebias, round to nearest even on the
   // 13 dropped bits (the carry may propagate into the exponent; fine).
   const std::uint32_t normal = (a - (112u << 23) + 0x0fffu + ((a >> 13) & 1u)) >> 13;
@@ -60,7 +65,9 @@ inline std::uint16_t float_to_half(float f) {
   // round-up) in the low mantissa bits.
   const float shifted = std::bit_cast<float>(a) + 0.5f;
   const std::uint32_t sub = std::bit_cast<std::uint32_t>(shifted) - 0x3f000000u;
-  const std::uint32_t bits = a >= 0x47800000u ? big : (a < 0x38800000u ? sub : normal);
+  const std::uint32_t big_mask = 0u - static_cast<std::uint32_t>(a >= 0x47800000u);
+  const std::uint32_t sub_mask = 0u - static_cast<std::uint32_t>(a < 0x38800000u);
+  const std::uint32_t bits = (big & big_mask) | (sub & sub_mask) | (normal & ~(big_mask | sub_mask));
   return static_cast<std::uint16_t>(sign | bits);
 }
 
