@@ -117,6 +117,8 @@ void Coordinator::check(Response& resp) const {
   const bool reduces = c == Collective::kAllreduce || c == Collective::kReducescatter;
   if (c != Collective::kBarrier && c != Collective::kFingerprint && c != Collective::kResync) {
     field("dtype", [](const Request& r) { return std::string(dtype_name(r.dtype)); });
+    // The device type only: ranks may use different GPU indices.
+    field("device", [](const Request& r) { return std::string(device_name(r.device.type)); });
   }
   if (reduces) {
     field("reduce op", [](const Request& r) { return std::string(op_name(r.op)); });

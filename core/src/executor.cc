@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "gyre/collectives/algorithms.h"
+#include "nccl_backend.h"
 
 namespace gyre::core {
 
@@ -104,7 +105,9 @@ void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at
       bucket_entries.push_back(std::move(entries[m]));
     }
     try {
-      if (first.collective == Collective::kAllreduce) {
+      if (first.agreed.device.type == DeviceType::kCUDA) {
+        run_cuda(resps, bucket_entries);
+      } else if (first.collective == Collective::kAllreduce) {
         run_allreduce_bucket(resps, bucket_entries);
       } else {
         run_single(first, bucket_entries.front());
@@ -292,6 +295,45 @@ void Executor::run_reducescatter(Response& resp, Entry& entry) {
     std::memset(s, 0, in_bytes);
     collectives::ring_reduce_scatter(t_, s, s + in_bytes, counts, a.dtype, effective_op(resp), ro);
   }
+}
+
+}  // namespace gyre::core
+
+namespace gyre::core {
+
+void Executor::run_cuda(std::vector<Response*>& resps, std::vector<Entry>& entries) {
+  Response& head = *resps.front();
+#ifdef GYRE_HAVE_NCCL
+  if (!nccl_) {
+    const int device = entries.front() ? entries.front()->in.device.index : -1;
+    nccl_ = std::make_shared<NcclBackend>(t_, opt_, log_, device, local_rank_);
+  }
+  auto t0 = Clock::now();
+  switch (head.collective) {
+    case Collective::kAllreduce:
+      nccl_->allreduce(resps, entries, effective_op(head), head.agreed.prescale,
+                       effective_postscale(head));
+      break;
+    case Collective::kBroadcast: nccl_->broadcast(head, entries.front()); break;
+    case Collective::kAllgather: nccl_->allgather(head, entries.front()); break;
+    default:
+      // Refused at enqueue (operations.cc); reaching here means a rank
+      // enqueued what this build refuses, so refuse it alike.
+      throw InvalidArgument(fmt::format("{} '{}': not supported on CUDA tensors yet",
+                                        collective_name(head.collective), head.name));
+  }
+  auto t1 = Clock::now();
+  for (std::size_t i = 0; i < resps.size(); ++i) {
+    trace(entries[i], upper(collective_name(head.collective)).c_str(), t0, t1,
+          resps[i]->agreed.nbytes(), resps.size());
+    if (entries[i]) entries[i]->state->complete_one();
+  }
+#else
+  (void)entries;
+  throw InvalidArgument(fmt::format(
+      "{} '{}': the tensors are on CUDA, but this build of gyre was built without NCCL",
+      collective_name(head.collective), head.name));
+#endif
 }
 
 }  // namespace gyre::core

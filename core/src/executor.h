@@ -18,6 +18,7 @@
 // Thread: background thread only.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -32,6 +33,8 @@
 
 namespace gyre::core {
 
+class NcclBackend;
+
 class Executor {
  public:
   Executor(transport::Transport& t, const Options& opt, TensorQueue& queue, VersionVector& vv,
@@ -42,6 +45,10 @@ class Executor {
   void run(std::vector<Response>& responses, Clock::time_point agreed_at);
 
   const FusionBuffer& fusion_buffer() const { return fusion_; }
+  // This rank's index among the ranks of its host: the CUDA device a rank
+  // that joined before enqueueing any CUDA tensor uses. Set before the
+  // background thread starts.
+  void set_local_rank(int r) { local_rank_ = r; }
 
  private:
   using Entry = std::optional<LocalEntry>;
@@ -53,6 +60,9 @@ class Executor {
   void run_reducescatter(Response& resp, Entry& entry);
   void run_fingerprint(Response& resp, Entry& entry);
   void run_resync(Response& resp, Entry& entry);
+  // Responses on CUDA tensors: through NcclBackend (nccl_backend.h), or
+  // refused in a build without NCCL.
+  void run_cuda(std::vector<Response*>& resps, std::vector<Entry>& entries);
 
   std::byte* scratch(std::size_t bytes);
   void trace(const Entry& e, const char* phase, Clock::time_point a, Clock::time_point b,
@@ -66,6 +76,11 @@ class Executor {
   const Logger& log_;
   FusionBuffer fusion_;
   std::vector<std::byte> scratch_;  // joined ranks' stand-in buffers
+  int local_rank_ = 0;
+  // Created at the first CUDA response (GYRE_HAVE_NCCL builds only). A
+  // shared_ptr so that this header needs no complete NcclBackend type and
+  // no build-dependent members.
+  std::shared_ptr<NcclBackend> nccl_;
 };
 
 }  // namespace gyre::core

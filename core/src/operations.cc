@@ -14,6 +14,7 @@
 #include <fmt/ranges.h>
 
 #include "fingerprint.h"
+#include "nccl_backend.h"
 
 namespace gyre::core {
 
@@ -21,7 +22,44 @@ namespace {
 
 constexpr std::string_view kReserved = "__gyre.";
 
-void check_view(const std::string& what, const char* which, const TensorView& t) {
+// A CUDA tensor: accepted when gyre was built with NCCL and its device
+// exists and is the one this rank's earlier CUDA tensors used.
+void check_cuda_device(Runtime& rt, const std::string& what, const char* which,
+                       const TensorView& t) {
+#ifdef GYRE_HAVE_NCCL
+  std::string why;
+  const int count = cuda_device_count(&why);
+  if (count < 0) {
+    throw InvalidArgument(fmt::format("{}: {} is on cuda:{}, but no CUDA device is usable: {}",
+                                      what, which, t.device.index, why));
+  }
+  if (t.device.index < 0 || t.device.index >= count) {
+    throw InvalidArgument(fmt::format("{}: {} is on cuda:{}, but this process sees {} CUDA "
+                                      "device{}", what, which, t.device.index, count,
+                                      count == 1 ? "" : "s"));
+  }
+  const int bound = rt.claim_cuda_device(t.device.index);
+  if (bound != t.device.index) {
+    throw InvalidArgument(fmt::format(
+        "{}: {} is on cuda:{}, but this rank's CUDA tensors are on cuda:{} (gyre uses one GPU "
+        "per rank)", what, which, t.device.index, bound));
+  }
+#else
+  (void)rt;
+  throw InvalidArgument(fmt::format(
+      "{}: {} is on cuda:{}, but this build of gyre was built without NCCL and moves CPU "
+      "tensors only", what, which, t.device.index));
+#endif
+}
+
+// Collectives without a CUDA implementation yet.
+void check_cpu_only(const std::string& what, const TensorView& t) {
+  if (t.device.type == DeviceType::kCPU) return;
+  throw InvalidArgument(fmt::format(
+      "{}: not supported on CUDA tensors yet (on CUDA: allreduce, broadcast, allgather)", what));
+}
+
+void check_view(Runtime& rt, const std::string& what, const char* which, const TensorView& t) {
   for (auto d : t.shape) {
     if (d < 0) {
       throw InvalidArgument(fmt::format("{}: {} has a negative dimension in shape [{}]", what,
@@ -32,10 +70,11 @@ void check_view(const std::string& what, const char* which, const TensorView& t)
     throw InvalidArgument(
         fmt::format("{}: {} buffer is null but has {} elements", what, which, t.numel()));
   }
-  if (t.device.type != DeviceType::kCPU) {
-    throw InvalidArgument(fmt::format(
-        "{}: {} is on {}:{}, but this build of gyre moves CPU tensors only", what, which,
-        device_name(t.device.type), t.device.index));
+  if (t.device.type == DeviceType::kCUDA) {
+    check_cuda_device(rt, what, which, t);
+  } else if (t.device.type != DeviceType::kCPU) {
+    throw InvalidArgument(fmt::format("{}: {} has an unknown device type {}", what, which,
+                                      static_cast<int>(t.device.type)));
   }
   if (static_cast<int>(t.dtype) >= kNumDataTypes) {
     throw InvalidArgument(fmt::format("{}: {} has an unknown dtype", what, which));
@@ -171,9 +210,14 @@ static void validate_member(Runtime& rt, const Request& req, const std::string& 
   validated(rt, req, [&] {
       const std::string what = describe(req);
       check_user_name(what, name);
-      check_view(what, "input", in);
-      check_view(what, "output", out);
+      check_view(rt, what, "input", in);
+      check_view(rt, what, "output", out);
       check_op(what, in.dtype, op);
+      if (out.device != in.device) {
+        throw InvalidArgument(fmt::format("{}: output is on {}:{} but input on {}:{}", what,
+                                          device_name(out.device.type), out.device.index,
+                                          device_name(in.device.type), in.device.index));
+      }
       if (out.dtype != in.dtype || out.numel() != in.numel()) {
         throw InvalidArgument(fmt::format("{}: output ({} x {}) does not match input ({} x {})",
                                           what, dtype_name(out.dtype), out.numel(),
@@ -187,7 +231,7 @@ Handle allgather_async(Runtime& rt, const std::string& name, const TensorView& i
   validated(rt, req, [&] {
     const std::string what = describe(req);
     check_user_name(what, name);
-    check_view(what, "input", in);
+    check_view(rt, what, "input", in);
     if (in.shape.empty()) throw InvalidArgument(what + ": needs at least one dimension");
   });
   return submit(rt, std::move(req), in, in);
@@ -199,7 +243,7 @@ Handle broadcast_async(Runtime& rt, const std::string& name, const TensorView& b
   validated(rt, req, [&] {
     const std::string what = describe(req);
     check_user_name(what, name);
-    check_view(what, "buffer", buf);
+    check_view(rt, what, "buffer", buf);
     if (root < 0 || root >= rt.size()) {
       throw InvalidArgument(
           fmt::format("{}: root {} is not a rank (world size {})", what, root, rt.size()));
@@ -214,7 +258,8 @@ Handle alltoall_async(Runtime& rt, const std::string& name, const TensorView& in
   validated(rt, req, [&] {
     const std::string what = describe(req);
     check_user_name(what, name);
-    check_view(what, "input", in);
+    check_cpu_only(what, in);
+    check_view(rt, what, "input", in);
     if (in.shape.empty()) throw InvalidArgument(what + ": needs at least one dimension");
     const std::int64_t rows = in.shape[0];
     const int n = rt.size();
@@ -252,7 +297,8 @@ Handle reducescatter_async(Runtime& rt, const std::string& name, const TensorVie
   validated(rt, req, [&] {
     const std::string what = describe(req);
     check_user_name(what, name);
-    check_view(what, "input", in);
+    check_cpu_only(what, in);
+    check_view(rt, what, "input", in);
     check_op(what, in.dtype, op);
     if (in.shape.empty()) throw InvalidArgument(what + ": needs at least one dimension");
   });

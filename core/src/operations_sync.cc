@@ -23,7 +23,9 @@ void check_buffers(const char* call, const std::vector<NamedBuffer>& buffers) {
                                         b.name, b.tensor.numel()));
     }
     if (b.tensor.device.type != DeviceType::kCPU) {
-      throw InvalidArgument(fmt::format("{}: buffer '{}' is not a CPU tensor", call, b.name));
+      throw InvalidArgument(fmt::format(
+          "{}: buffer '{}' is not a CPU tensor ({} is not supported on CUDA tensors yet)", call,
+          b.name, call));
     }
   }
 }

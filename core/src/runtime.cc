@@ -45,6 +45,7 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
       stall_(rank_, opt.stall_warning_s, opt.stall_shutdown_s),
       timeline_(make_timeline(opt, rank_)),
       executor_(*t_, opt_, queue_, vv_, timeline_.get(), log_) {
+  executor_.set_local_rank(info_.local_rank);
   log_.debug("runtime started: {} ranks over {}, fusion threshold {} B, cycle {} ms", size_,
              t_->name(), opt_.fusion_threshold_bytes, opt_.cycle_time_ms);
   thread_ = std::thread([this] { loop(); });
@@ -54,6 +55,12 @@ Runtime::~Runtime() { shutdown(); }
 
 std::string Runtime::internal_name(const char* what) {
   return fmt::format("__gyre.{}.{}", what, internal_seq_.fetch_add(1));
+}
+
+int Runtime::claim_cuda_device(int index) {
+  int expected = -1;
+  if (cuda_device_.compare_exchange_strong(expected, index)) return index;
+  return expected;
 }
 
 std::shared_ptr<OpState> Runtime::request_join() {

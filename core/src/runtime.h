@@ -65,6 +65,11 @@ class Runtime {
   // rank makes the same calls in the same order, so the names match.
   std::string internal_name(const char* what);
 
+  // The CUDA device of this rank's CUDA tensors: the first call binds
+  // `index` and returns it; later calls return the bound device (gyre's
+  // NCCL communicator uses one GPU per rank). Any thread.
+  int claim_cuda_device(int index);
+
   // join(): this rank's next messages carry the joined flag until every
   // rank has joined; the returned state completes with the last rank.
   std::shared_ptr<OpState> request_join();
@@ -109,6 +114,7 @@ class Runtime {
   std::atomic<bool> stopped_{false};         // the background loop has ended
   std::atomic<std::uint64_t> rounds_{0};
   std::atomic<std::uint64_t> internal_seq_{0};
+  std::atomic<int> cuda_device_{-1};         // claim_cuda_device(); -1: none yet
   std::thread thread_;
 };
 

@@ -1,0 +1,84 @@
+// NcclBackend: the GPU path. Collectives on CUDA tensors run through NCCL on
+// one gyre-owned CUDA stream; CPU tensors keep the ring over the transport.
+//
+// Ownership: the Executor creates one NcclBackend lazily, at the first
+// agreed response on CUDA tensors (every rank runs the same responses, so
+// every rank creates it in the same round), and owns it until the runtime
+// stops. The backend owns the NCCL communicator, the stream, an event and
+// the device fusion and scratch buffers. Creating the communicator is a
+// collective: rank 0 asks NCCL for a unique id and ring_broadcasts it over
+// the runtime's transport, then every rank joins with a non-blocking
+// ncclCommInitRankConfig polled against the deadline.
+//
+// What runs on CUDA tensors: allreduce (fused or single; sum, min, max,
+// product; average as a sum with the 1/contributors folded into the
+// postscale, so joined ranks are not counted; pre/postscale by a kernel),
+// broadcast and allgather (first dimensions may differ: blocks are padded to
+// the largest for ncclAllGather and compacted when copied out; the result is
+// delivered in host memory, Handle::output()). Other collectives are refused
+// at enqueue (operations.cc).
+//
+// Synchronisation: the caller's data must be ready when it enqueues (gyre's
+// stream does not wait on the producer's stream); a handle completes only
+// after gyre's stream has finished with the caller's buffers.
+//
+// Errors: every CUDA and NCCL status is checked at the call and turned into
+// TransportError naming the call, the error string and the tensors. A wait
+// that makes no progress for GYRE_OP_TIMEOUT_S aborts the communicator and
+// throws TimeoutError. Both propagate to the runtime loop, which ends the job
+// (ranks may be half-way through a collective). An InvalidArgument (integer
+// pre/postscale) is thrown before anything is enqueued, from agreed
+// arguments, so alike on every rank.
+//
+// This header names no CUDA or NCCL type: the runtime includes it in every
+// build. The class and cuda_device_count() are defined only when gyre is
+// built with NCCL (GYRE_HAVE_NCCL, see nccl_backend.cc).
+//
+// Thread: the runtime's background thread only.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "coordinator.h"
+#include "gyre/collectives/transport.h"
+#include "gyre/options.h"
+#include "logging.h"
+#include "tensor_queue.h"
+
+namespace gyre::core {
+
+// CUDA devices visible to this process, or -1 with *why set to the CUDA
+// runtime's error (no driver, no device, ...). Any thread.
+int cuda_device_count(std::string* why);
+
+class NcclBackend {
+ public:
+  using Entry = std::optional<LocalEntry>;
+
+  // `device`: the CUDA device of this rank's tensors, or -1 (a joined rank
+  // with no CUDA tensor yet): then local_rank modulo the device count.
+  NcclBackend(transport::Transport& t, const Options& opt, const Logger& log, int device,
+              int local_rank);
+  ~NcclBackend();
+  NcclBackend(const NcclBackend&) = delete;
+  NcclBackend& operator=(const NcclBackend&) = delete;
+
+  // One bucket of agreed allreduces (one member: reduced in the caller's
+  // buffers; several: packed into the device fusion buffer). `op` is the
+  // effective op (never kAverage), the scales the effective ones.
+  void allreduce(const std::vector<Response*>& resps, std::vector<Entry>& entries, ReduceOp op,
+                 double prescale, double postscale);
+  void broadcast(const Response& resp, Entry& entry);
+  void allgather(const Response& resp, Entry& entry);
+
+  int device() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gyre::core
