@@ -1,5 +1,9 @@
 // Reduction kernels: one template instantiated per (dtype, op), looked up in
-// a table. Compiled with -O3 (see collectives/CMakeLists.txt).
+// a table. Compiled with -O3 (see collectives/CMakeLists.txt). These are the
+// portable loops; for float16/bfloat16 on CPUs with AVX2+F16C the lookup
+// returns the hand-written loops of reduce_kernels_x86.cc instead (measured
+// on this machine, 256 KiB in cache, out = a + b: float16 1.0 -> 29.6 GB/s,
+// bfloat16 4.1 -> 12.3 GB/s; float32 is ~45-50 GB/s either way).
 //
 // Vectorisation, checked with gcc 12.2 on x86-64 at baseline ISA (SSE2, no
 // -march), flags `-std=c++20 -O3`:
@@ -24,71 +28,15 @@
 #include <fmt/format.h>
 #include <type_traits>
 
-#include "gyre/collectives/float16.h"
 #include "gyre/error.h"
+#include "kernel_ops.h"
+#include "reduce_kernels_x86.h"
 
 namespace gyre::collectives {
 
 namespace {
 
-// How an element is stored and in which type it is combined.
-template <class T>
-struct Codec {
-  using Storage = T;
-  using Compute = T;
-  static T load(T x) { return x; }
-  static T store(T x) { return x; }
-};
-struct Half {};
-struct BFloat {};
-template <>
-struct Codec<Half> {
-  using Storage = std::uint16_t;
-  using Compute = float;
-  static float load(std::uint16_t x) { return half_to_float(x); }
-  static std::uint16_t store(float x) { return float_to_half(x); }
-};
-template <>
-struct Codec<BFloat> {
-  using Storage = std::uint16_t;
-  using Compute = float;
-  static float load(std::uint16_t x) { return bf16_to_float(x); }
-  static std::uint16_t store(float x) { return float_to_bf16(x); }
-};
-
-// Integer sum and product in the unsigned type: wrap-around is then defined
-// behaviour (and identical to the two's-complement result).
-template <class T>
-T wrap_add(T a, T b) {
-  if constexpr (std::is_integral_v<T>) {
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
-  } else {
-    return a + b;
-  }
-}
-template <class T>
-T wrap_mul(T a, T b) {
-  if constexpr (std::is_integral_v<T>) {
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
-  } else {
-    return a * b;
-  }
-}
-
-struct OpSum {
-  template <class T> static T apply(T a, T b) { return wrap_add(a, b); }
-};
-struct OpProd {
-  template <class T> static T apply(T a, T b) { return wrap_mul(a, b); }
-};
-struct OpMin {
-  template <class T> static T apply(T a, T b) { return b < a ? b : a; }
-};
-struct OpMax {
-  template <class T> static T apply(T a, T b) { return a < b ? b : a; }
-};
+using namespace kernels;
 
 template <class E, class Op>
 void combine_into(typename Codec<E>::Storage* __restrict inout,
@@ -170,12 +118,28 @@ Entry lookup(DataType dt, ReduceOp op) {
 
 }  // namespace
 
-ReduceFn reduce_kernel(DataType dt, ReduceOp op) { return lookup(dt, op).reduce; }
-CombineFn combine_kernel(DataType dt, ReduceOp op) { return lookup(dt, op).combine; }
+ReduceFn reduce_kernel(DataType dt, ReduceOp op, KernelIsa isa) {
+  const Entry e = lookup(dt, op);  // validates dt and op
+  if (isa == KernelIsa::kBest) {
+    if (ReduceFn fast = detail::reduce_kernel_avx2(dt, op)) return fast;
+  }
+  return e.reduce;
+}
 
-void scale(void* buf, std::size_t count, DataType dt, double factor) {
+CombineFn combine_kernel(DataType dt, ReduceOp op, KernelIsa isa) {
+  const Entry e = lookup(dt, op);
+  if (isa == KernelIsa::kBest) {
+    if (CombineFn fast = detail::combine_kernel_avx2(dt, op)) return fast;
+  }
+  return e.combine;
+}
+
+void scale(void* buf, std::size_t count, DataType dt, double factor, KernelIsa isa) {
   if (factor == 1.0) return;
   if (count > 0 && buf == nullptr) throw InvalidArgument("scale: null buffer with a non-zero count");
+  if (isa == KernelIsa::kBest && detail::scale_avx2(buf, count, dt, static_cast<float>(factor))) {
+    return;
+  }
   switch (dt) {
     case DataType::kFloat32:
       return scale_loop<float>(static_cast<float*>(buf), count, static_cast<float>(factor));

@@ -123,19 +123,20 @@ std::vector<std::byte> random_elems(DataType dt, std::size_t count, std::mt19937
 TEST_CASE("reduce and combine kernels match the scalar reference for every dtype and op",
           "[kernels]") {
   std::mt19937 gen(42);
+  for (KernelIsa isa : {KernelIsa::kBest, KernelIsa::kPortable})
   for (DataType dt : test::kAllTypes) {
     for (ReduceOp op : test::kAllOps) {
       if (!op_defined(dt, op)) {
-        CHECK_THROWS_AS(reduce_kernel(dt, op), InvalidArgument);
-        CHECK_THROWS_AS(combine_kernel(dt, op), InvalidArgument);
+        CHECK_THROWS_AS(reduce_kernel(dt, op, isa), InvalidArgument);
+        CHECK_THROWS_AS(combine_kernel(dt, op, isa), InvalidArgument);
         continue;
       }
-      const ReduceFn reduce = reduce_kernel(dt, op);
-      const CombineFn combine = combine_kernel(dt, op);
+      const ReduceFn reduce = reduce_kernel(dt, op, isa);
+      const CombineFn combine = combine_kernel(dt, op, isa);
       const std::size_t esz = dtype_size(dt);
-      for (std::size_t count : {0, 1, 3, 15, 16, 17, 63, 1027}) {
+      for (std::size_t count : {0, 1, 3, 7, 8, 9, 15, 16, 17, 63, 1027}) {
         for (std::size_t misalign : {std::size_t{0}, esz}) {
-          INFO("dtype " << dtype_name(dt) << " op " << op_name(op) << " count " << count
+          INFO("isa " << (isa == KernelIsa::kBest ? "best" : "portable") << " dtype " << dtype_name(dt) << " op " << op_name(op) << " count " << count
                         << " offset " << misalign);
           const auto a = random_elems(dt, count + 1, gen);
           const auto b = random_elems(dt, count + 1, gen);
@@ -192,6 +193,23 @@ TEST_CASE("kernels: integer wrap-around and float16 accumulation in float32", "[
   reduce_kernel(DataType::kFloat32, ReduceOp::kProduct)(f, g, 2);
   CHECK(std::isnan(f[0]));
   CHECK(std::isnan(f[1]));
+}
+
+TEST_CASE("16-bit scale: hardware and portable loops agree bit for bit", "[kernels]") {
+  std::mt19937 gen(9);
+  for (DataType dt : {DataType::kFloat16, DataType::kBFloat16}) {
+    for (double factor : {0.5, 1.0 / 3.0, 3.0, 1e-3, 70000.0}) {
+      std::vector<std::uint16_t> a(1003);
+      for (auto& x : a) x = static_cast<std::uint16_t>(gen());  // every class, NaN and inf too
+      std::vector<std::uint16_t> b = a;
+      scale(a.data(), a.size(), dt, factor, KernelIsa::kBest);
+      scale(b.data(), b.size(), dt, factor, KernelIsa::kPortable);
+      std::size_t differ = 0;  // bit for bit, NaN payloads included
+      for (std::size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+      INFO("dtype " << dtype_name(dt) << " factor " << factor);
+      CHECK(differ == 0);
+    }
+  }
 }
 
 TEST_CASE("scale multiplies floating types and refuses integer scaling", "[kernels]") {

@@ -6,6 +6,30 @@
 // operation not defined for a type, span sizes that do not match the world)
 // throw gyre::InvalidArgument before any byte is sent, so a rank that rejects
 // its own arguments never leaves a peer half-way through a ring.
+//
+// What is checked locally, on each rank: known dtype and op, op defined on
+// the dtype (average only on floating types), prescale/postscale finite and
+// equal to 1 on integer types (gyre does not define integer scaling),
+// chunk_bytes > 0, tag >= 0, null buffers with a non-zero size, per-rank
+// spans with exactly one entry per rank, sizes whose byte count overflows,
+// input/output overlap other than the documented in-place forms, root in
+// [0, size), and for alltoall that what a rank sends itself matches what it
+// expects from itself.
+// What is NOT checked (it needs traffic a pure ring does not have; the
+// runtime's negotiation checks it before calling in): that all ranks pass
+// the same count, dtype, op, root, block sizes and options. Ranks that
+// disagree get a TransportError (size mismatch), a TimeoutError if the
+// transport has a timeout set, or wrong results.
+//
+// Threads: called from one thread per transport (the runtime's background
+// thread; a test's rank thread). Buffers belong to the caller and are only
+// touched during the call. Each call uses a small per-thread staging area
+// (kept between calls). After a TransportError or TimeoutError the transport
+// may still have transfers in flight; it must not be used again.
+//
+// Messages of one call all use opt.tag; calls on one transport must not
+// overlap (they cannot: every call completes its transfers before
+// returning).
 #pragma once
 
 #include <cstddef>
@@ -34,13 +58,18 @@ struct RingOptions {
 };
 
 // Ring allreduce: reduce-scatter then all-gather around rank r -> r+1.
-// `in == out` is the in-place form; otherwise `in` is left unchanged.
+// `in == out` is the in-place form; otherwise `in` is left unchanged and the
+// buffers must not overlap. Any count (zero, fewer than the ranks, not a
+// multiple of them). float16/bfloat16 are combined in float32 and rounded
+// once per ring hop. kAverage divides by the world size once, at the end,
+// together with postscale.
 void ring_allreduce(Transport& t, const void* in, void* out, std::size_t count,
                     DataType dt, ReduceOp op, const RingOptions& opt = {});
 
 // Ring allgather of rank-contributed byte blocks, which may differ in size.
 // `block_bytes[r]` is rank r's contribution; `out` receives the blocks in
-// rank order (sum of block_bytes bytes). `in` holds block_bytes[rank] bytes.
+// rank order (sum of block_bytes bytes). `in` holds block_bytes[rank] bytes;
+// in place when `in` points at this rank's block inside `out`.
 void ring_allgather(Transport& t, const void* in, void* out,
                     std::span<const std::size_t> block_bytes,
                     const RingOptions& opt = {});
@@ -51,17 +80,22 @@ void ring_broadcast(Transport& t, void* buf, std::size_t bytes, int root,
 
 // Ring reduce-scatter: every rank holds the full input (sum of `counts`
 // elements); rank r receives the reduction of block r (counts[r] elements).
+// In place when `out` points at block r inside `in`. A prescale other than
+// 1 makes a scaled copy of the whole input (in is never written).
 void ring_reduce_scatter(Transport& t, const void* in, void* out,
                          std::span<const std::size_t> counts, DataType dt,
                          ReduceOp op, const RingOptions& opt = {});
 
 // Personalised all-to-all: send_bytes[p] bytes (consecutive in `in`) go to
 // rank p; recv_bytes[p] bytes arrive from rank p, consecutive in `out`.
+// `in` and `out` must not overlap. opt.chunk_bytes is not used (one message
+// per pair; the transport cuts huge ones).
 void alltoall(Transport& t, const void* in, std::span<const std::size_t> send_bytes,
               void* out, std::span<const std::size_t> recv_bytes,
               const RingOptions& opt = {});
 
-// Returns once every rank has entered the barrier.
+// Returns once every rank has entered the barrier (dissemination barrier,
+// ceil(log2 n) rounds of empty messages).
 void barrier(Transport& t, const RingOptions& opt = {});
 
 }  // namespace gyre::collectives
