@@ -48,14 +48,15 @@ const char* thread_level_name(int level) {
 // MPI counts are int: a message above this size is sent as several pieces
 // with the same tag. Both sides cut a message of a given size the same way,
 // and MPI keeps messages of one (source, tag) in order, so the pieces match.
-constexpr std::size_t kMaxPieceBytes = std::size_t{1} << 30;
+constexpr std::size_t kDefaultPieceBytes = std::size_t{1} << 30;
 
 class MpiTransport final : public Transport {
  public:
   // `yield_when_idle`: give the core away now and then while waiting; right
   // when the host runs more ranks than it has cores, costly otherwise (a
   // yielding rank can lose its core to any other process for a time slice).
-  MpiTransport(MPI_Comm comm, bool yield_when_idle) : comm_(comm), yield_(yield_when_idle) {
+  MpiTransport(MPI_Comm comm, bool yield_when_idle, std::size_t max_piece_bytes)
+      : comm_(comm), yield_(yield_when_idle), max_piece_(max_piece_bytes) {
     check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
   }
@@ -150,13 +151,13 @@ class MpiTransport final : public Transport {
   };
 
   template <class F>
-  static void for_each_piece(std::size_t bytes, F&& f) {
+  void for_each_piece(std::size_t bytes, F&& f) const {
     if (bytes == 0) {
       f(0, 0);
       return;
     }
-    for (std::size_t off = 0; off < bytes; off += kMaxPieceBytes) {
-      f(off, static_cast<int>(std::min(kMaxPieceBytes, bytes - off)));
+    for (std::size_t off = 0; off < bytes; off += max_piece_) {
+      f(off, static_cast<int>(std::min(max_piece_, bytes - off)));
     }
   }
 
@@ -230,6 +231,7 @@ class MpiTransport final : public Transport {
 
   MPI_Comm comm_;
   const bool yield_;
+  const std::size_t max_piece_;  // largest single MPI message
   int rank_ = 0, size_ = 1;
   std::vector<Op> ops_;            // indexed by Request::slot
   std::vector<std::int64_t> free_;  // released slots, reused first
@@ -276,7 +278,13 @@ MpiWorld::MpiWorld() {
   MPI_Comm_free(&local);
 }
 
-std::unique_ptr<Transport> MpiWorld::make_transport() {
+std::unique_ptr<Transport> MpiWorld::make_transport() { return make_transport(kDefaultPieceBytes); }
+
+std::unique_ptr<Transport> MpiWorld::make_transport(std::size_t max_message_bytes) {
+  if (max_message_bytes == 0 || max_message_bytes > static_cast<std::size_t>(INT_MAX)) {
+    throw InvalidArgument(fmt::format("MpiWorld::make_transport: max_message_bytes {} outside [1, {}]",
+                                      max_message_bytes, INT_MAX));
+  }
   if (finalized_) throw StateError("MpiWorld::make_transport after finalize()");
   MPI_Comm comm;
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
@@ -286,7 +294,7 @@ std::unique_ptr<Transport> MpiWorld::make_transport() {
   // More ranks on this host than cores: waiting ranks must yield.
   const unsigned cores = std::thread::hardware_concurrency();
   const bool oversubscribed = cores == 0 || static_cast<unsigned>(local_size_) > cores;
-  return std::make_unique<MpiTransport>(comm, oversubscribed);
+  return std::make_unique<MpiTransport>(comm, oversubscribed, max_message_bytes);
 }
 
 void MpiWorld::abort(int code) {

@@ -264,6 +264,18 @@ int main(int argc, char** argv) {
     reduce_scatter_suite<double>(*t, ReduceOp::kProduct);
     alltoall_suite(*t);
     barrier(*t);
+    // Again on a transport that cuts every transfer into MPI messages of at
+    // most 4099 bytes: the path that messages above INT_MAX bytes take,
+    // without 2 GiB buffers.
+    auto cut = world.make_transport(4099);
+    cut->set_timeout(std::chrono::milliseconds(60000));
+    allreduce_suite<float>(*cut);
+    allreduce_suite<std::int64_t>(*cut);
+    allgather_suite(*cut);
+    broadcast_suite(*cut);
+    reduce_scatter_suite<double>(*cut, ReduceOp::kSum);
+    alltoall_suite(*cut);
+    barrier(*cut);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: exception: %s\n", g_rank, e.what());
     world.abort(2);

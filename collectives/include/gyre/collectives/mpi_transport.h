@@ -3,6 +3,7 @@
 // the runtime needs (initialisation, the host-local split, abort) is here.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 
 #include "gyre/collectives/transport.h"
@@ -24,6 +25,10 @@ class MpiWorld {
   // A transport on a fresh duplicate of MPI_COMM_WORLD, so gyre's messages
   // never match the job's own.
   std::unique_ptr<Transport> make_transport();
+  // The same, cutting every transfer into MPI messages of at most
+  // `max_message_bytes` (default: 1 GiB, under MPI's INT_MAX count limit).
+  // Tests use a small value to exercise the cutting without 2 GiB buffers.
+  std::unique_ptr<Transport> make_transport(std::size_t max_message_bytes);
 
   // Ends the whole job with a non-zero status (MPI_Abort on MPI_COMM_WORLD).
   [[noreturn]] void abort(int code);
