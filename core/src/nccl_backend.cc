@@ -89,6 +89,26 @@ struct NcclBackend::Impl {
 
   Impl(transport::Transport& tr, const Options& o, const Logger& l)
       : t(tr), opt(o), log(l) {}
+  // Here rather than in ~NcclBackend so that a constructor that fails half
+  // way still releases what it created.
+  ~Impl() {
+    cudaSetDevice(device);
+    // Abort rather than destroy: ncclCommDestroy may wait for peers that
+    // have already left (the runtime stops on every rank in the same round,
+    // but not at the same instant). Aborting first also ends any NCCL kernel
+    // still waiting for a peer, so freeing the buffers cannot block on it.
+    abandon();
+    fusion.release();
+    scratch.release();
+    if (done) cudaEventDestroy(done);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  // The communicator is unusable from here on (the runtime ends the job).
+  void abandon() {
+    if (comm) ncclCommAbort(comm);
+    comm = nullptr;
+  }
 
   std::chrono::steady_clock::time_point deadline() const {
     if (opt.op_timeout_s <= 0) return std::chrono::steady_clock::time_point::max();
@@ -97,10 +117,8 @@ struct NcclBackend::Impl {
   }
 
   [[noreturn]] void abort_on_timeout(const std::string& what) {
-    // ncclCommAbort returns without waiting for the peers; the communicator
-    // is unusable afterwards, and the runtime ends the job.
-    if (comm) ncclCommAbort(comm);
-    comm = nullptr;
+    // ncclCommAbort returns without waiting for the peers.
+    abandon();
     throw TimeoutError(fmt::format(
         "{}: no progress on the GPU for GYRE_OP_TIMEOUT_S={} s (a rank is stuck or gone); "
         "the NCCL communicator was aborted", what, opt.op_timeout_s));
@@ -130,7 +148,14 @@ struct NcclBackend::Impl {
       ncclResult_t async = ncclSuccess;
       check_nccl(ncclCommGetAsyncError(comm, &async), what + ": ncclCommGetAsyncError", comm);
       if (async != ncclSuccess && async != ncclInProgress) {
-        check_nccl(async, what + " (asynchronous NCCL error)", comm);
+        std::string text;
+        try {
+          check_nccl(async, what + " (asynchronous NCCL error)", comm);
+        } catch (const TransportError& err) {
+          text = err.what();
+        }
+        abandon();  // its kernels may be waiting for a peer that failed
+        throw TransportError(text);
       }
       if (std::chrono::steady_clock::now() > until) abort_on_timeout(what);
       std::this_thread::sleep_for(kPollPause);
@@ -188,24 +213,11 @@ NcclBackend::NcclBackend(transport::Transport& t, const Options& opt, const Logg
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclResult_t r = ncclCommInitRankConfig(&m.comm, t.size(), id, t.rank(), &config);
-  if (r != ncclInProgress) check_nccl(r, what + ": ncclCommInitRankConfig", m.comm);
   m.settle(r, what + ": ncclCommInitRankConfig");
   log.info("NCCL communicator ready: {} ranks, this rank on cuda:{}", t.size(), m.device);
 }
 
-NcclBackend::~NcclBackend() {
-  Impl& m = *impl_;
-  cudaSetDevice(m.device);
-  if (m.stream) cudaStreamSynchronize(m.stream);
-  // Abort rather than destroy: ncclCommDestroy may wait for peers that have
-  // already left (the runtime stops on every rank in the same round, but
-  // not at the same instant); every collective has completed by now.
-  if (m.comm) ncclCommAbort(m.comm);
-  m.fusion.release();
-  m.scratch.release();
-  if (m.done) cudaEventDestroy(m.done);
-  if (m.stream) cudaStreamDestroy(m.stream);
-}
+NcclBackend::~NcclBackend() = default;  // Impl releases everything
 
 int NcclBackend::device() const { return impl_->device; }
 
@@ -288,52 +300,53 @@ void NcclBackend::broadcast(const Response& resp, Entry& entry) {
   m.synchronize(what);
 }
 
+PaddedGather plan_padded_gather(const Response& resp) {
+  const Request& a = resp.agreed;
+  PaddedGather g;
+  g.row_bytes = dtype_size(a.dtype);
+  for (std::size_t i = 1; i < a.shape.size(); ++i) g.row_bytes *= static_cast<std::size_t>(a.shape[i]);
+  g.blocks.assign(resp.per_rank.size(), 0);
+  for (std::size_t r = 0; r < resp.per_rank.size(); ++r) {
+    const std::int64_t k = resp.per_rank[r] ? resp.per_rank[r]->shape[0] : 0;
+    g.blocks[r] = static_cast<std::size_t>(k) * g.row_bytes;
+    g.padded_block = std::max(g.padded_block, g.blocks[r]);
+    g.total_bytes += g.blocks[r];
+    g.rows += k;
+  }
+  return g;
+}
+
 void NcclBackend::allgather(const Response& resp, Entry& entry) {
   Impl& m = *impl_;
   const std::string what = fmt::format("allgather of CUDA tensor '{}'", resp.name);
-  const Request& a = resp.agreed;
-  std::size_t row_bytes = dtype_size(a.dtype);
-  for (std::size_t i = 1; i < a.shape.size(); ++i) row_bytes *= static_cast<std::size_t>(a.shape[i]);
-  const int n = m.t.size();
-  const int me = m.t.rank();
   // Ranks may differ in the first dimension; ncclAllGather needs equal
   // blocks, so every block is padded to the largest and compacted when
   // copied out.
-  std::vector<std::size_t> blocks(static_cast<std::size_t>(n), 0);
-  std::size_t largest = 0, total = 0;
-  std::int64_t rows = 0;
-  for (int r = 0; r < n; ++r) {
-    const auto& req = resp.per_rank[static_cast<std::size_t>(r)];
-    const std::int64_t k = req ? req->shape[0] : 0;
-    blocks[static_cast<std::size_t>(r)] = static_cast<std::size_t>(k) * row_bytes;
-    largest = std::max(largest, blocks[static_cast<std::size_t>(r)]);
-    total += blocks[static_cast<std::size_t>(r)];
-    rows += k;
-  }
+  const PaddedGather g = plan_padded_gather(resp);
+  const std::size_t n = g.blocks.size();
+  const std::size_t me = static_cast<std::size_t>(m.t.rank());
   if (entry) {
     OwnedTensor& out = entry->state->output;
-    out.dtype = a.dtype;
+    out.dtype = resp.agreed.dtype;
     out.shape = entry->request.shape;
-    out.shape[0] = rows;
-    out.data.resize(total);
+    out.shape[0] = g.rows;
+    out.data.resize(g.total_bytes);
   }
-  if (largest == 0) return;
+  if (g.padded_block == 0) return;
   check_cuda(cudaSetDevice(m.device), what + ": cudaSetDevice");
-  auto* staging = static_cast<std::byte*>(m.scratch.get(largest * static_cast<std::size_t>(n), what));
-  std::byte* mine = staging + largest * static_cast<std::size_t>(me);
-  if (entry) m.copy(mine, entry->in.data, blocks[static_cast<std::size_t>(me)],
-                    cudaMemcpyDeviceToDevice, what);
-  m.settle(ncclAllGather(mine, staging, largest, ncclUint8, m.comm, m.stream),
+  auto* staging = static_cast<std::byte*>(m.scratch.get(g.padded_block * n, what));
+  std::byte* mine = staging + g.padded_block * me;
+  if (entry) m.copy(mine, entry->in.data, g.blocks[me], cudaMemcpyDeviceToDevice, what);
+  m.settle(ncclAllGather(mine, staging, g.padded_block, ncclUint8, m.comm, m.stream),
            what + ": ncclAllGather");
   // A copy into pageable host memory blocks the calling thread until the
   // stream gets there, beyond any deadline: wait for the gather first.
   m.synchronize(what);
   if (entry) {
     std::byte* host = entry->state->output.data.data();
-    for (int r = 0; r < n; ++r) {
-      m.copy(host, staging + largest * static_cast<std::size_t>(r),
-             blocks[static_cast<std::size_t>(r)], cudaMemcpyDeviceToHost, what);
-      host += blocks[static_cast<std::size_t>(r)];
+    for (std::size_t r = 0; r < n; ++r) {
+      m.copy(host, staging + g.padded_block * r, g.blocks[r], cudaMemcpyDeviceToHost, what);
+      host += g.blocks[r];
     }
     m.synchronize(what);
   }

@@ -31,12 +31,14 @@
 // arguments, so alike on every rank.
 //
 // This header names no CUDA or NCCL type: the runtime includes it in every
-// build. The class and cuda_device_count() are defined only when gyre is
+// build. Everything declared here is defined only when gyre is
 // built with NCCL (GYRE_HAVE_NCCL, see nccl_backend.cc).
 //
 // Thread: the runtime's background thread only.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,6 +55,18 @@ namespace gyre::core {
 // CUDA devices visible to this process, or -1 with *why set to the CUDA
 // runtime's error (no driver, no device, ...). Any thread.
 int cuda_device_count(std::string* why);
+
+// The layout of an allgather on CUDA: ncclAllGather moves equal blocks, so
+// each rank's rows (blocks[r] bytes; joined ranks 0) travel padded to the
+// largest block and are compacted when copied out (total_bytes, rows).
+struct PaddedGather {
+  std::size_t row_bytes = 0;
+  std::vector<std::size_t> blocks;
+  std::size_t padded_block = 0;
+  std::size_t total_bytes = 0;
+  std::int64_t rows = 0;
+};
+PaddedGather plan_padded_gather(const Response& resp);
 
 class NcclBackend {
  public:
