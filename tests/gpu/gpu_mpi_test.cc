@@ -3,10 +3,11 @@
 // with uneven first dimensions, each checked against closed forms and
 // against the same operation on CPU tensors (the ring over MPI).
 //
-// Needs one CUDA device per rank (ranks share a device when there are
-// fewer). Without a device it prints "SKIPPED: ..." and exits with
-// kSkipCode, which CTest's SKIP_RETURN_CODE maps to "skipped";
-// `--probe` does only that check (run_gpu_mpi.sh calls it before mpirun).
+// Needs one CUDA device per rank of a host (NCCL does not allow two ranks
+// of a communicator on one device). Without enough devices it prints
+// "SKIPPED: ..." and exits with kSkipCode, which CTest's SKIP_RETURN_CODE
+// maps to "skipped"; `--probe N` does only that check for N ranks on this
+// host (run_gpu_mpi.sh calls it before mpirun).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -210,12 +211,25 @@ int main(int argc, char** argv) {
     return kSkipCode;
   }
   if (argc > 1 && std::strcmp(argv[1], "--probe") == 0) {
+    const int ranks = argc > 2 ? std::atoi(argv[2]) : 1;
+    if (devices < ranks) {
+      std::printf("SKIPPED: %d ranks on this host need %d CUDA devices, found %d\n", ranks,
+                  ranks, devices);
+      return kSkipCode;
+    }
     std::printf("%d CUDA device(s) found\n", devices);
     return 0;
   }
   gyre::init();
   g_rank = gyre::rank();
-  const int device = gyre::local_rank() % devices;
+  if (gyre::local_size() > devices) {
+    // Every rank of the host sees the same count, so all skip alike.
+    std::printf("SKIPPED: %d ranks on this host need %d CUDA devices, found %d\n",
+                gyre::local_size(), gyre::local_size(), devices);
+    gyre::shutdown();
+    return kSkipCode;
+  }
+  const int device = gyre::local_rank();
   cuda_ok(cudaSetDevice(device), "cudaSetDevice");
   int failures = run(gyre::Device{gyre::DeviceType::kCUDA, device});
   gyre::shutdown();
