@@ -1,6 +1,12 @@
 // The MPI side of gyre: process-level set-up and the point-to-point
 // transport. Only mpi_transport.cc includes mpi.h; everything MPI-specific
 // the runtime needs (initialisation, the host-local split, abort) is here.
+//
+// Threads: instance() may be called from any thread (the first call
+// initialises MPI, thread-safely). A Transport from make_transport() is
+// owned by its caller and driven by one thread at a time (the runtime's
+// background thread); it frees its communicator when destroyed, and must be
+// destroyed before finalize().
 #pragma once
 
 #include <cstddef>
