@@ -193,7 +193,9 @@ NcclBackend::NcclBackend(transport::Transport& t, const Options& opt, const Logg
   m.device = device >= 0 ? device : local_rank % count;
   const std::string what = fmt::format("NCCL set-up on rank {} (cuda:{})", t.rank(), m.device);
   check_cuda(cudaSetDevice(m.device), what + ": cudaSetDevice");
-  check_cuda(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking),
+  // Blocking on purpose: ordered after earlier work of the legacy default
+  // stream, where the caller's tensors are usually produced (header).
+  check_cuda(cudaStreamCreateWithFlags(&m.stream, cudaStreamDefault),
              what + ": cudaStreamCreate");
   check_cuda(cudaEventCreateWithFlags(&m.done, cudaEventDisableTiming),
              what + ": cudaEventCreate");

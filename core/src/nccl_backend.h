@@ -18,9 +18,14 @@
 // delivered in host memory, Handle::output()). Other collectives are refused
 // at enqueue (operations.cc).
 //
-// Synchronisation: the caller's data must be ready when it enqueues (gyre's
-// stream does not wait on the producer's stream); a handle completes only
-// after gyre's stream has finished with the caller's buffers.
+// Synchronisation: gyre's stream is a blocking stream (not
+// cudaStreamNonBlocking), so the work it is given is ordered after all work
+// enqueued earlier on the device's legacy default stream: tensors produced
+// there (PyTorch's default stream) need no further synchronisation. Tensors
+// produced on another stream must be ready before enqueue (synchronise that
+// stream, or make the legacy default stream wait for it, as a DLPack export
+// with stream=1 does). A handle completes only after gyre's stream has
+// finished with the caller's buffers.
 //
 // Errors: every CUDA and NCCL status is checked at the call and turned into
 // TransportError naming the call, the error string and the tensors. A wait
