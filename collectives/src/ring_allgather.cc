@@ -21,10 +21,10 @@ class RingAllgather {
       : pipe_(t, plan, t.size() - 1, t.rank(), tag), in_(in), out_(out) {}
 
   void run() {
-    // Step 0 sends this rank's block from `in`, all at once (see
-    // ring_allreduce.cc for why not windowed); later steps forward what
-    // arrived in `out` at the step before.
-    for (std::size_t j = 0; j < pipe_.chunks(); ++j) send_own_chunk(j);
+    // Step 0 sends this rank's block from `in`, kRecvWindow chunks ahead
+    // (see ring_allreduce.cc); later steps forward what arrived in `out` at
+    // the step before.
+    for (std::size_t j = 0; j < std::min(pipe_.chunks(), kRecvWindow); ++j) send_own_chunk(j);
     for (std::size_t u = 0; u < kRecvWindow; ++u) post_receive(u);
     for (int k = 0; k < pipe_.steps(); ++k) {
       for (std::size_t j = 0; j < pipe_.chunks(); ++j) {
@@ -33,6 +33,7 @@ class RingAllgather {
           pipe_.post_send(k + 1, j, out_ + pipe_.chunk_byte_offset(pipe_.send_segment(k + 1), j));
         }
         const std::size_t u = static_cast<std::size_t>(k) * pipe_.chunks() + j;
+        if (k == 0) send_own_chunk(j + kRecvWindow);
         post_receive(u + kRecvWindow);
       }
     }
@@ -41,6 +42,7 @@ class RingAllgather {
 
  private:
   void send_own_chunk(std::size_t j) {
+    if (j >= pipe_.chunks()) return;
     const int own = pipe_.send_segment(0);
     pipe_.post_send(0, j, in_ + pipe_.chunk_byte_offset(own, j) - pipe_.chunk_byte_offset(own, 0));
   }

@@ -40,90 +40,116 @@ class RingAllreduce {
         combine_(combine),
         dt_(dt),
         postscale_(postscale),
+        interleaved_(n_ == 2 && src != out),
         slot_bytes_(plan.max_chunk_count * plan.elem_size),
         staging_(thread_scratch(kRecvWindow * slot_bytes_)) {}
 
   void run() {
     start();
-    reduce_scatter_phase();
-    all_gather_phase();
+    if (interleaved_) {
+      // Two ranks: each phase is a single step, so they run chunk by chunk.
+      // The peer then copies a reduced chunk while it is still in this
+      // core's cache, instead of reading it back from memory a whole
+      // segment later. Not in place: there, receiving chunk j into `out`
+      // must wait until this rank's own send of chunk j (from the same
+      // memory) has completed, which chunk by chunk stalls the pipeline;
+      // phase by phase that send is long done.
+      for (std::size_t j = 0; j < pipe_.chunks(); ++j) {
+        reduce_chunk(0, j);
+        gather_chunk(1, j);
+      }
+    } else {
+      reduce_scatter_phase();
+      all_gather_phase();
+    }
     pipe_.finish();
   }
 
  private:
-  // Step 0 sends this rank's own segment straight from the input, all of it
-  // at once. (Holding these sends back to the receive window would save MPI
-  // buffering the head of unexpected messages, but forwarded sends must
-  // follow them in unit order on the one tag: they could then not start
-  // until the whole segment had been posted anyway.)
+  // Step 0 sends this rank's own segment straight from the input, keeping
+  // kRecvWindow chunks ahead of the reduction: a message that reaches the
+  // peer before its receive is posted costs MPI an extra copy. (Step 0 has
+  // its own tag, see RingPipeline, so these sends need not be ordered with
+  // the forwarded ones.)
   void start() {
-    for (std::size_t j = 0; j < pipe_.chunks(); ++j) send_own_chunk(j);
+    for (std::size_t j = 0; j < std::min(pipe_.chunks(), kRecvWindow); ++j) send_own_chunk(j);
     top_up(kRecvWindow);
   }
 
   void send_own_chunk(std::size_t j) {
-    pipe_.post_send(0, j, src_ + pipe_.chunk_byte_offset(pipe_.send_segment(0), j));
+    if (j < pipe_.chunks()) {
+      pipe_.post_send(0, j, src_ + pipe_.chunk_byte_offset(pipe_.send_segment(0), j));
+    }
   }
 
   // n-1 steps: receive a partial sum of segment r-k-1, combine it with this
   // rank's input for that segment, pass the result on.
   void reduce_scatter_phase() {
-    const int last = n_ - 2;
-    for (int k = 0; k <= last; ++k) {
-      const int seg = pipe_.recv_segment(k);
-      for (std::size_t j = 0; j < pipe_.chunks(); ++j) {
-        wait_unit(k, j);
-        const std::size_t off = pipe_.chunk_byte_offset(seg, j);
-        const std::size_t count = pipe_.chunk_count(seg, j);
-        combine_(out_ + off, src_ + off, staging(k, j), count);
-        if (k == last) scale(out_ + off, count, dt_, postscale_);  // average's 1/n included
-        forward(k, j);
-      }
+    for (int k = 0; k < n_ - 1; ++k) {
+      for (std::size_t j = 0; j < pipe_.chunks(); ++j) reduce_chunk(k, j);
     }
   }
 
   // n-1 steps: receive a fully reduced chunk into place, pass it on.
   void all_gather_phase() {
     for (int k = n_ - 1; k < pipe_.steps(); ++k) {
-      for (std::size_t j = 0; j < pipe_.chunks(); ++j) {
-        wait_unit(k, j);
-        forward(k, j);
-      }
+      for (std::size_t j = 0; j < pipe_.chunks(); ++j) gather_chunk(k, j);
     }
+  }
+
+  void reduce_chunk(int k, std::size_t j) {
+    wait_unit(k, j);
+    const int seg = pipe_.recv_segment(k);
+    const std::size_t off = pipe_.chunk_byte_offset(seg, j);
+    const std::size_t count = pipe_.chunk_count(seg, j);
+    combine_(out_ + off, src_ + off, staging(k, j), count);
+    if (k == n_ - 2) scale(out_ + off, count, dt_, postscale_);  // average's 1/n included
+    if (k == 0) send_own_chunk(j + kRecvWindow);
+    forward(k, j);
+  }
+
+  void gather_chunk(int k, std::size_t j) {
+    wait_unit(k, j);
+    forward(k, j);
   }
 
   // Unit (k, j) is done: send its chunk on as unit (k+1, j) and keep the
   // receive window full.
   void forward(int k, std::size_t j) {
-    const std::size_t u = static_cast<std::size_t>(k) * pipe_.chunks() + j;
     if (k + 1 < pipe_.steps()) {
       pipe_.post_send(k + 1, j, out_ + pipe_.chunk_byte_offset(pipe_.send_segment(k + 1), j));
     }
-    top_up(u + 1 + kRecvWindow);
+    top_up(position(k, j) + 1 + kRecvWindow);
   }
 
-  // Posts receives, in unit order, up to (not including) unit `limit`.
-  // Stops early, without blocking, at an all-gather receive whose buffer is
-  // still being sent from (see hazard_free); wait_unit() posts it later.
+  // Where unit (k, j) comes in this rank's processing order, which is also
+  // the order its receives are posted in.
+  std::size_t position(int k, std::size_t j) const {
+    if (interleaved_) return 2 * j + static_cast<std::size_t>(k);
+    return static_cast<std::size_t>(k) * pipe_.chunks() + j;
+  }
+  int step_at(std::size_t p) const {
+    return static_cast<int>(interleaved_ ? p % 2 : p / pipe_.chunks());
+  }
+  std::size_t chunk_at(std::size_t p) const { return interleaved_ ? p / 2 : p % pipe_.chunks(); }
+
+  // Posts receives, in processing order, up to (not including) position
+  // `limit`. Stops early, without blocking, at an all-gather receive whose
+  // buffer is still being sent from (see hazard_free); wait_unit() posts it.
   void top_up(std::size_t limit) {
     limit = std::min(limit, pipe_.units());
     while (posted_ < limit) {
-      const int k = static_cast<int>(posted_ / pipe_.chunks());
-      const std::size_t j = posted_ % pipe_.chunks();
-      if (!hazard_free(k, j, /*block=*/false)) return;
-      post_receive(k, j);
+      if (!hazard_free(step_at(posted_), chunk_at(posted_), /*block=*/false)) return;
+      post_receive(step_at(posted_), chunk_at(posted_));
       ++posted_;
     }
   }
 
   // Waits for the receive of unit (k, j), posting it first if top_up could not.
   void wait_unit(int k, std::size_t j) {
-    const std::size_t u = static_cast<std::size_t>(k) * pipe_.chunks() + j;
-    while (posted_ <= u) {
-      const int pk = static_cast<int>(posted_ / pipe_.chunks());
-      const std::size_t pj = posted_ % pipe_.chunks();
-      hazard_free(pk, pj, /*block=*/true);
-      post_receive(pk, pj);
+    while (posted_ <= position(k, j)) {
+      hazard_free(step_at(posted_), chunk_at(posted_), /*block=*/true);
+      post_receive(step_at(posted_), chunk_at(posted_));
       ++posted_;
     }
     pipe_.wait_recv(k, j);
@@ -151,8 +177,11 @@ class RingAllreduce {
     }
   }
 
+  // Staging slot of a reduce-scatter unit: the unit kRecvWindow positions
+  // earlier, which used the same slot, has been reduced before this one's
+  // receive is posted.
   std::byte* staging(int k, std::size_t j) {
-    return staging_ + ((static_cast<std::size_t>(k) * pipe_.chunks() + j) % kRecvWindow) * slot_bytes_;
+    return staging_ + (position(k, j) % kRecvWindow) * slot_bytes_;
   }
 
   const int n_;
@@ -162,9 +191,10 @@ class RingAllreduce {
   CombineFn combine_;
   DataType dt_;
   double postscale_;
+  const bool interleaved_;
   std::size_t slot_bytes_;
   std::byte* staging_;
-  std::size_t posted_ = 0;  // receives of units [0, posted_) have been posted
+  std::size_t posted_ = 0;  // receives at positions [0, posted_) have been posted
 };
 
 }  // namespace

@@ -22,13 +22,13 @@ RingPipeline::RingPipeline(transport::Transport& t, const SegmentPlan& plan, int
 void RingPipeline::post_send(int k, std::size_t j, const std::byte* data) {
   const std::size_t bytes = chunk_bytes(send_segment(k), j);
   if (bytes == 0) return;
-  sends_[unit(k, j)] = t_.isend(next_, tag_, std::span<const std::byte>(data, bytes));
+  sends_[unit(k, j)] = t_.isend(next_, tag_for(k), std::span<const std::byte>(data, bytes));
 }
 
 void RingPipeline::post_recv(int k, std::size_t j, std::byte* data) {
   const std::size_t bytes = chunk_bytes(recv_segment(k), j);
   if (bytes == 0) return;
-  recvs_[unit(k, j)] = t_.irecv(prev_, tag_, std::span<std::byte>(data, bytes));
+  recvs_[unit(k, j)] = t_.irecv(prev_, tag_for(k), std::span<std::byte>(data, bytes));
 }
 
 void RingPipeline::wait_send(int k, std::size_t j) { t_.wait(sends_[unit(k, j)]); }

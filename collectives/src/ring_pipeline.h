@@ -8,8 +8,13 @@
 // around the ring one segment per step. Both neighbours enumerate units in
 // the same order (k major, j minor) and post sends and receives in that
 // order; the transport matches messages of one (source, tag) in posting
-// order, so every message lands in the receive meant for it. Empty chunks
-// (segments shorter than the chunk count) are skipped by both sides.
+// order, so every message lands in the receive meant for it. Step 0 (data
+// from the caller's input, ready at once) travels on `tag`, every later step
+// (forwarded data) on `tag + 1`: each stream is posted in unit order by the
+// sender and received in unit order by the receiver, but the two streams
+// may interleave freely, which lets step-0 sends be paced independently.
+// Empty chunks (segments shorter than the chunk count) are skipped by both
+// sides.
 //
 // Internal to collectives/; used by one thread at a time (the caller's).
 #pragma once
@@ -60,6 +65,7 @@ class RingPipeline {
 
  private:
   int wrap(int s) const { return ((s % n_) + n_) % n_; }
+  int tag_for(int k) const { return k == 0 ? tag_ : tag_ + 1; }
   std::size_t unit(int k, std::size_t j) const {
     return static_cast<std::size_t>(k) * plan_.chunks + j;
   }

@@ -43,9 +43,9 @@ class RingReduceScatter {
   }
 
   void run() {
-    // Step 0 sends this rank's input for block r-1, all at once (see
-    // ring_allreduce.cc for why not windowed).
-    for (std::size_t j = 0; j < pipe_.chunks(); ++j) send_own_chunk(j);
+    // Step 0 sends this rank's input for block r-1, kRecvWindow chunks ahead
+    // of the reduction (see ring_allreduce.cc).
+    for (std::size_t j = 0; j < std::min(pipe_.chunks(), kRecvWindow); ++j) send_own_chunk(j);
     for (std::size_t u = 0; u < kRecvWindow; ++u) post_receive(u);
     const int last = pipe_.steps() - 1;
     for (int k = 0; k <= last; ++k) {
@@ -69,6 +69,7 @@ class RingReduceScatter {
           pipe_.post_send(k + 1, j, dst);
         }
         const std::size_t u = static_cast<std::size_t>(k) * pipe_.chunks() + j;
+        if (k == 0) send_own_chunk(j + kRecvWindow);
         post_receive(u + kRecvWindow);
       }
     }
@@ -83,7 +84,7 @@ class RingReduceScatter {
   }
 
   void send_own_chunk(std::size_t j) {
-    pipe_.post_send(0, j, in_ + pipe_.chunk_byte_offset(pipe_.send_segment(0), j));
+    if (j < pipe_.chunks()) pipe_.post_send(0, j, in_ + pipe_.chunk_byte_offset(pipe_.send_segment(0), j));
   }
 
   void post_receive(std::size_t u) {

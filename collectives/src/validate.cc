@@ -35,7 +35,10 @@ void check_reduction(DataType dt, ReduceOp op, const char* algo) {
 
 void check_options(const RingOptions& opt, const char* algo) {
   if (opt.chunk_bytes == 0) throw InvalidArgument(fmt::format("{}: chunk_bytes must be > 0", algo));
-  if (opt.tag < 0) throw InvalidArgument(fmt::format("{}: tag must be >= 0, got {}", algo, opt.tag));
+  // The ring algorithms use tag and tag + 1 (see ring_pipeline.h).
+  if (opt.tag < 0 || opt.tag == std::numeric_limits<int>::max()) {
+    throw InvalidArgument(fmt::format("{}: tag must be in [0, INT_MAX), got {}", algo, opt.tag));
+  }
 }
 
 void check_scaling(DataType dt, const RingOptions& opt, const char* algo) {

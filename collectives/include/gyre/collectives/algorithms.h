@@ -10,7 +10,7 @@
 // What is checked locally, on each rank: known dtype and op, op defined on
 // the dtype (average only on floating types), prescale/postscale finite and
 // equal to 1 on integer types (gyre does not define integer scaling),
-// chunk_bytes > 0, tag >= 0, null buffers with a non-zero size, per-rank
+// chunk_bytes > 0, 0 <= tag < INT_MAX, null buffers with a non-zero size, per-rank
 // spans with exactly one entry per rank, sizes whose byte count overflows,
 // input/output overlap other than the documented in-place forms, root in
 // [0, size), and for alltoall that what a rank sends itself matches what it
@@ -27,9 +27,9 @@
 // (kept between calls). After a TransportError or TimeoutError the transport
 // may still have transfers in flight; it must not be used again.
 //
-// Messages of one call all use opt.tag; calls on one transport must not
-// overlap (they cannot: every call completes its transfers before
-// returning).
+// Messages of one call use opt.tag (and opt.tag + 1, see RingOptions);
+// calls on one transport must not overlap (they cannot: every call
+// completes its transfers before returning).
 #pragma once
 
 #include <cstddef>
@@ -53,7 +53,9 @@ struct RingOptions {
   // 1/n on top of postscale, once, at the end.
   double prescale = 1.0;
   double postscale = 1.0;
-  // Message tag used for every transfer of this collective.
+  // Message tags of this collective: the ring algorithms (allreduce,
+  // reduce-scatter, allgather) use `tag` and `tag + 1`; broadcast, alltoall
+  // and barrier use `tag` only.
   int tag = 0;
 };
 
