@@ -133,6 +133,8 @@ TEST_CASE("a rank refusing a CUDA tensor fails the operation on the other ranks"
       std::string msg = expect_throw<gyre::InvalidArgument>(rank, [&] { gyre::test::wait_for(h); });
       GYRE_EXPECT(rank, contains(msg, "failed on rank 0") && contains(msg, "cuda:42"));
     }
+    // Rank 0 stays up until rank 1 has its answer (its shutdown would stop both runtimes).
+    gyre::core::barrier(rt);
   });
 }
 
