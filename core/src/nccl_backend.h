@@ -60,6 +60,10 @@ namespace gyre::core {
 // CUDA devices visible to this process, or -1 with *why set to the CUDA
 // runtime's error (no driver, no device, ...). Any thread.
 int cuda_device_count(std::string* why);
+// Empty when `data` is device (or managed) memory of CUDA device `device`;
+// otherwise what it is instead ("host memory", "memory of cuda:1", or the
+// CUDA error). Any thread.
+std::string describe_foreign_pointer(const void* data, int device);
 
 // The layout of an allgather on CUDA: ncclAllGather moves equal blocks, so
 // each rank's rows (blocks[r] bytes; joined ranks 0) travel padded to the

@@ -58,4 +58,21 @@ int cuda_device_count(std::string* why) {
   return n;
 }
 
+std::string describe_foreign_pointer(const void* data, int device) {
+  cudaPointerAttributes attr{};
+  cudaError_t e = cudaPointerGetAttributes(&attr, data);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear it: the caller reports it, nothing else should see it
+    return fmt::format("a pointer CUDA does not know ({})", cudaGetErrorString(e));
+  }
+  switch (attr.type) {
+    case cudaMemoryTypeDevice:
+    case cudaMemoryTypeManaged:
+      if (attr.device == device) return {};
+      return fmt::format("memory of cuda:{}", attr.device);
+    case cudaMemoryTypeHost: return "pinned host memory";
+    default: return "host memory";
+  }
+}
+
 }  // namespace gyre::core

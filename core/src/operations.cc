@@ -38,6 +38,14 @@ void check_cuda_device(Runtime& rt, const std::string& what, const char* which,
                                       "device{}", what, which, t.device.index, count,
                                       count == 1 ? "" : "s"));
   }
+  if (t.data != nullptr) {
+    // NCCL given a host pointer would fault on the device, far from here.
+    std::string other = describe_foreign_pointer(t.data, t.device.index);
+    if (!other.empty()) {
+      throw InvalidArgument(fmt::format("{}: {} claims cuda:{}, but its buffer is {}", what,
+                                        which, t.device.index, other));
+    }
+  }
   const int bound = rt.claim_cuda_device(t.device.index);
   if (bound != t.device.index) {
     throw InvalidArgument(fmt::format(

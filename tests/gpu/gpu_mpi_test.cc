@@ -196,6 +196,16 @@ int run(gyre::Device dev) {
       refused = std::string(e.what()).find("not supported on CUDA") != std::string::npos;
     }
     EXPECT(refused);
+    // Host memory that claims to be on the GPU.
+    refused = false;
+    try {
+      gyre::allreduce_async("liar", view(x.data(), gyre::DataType::kFloat32, {n}, dev),
+                            view(x.data(), gyre::DataType::kFloat32, {n}, dev),
+                            gyre::ReduceOp::kSum);
+    } catch (const gyre::InvalidArgument& e) {
+      refused = std::string(e.what()).find("its buffer is host memory") != std::string::npos;
+    }
+    EXPECT(refused);
   }
   return g_failures;
 }
