@@ -323,6 +323,10 @@ void Executor::run_cuda(std::vector<Response*>& resps, std::vector<Entry>& entri
       break;
     case Collective::kBroadcast: nccl_->broadcast(head, entries.front()); break;
     case Collective::kAllgather: nccl_->allgather(head, entries.front()); break;
+    case Collective::kReducescatter:
+      nccl_->reducescatter(head, entries.front(), effective_op(head), head.agreed.prescale,
+                           effective_postscale(head));
+      break;
     default:
       // Refused at enqueue (operations.cc); reaching here means a rank
       // enqueued what this build refuses, so refuse it alike.

@@ -354,4 +354,69 @@ void NcclBackend::allgather(const Response& resp, Entry& entry) {
   }
 }
 
+void NcclBackend::reducescatter(const Response& resp, Entry& entry, ReduceOp op,
+                                double prescale, double postscale) {
+  Impl& m = *impl_;
+  const Request& a = resp.agreed;
+  const DataType dt = a.dtype;
+  const std::string what = fmt::format("reducescatter of CUDA tensor '{}'", resp.name);
+  check_scale(what, dt, prescale, postscale);
+  if (!nccl_dtype(dt) || !nccl_op(op)) {
+    throw InvalidArgument(fmt::format("{}: no NCCL reduction for {} on {}", what, op_name(op),
+                                      dtype_name(dt)));
+  }
+  // The CPU path's split: rank r keeps block r of the first dimension,
+  // earlier ranks one extra row when it does not divide evenly.
+  // ncclReduceScatter needs equal blocks, so each is padded to the largest
+  // (block 0) with zeros, which no op turns into a wrong value for the
+  // elements kept: padding is only ever reduced with padding.
+  const std::size_t n = static_cast<std::size_t>(m.t.size());
+  const std::size_t me = static_cast<std::size_t>(m.t.rank());
+  const std::int64_t dim0 = a.shape.empty() ? 1 : a.shape[0];
+  std::size_t per_row = 1;
+  for (std::size_t i = 1; i < a.shape.size(); ++i) per_row *= static_cast<std::size_t>(a.shape[i]);
+  std::vector<std::size_t> counts(n), offsets(n);
+  std::size_t at = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    const std::int64_t rows =
+        dim0 / static_cast<std::int64_t>(n) + (static_cast<std::int64_t>(r) < dim0 % static_cast<std::int64_t>(n) ? 1 : 0);
+    counts[r] = static_cast<std::size_t>(rows) * per_row;
+    offsets[r] = at;
+    at += counts[r];
+  }
+  const std::size_t esize = dtype_size(dt);
+  if (entry) {
+    OwnedTensor& out = entry->state->output;
+    out.dtype = dt;
+    out.shape = a.shape;
+    if (!out.shape.empty()) out.shape[0] = static_cast<std::int64_t>(counts[me] / std::max<std::size_t>(per_row, 1));
+    out.data.resize(counts[me] * esize);
+  }
+  const std::size_t largest = counts[0];
+  if (largest == 0) return;
+  check_cuda(cudaSetDevice(m.device), what + ": cudaSetDevice");
+  const std::size_t block = largest * esize;
+  auto* staging = static_cast<std::byte*>(m.scratch.get(block * (n + 1), what));
+  std::byte* result = staging + block * n;
+  check_cuda(cudaMemsetAsync(staging, 0, block * n, m.stream), what + ": cudaMemsetAsync");
+  if (entry) {
+    const auto* in = static_cast<const std::byte*>(entry->in.data);
+    for (std::size_t r = 0; r < n; ++r) {
+      m.copy(staging + block * r, in + offsets[r] * esize, counts[r] * esize,
+             cudaMemcpyDeviceToDevice, what);
+    }
+  }
+  m.scale(staging, largest * n, dt, prescale, what);
+  m.settle(ncclReduceScatter(staging, result, largest, *nccl_dtype(dt), *nccl_op(op), m.comm,
+                             m.stream),
+           what + ": ncclReduceScatter");
+  m.scale(result, largest, dt, postscale, what);
+  m.synchronize(what);  // before a copy into pageable memory, which blocks
+  if (entry) {
+    m.copy(entry->state->output.data.data(), result, counts[me] * esize,
+           cudaMemcpyDeviceToHost, what);
+    m.synchronize(what);
+  }
+}
+
 }  // namespace gyre::core

@@ -15,8 +15,9 @@
 // postscale, so joined ranks are not counted; pre/postscale by a kernel),
 // broadcast and allgather (first dimensions may differ: blocks are padded to
 // the largest for ncclAllGather and compacted when copied out; the result is
-// delivered in host memory, Handle::output()). Other collectives are refused
-// at enqueue (operations.cc).
+// delivered in host memory, Handle::output()) and reducescatter (padded
+// blocks likewise; result in host memory). Alltoall, fingerprint_check and
+// resync are refused at enqueue (operations.cc).
 //
 // Synchronisation: gyre's stream is a blocking stream (not
 // cudaStreamNonBlocking), so the work it is given is ordered after all work
@@ -96,6 +97,10 @@ class NcclBackend {
                  double prescale, double postscale);
   void broadcast(const Response& resp, Entry& entry);
   void allgather(const Response& resp, Entry& entry);
+  // The CPU path's row split (earlier ranks one extra row); blocks padded
+  // to the largest for ncclReduceScatter. Result in host memory.
+  void reducescatter(const Response& resp, Entry& entry, ReduceOp op, double prescale,
+                     double postscale);
 
   int device() const;
 

@@ -64,7 +64,8 @@ void check_cuda_device(Runtime& rt, const std::string& what, const char* which,
 void check_cpu_only(const std::string& what, const TensorView& t) {
   if (t.device.type == DeviceType::kCPU) return;
   throw InvalidArgument(fmt::format(
-      "{}: not supported on CUDA tensors yet (on CUDA: allreduce, broadcast, allgather)", what));
+      "{}: not supported on CUDA tensors yet (on CUDA: allreduce, broadcast, allgather, "
+      "reducescatter)", what));
 }
 
 void check_view(Runtime& rt, const std::string& what, const char* which, const TensorView& t) {
@@ -305,7 +306,6 @@ Handle reducescatter_async(Runtime& rt, const std::string& name, const TensorVie
   validated(rt, req, [&] {
     const std::string what = describe(req);
     check_user_name(what, name);
-    check_cpu_only(what, in);
     check_view(rt, what, "input", in);
     check_op(what, in.dtype, op);
     if (in.shape.empty()) throw InvalidArgument(what + ": needs at least one dimension");

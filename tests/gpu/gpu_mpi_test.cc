@@ -1,6 +1,6 @@
 // CUDA tensors through the public API under mpirun: allreduce (single and
-// fused, several dtypes and ops, pre/postscale), broadcast and allgather
-// with uneven first dimensions, each checked against closed forms and
+// fused, several dtypes and ops, pre/postscale), broadcast, allgather and
+// reducescatter with uneven first dimensions, each checked against closed forms and
 // against the same operation on CPU tensors (the ring over MPI).
 //
 // Needs one CUDA device per rank of a host (NCCL does not allow two ranks
@@ -183,6 +183,26 @@ int run(gyre::Device dev) {
     const auto& c = hc.output();
     EXPECT(g.shape == c.shape);
     EXPECT(g.shape.size() == 2 && g.shape[0] == static_cast<std::int64_t>(n * (n + 1) / 2));
+    EXPECT(g.data.size() == c.data.size() &&
+           std::memcmp(g.data.data(), c.data.data(), c.data.size()) == 0);
+  }
+  {  // reducescatter of 2n + 1 rows of 4 (uneven blocks), average with a prescale, vs the CPU
+    const std::int64_t rows = 2 * n + 1;
+    std::vector<float> x(static_cast<std::size_t>(rows * 4));
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(r + i % 11);
+    DeviceCopy d(x.data(), x.size() * 4);
+    auto hg = gyre::reducescatter_async("rs.cuda", view(d.ptr, gyre::DataType::kFloat32,
+                                                        {rows, 4}, dev),
+                                        gyre::ReduceOp::kAverage, 2.0);
+    auto hc = gyre::reducescatter_async("rs.cpu", view(x.data(), gyre::DataType::kFloat32,
+                                                       {rows, 4}, {}),
+                                        gyre::ReduceOp::kAverage, 2.0);
+    hg.wait();
+    hc.wait();
+    const auto& g = hg.output();
+    const auto& c = hc.output();
+    EXPECT(g.shape == c.shape);
+    EXPECT(g.shape.size() == 2 && g.shape[0] == (r == 0 ? 3 : 2));
     EXPECT(g.data.size() == c.data.size() &&
            std::memcmp(g.data.data(), c.data.data(), c.data.size()) == 0);
   }

@@ -87,10 +87,10 @@ TEST_CASE("collectives without a CUDA implementation refuse CUDA tensors", "[gpu
         rank, [&] { gyre::core::alltoall_async(rt, "a2a", v); });
     GYRE_EXPECT(rank, contains(msg, "alltoall 'a2a'") &&
                           contains(msg, "not supported on CUDA tensors yet"));
-    msg = expect_throw<gyre::InvalidArgument>(
-        rank, [&] { gyre::core::reducescatter_async(rt, "rs", v, gyre::ReduceOp::kSum); });
-    GYRE_EXPECT(rank, contains(msg, "reducescatter 'rs'") &&
-                          contains(msg, "not supported on CUDA tensors yet"));
+    msg = expect_throw<gyre::InvalidArgument>(rank, [&] {
+      gyre::core::resync(rt, {{"params.b", v}}, gyre::ResyncPolicy::kNewest);
+    });
+    GYRE_EXPECT(rank, contains(msg, "'params.b'") && contains(msg, "not supported on CUDA"));
     msg = expect_throw<gyre::InvalidArgument>(rank, [&] {
       gyre::core::fingerprint_check(rt, {{"params.w", v}});
     });
