@@ -40,7 +40,7 @@ class RingAllreduce {
         combine_(combine),
         dt_(dt),
         postscale_(postscale),
-        interleaved_(n_ == 2 && src != out),
+        interleaved_(n_ == 2),
         slot_bytes_(plan.max_chunk_count * plan.elem_size),
         staging_(thread_scratch(kRecvWindow * slot_bytes_)) {}
 
@@ -50,10 +50,9 @@ class RingAllreduce {
       // Two ranks: each phase is a single step, so they run chunk by chunk.
       // The peer then copies a reduced chunk while it is still in this
       // core's cache, instead of reading it back from memory a whole
-      // segment later. Not in place: there, receiving chunk j into `out`
-      // must wait until this rank's own send of chunk j (from the same
-      // memory) has completed, which chunk by chunk stalls the pipeline;
-      // phase by phase that send is long done.
+      // segment later. (In place, the receive of gathered chunk j waits for
+      // this rank's own send of chunk j, from the same memory, to complete;
+      // the reduce-scatter receives go on meanwhile on their own stream.)
       for (std::size_t j = 0; j < pipe_.chunks(); ++j) {
         reduce_chunk(0, j);
         gather_chunk(1, j);
@@ -122,35 +121,56 @@ class RingAllreduce {
     top_up(position(k, j) + 1 + kRecvWindow);
   }
 
-  // Where unit (k, j) comes in this rank's processing order, which is also
-  // the order its receives are posted in.
+  // Where unit (k, j) comes in this rank's processing order.
   std::size_t position(int k, std::size_t j) const {
     if (interleaved_) return 2 * j + static_cast<std::size_t>(k);
     return static_cast<std::size_t>(k) * pipe_.chunks() + j;
   }
-  int step_at(std::size_t p) const {
-    return static_cast<int>(interleaved_ ? p % 2 : p / pipe_.chunks());
-  }
-  std::size_t chunk_at(std::size_t p) const { return interleaved_ ? p / 2 : p % pipe_.chunks(); }
 
-  // Posts receives, in processing order, up to (not including) position
-  // `limit`. Stops early, without blocking, at an all-gather receive whose
-  // buffer is still being sent from (see hazard_free); wait_unit() posts it.
+  // Receives are posted in processing order within each of the two streams
+  // of RingPipeline (step 0 on one tag, later steps on the other), so that
+  // an all-gather receive held back by hazard_free never holds back the
+  // reduce-scatter receives behind it. Later-step units are numbered in
+  // processing order: i -> unit (later_step(i), later_chunk(i)).
+  int later_step(std::size_t i) const {
+    return interleaved_ ? 1 : 1 + static_cast<int>(i / pipe_.chunks());
+  }
+  std::size_t later_chunk(std::size_t i) const { return interleaved_ ? i : i % pipe_.chunks(); }
+  std::size_t later_index(int k, std::size_t j) const {
+    return interleaved_ ? j : static_cast<std::size_t>(k - 1) * pipe_.chunks() + j;
+  }
+
+  // Posts receives at positions below `limit` (the window: at most
+  // kRecvWindow positions past the last unit processed). Stops the
+  // later-step stream, without blocking, at a receive whose buffer is still
+  // being sent from (see hazard_free); wait_unit() posts it when needed.
   void top_up(std::size_t limit) {
-    limit = std::min(limit, pipe_.units());
-    while (posted_ < limit) {
-      if (!hazard_free(step_at(posted_), chunk_at(posted_), /*block=*/false)) return;
-      post_receive(step_at(posted_), chunk_at(posted_));
-      ++posted_;
+    while (next_first_ < pipe_.chunks() && position(0, next_first_) < limit) {
+      post_receive(0, next_first_++);
+    }
+    const std::size_t later_units = pipe_.units() - pipe_.chunks();
+    while (next_later_ < later_units) {
+      const int k = later_step(next_later_);
+      const std::size_t j = later_chunk(next_later_);
+      if (position(k, j) >= limit || !hazard_free(k, j, /*block=*/false)) return;
+      post_receive(k, j);
+      ++next_later_;
     }
   }
 
-  // Waits for the receive of unit (k, j), posting it first if top_up could not.
+  // Waits for the receive of unit (k, j), posting it (and what precedes it
+  // in its stream) first if top_up has not.
   void wait_unit(int k, std::size_t j) {
-    while (posted_ <= position(k, j)) {
-      hazard_free(step_at(posted_), chunk_at(posted_), /*block=*/true);
-      post_receive(step_at(posted_), chunk_at(posted_));
-      ++posted_;
+    if (k == 0) {
+      while (next_first_ <= j) post_receive(0, next_first_++);
+    } else {
+      while (next_later_ <= later_index(k, j)) {
+        const int pk = later_step(next_later_);
+        const std::size_t pj = later_chunk(next_later_);
+        hazard_free(pk, pj, /*block=*/true);
+        post_receive(pk, pj);
+        ++next_later_;
+      }
     }
     pipe_.wait_recv(k, j);
   }
@@ -194,7 +214,8 @@ class RingAllreduce {
   const bool interleaved_;
   std::size_t slot_bytes_;
   std::byte* staging_;
-  std::size_t posted_ = 0;  // receives at positions [0, posted_) have been posted
+  std::size_t next_first_ = 0;  // step-0 receives of chunks [0, next_first_) are posted
+  std::size_t next_later_ = 0;  // later-step receives [0, next_later_) are posted
 };
 
 }  // namespace
