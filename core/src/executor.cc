@@ -323,6 +323,7 @@ void Executor::run_cuda(std::vector<Response*>& resps, std::vector<Entry>& entri
       break;
     case Collective::kBroadcast: nccl_->broadcast(head, entries.front()); break;
     case Collective::kAllgather: nccl_->allgather(head, entries.front()); break;
+    case Collective::kAlltoall: nccl_->alltoall(head, entries.front()); break;
     case Collective::kReducescatter:
       nccl_->reducescatter(head, entries.front(), effective_op(head), head.agreed.prescale,
                            effective_postscale(head));

@@ -15,9 +15,10 @@
 // postscale, so joined ranks are not counted; pre/postscale by a kernel),
 // broadcast and allgather (first dimensions may differ: blocks are padded to
 // the largest for ncclAllGather and compacted when copied out; the result is
-// delivered in host memory, Handle::output()) and reducescatter (padded
-// blocks likewise; result in host memory). Alltoall, fingerprint_check and
-// resync are refused at enqueue (operations.cc).
+// delivered in host memory, Handle::output()), reducescatter (padded
+// blocks likewise; result in host memory) and alltoall (grouped
+// ncclSend/ncclRecv; result in host memory). fingerprint_check and resync
+// are refused at enqueue (operations.cc).
 //
 // Synchronisation: gyre's stream is a blocking stream (not
 // cudaStreamNonBlocking), so the work it is given is ordered after all work
@@ -101,6 +102,8 @@ class NcclBackend {
   // to the largest for ncclReduceScatter. Result in host memory.
   void reducescatter(const Response& resp, Entry& entry, ReduceOp op, double prescale,
                      double postscale);
+  // Grouped ncclSend/ncclRecv; result in host memory.
+  void alltoall(const Response& resp, Entry& entry);
 
   int device() const;
 

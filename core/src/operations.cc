@@ -60,14 +60,6 @@ void check_cuda_device(Runtime& rt, const std::string& what, const char* which,
 #endif
 }
 
-// Collectives without a CUDA implementation yet.
-void check_cpu_only(const std::string& what, const TensorView& t) {
-  if (t.device.type == DeviceType::kCPU) return;
-  throw InvalidArgument(fmt::format(
-      "{}: not supported on CUDA tensors yet (on CUDA: allreduce, broadcast, allgather, "
-      "reducescatter)", what));
-}
-
 void check_view(Runtime& rt, const std::string& what, const char* which, const TensorView& t) {
   for (auto d : t.shape) {
     if (d < 0) {
@@ -267,7 +259,6 @@ Handle alltoall_async(Runtime& rt, const std::string& name, const TensorView& in
   validated(rt, req, [&] {
     const std::string what = describe(req);
     check_user_name(what, name);
-    check_cpu_only(what, in);
     check_view(rt, what, "input", in);
     if (in.shape.empty()) throw InvalidArgument(what + ": needs at least one dimension");
     const std::int64_t rows = in.shape[0];
