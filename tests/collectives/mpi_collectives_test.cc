@@ -238,6 +238,28 @@ void alltoall_suite(transport::Transport& t) {
   }
 }
 
+// wait() on a receive nobody sends gives a TimeoutError naming the peer,
+// the direction, the tag and the size; destroying the transport cancels the
+// abandoned receive.
+void timeout_check(transport::MpiWorld& world) {
+  auto t = world.make_transport();
+  t->set_timeout(std::chrono::milliseconds(200));
+  std::vector<std::byte> buf(24);
+  transport::Request r = t->irecv(transport::ring_prev(*t), 99, buf);
+  ++g_checks;
+  try {
+    t->wait(r);
+    fail("timeout_check: wait() returned for a message never sent");
+  } catch (const TimeoutError& e) {
+    const std::string what = e.what();
+    const std::string peer = "from rank " + std::to_string(transport::ring_prev(*t));
+    if (what.find(peer) == std::string::npos || what.find("tag 99") == std::string::npos ||
+        what.find("24 bytes") == std::string::npos) {
+      fail("timeout_check: message lacks peer/tag/size: " + what);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -277,6 +299,8 @@ int main(int argc, char** argv) {
     reduce_scatter_suite<double>(*cut, ReduceOp::kSum);
     alltoall_suite(*cut);
     barrier(*cut);
+    timeout_check(world);
+    barrier(*t);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: exception: %s\n", g_rank, e.what());
     world.abort(2);
