@@ -17,6 +17,12 @@
 // steps n-1..2n-3 copy. The last reduce-scatter step forwards its result as
 // the first all-gather step's send, so the pipeline runs across the phase
 // boundary without draining.
+//
+// Not done: with more than two ranks the steps run one after the other over
+// all chunks, so a reduced chunk is forwarded at once but copied by the
+// next rank only when it reaches that step, from memory rather than cache.
+// A skewed order (chunk j of step k next to chunk j+1 of step k-1) would
+// keep it in cache, as the two-rank order below does.
 #include <algorithm>
 #include <cstring>
 

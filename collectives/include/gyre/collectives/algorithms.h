@@ -42,6 +42,9 @@ namespace gyre::collectives {
 
 using transport::Transport;
 
+// Measured with 2 ranks on a 2-core host against 128 KiB, 512 KiB and 1 MiB
+// at 1, 8 and 64 MiB float32: best or tied everywhere. A staging window of
+// kRecvWindow chunks (1 MiB) stays within a core's L2.
 inline constexpr std::size_t kDefaultChunkBytes = 256 * 1024;
 
 struct RingOptions {
