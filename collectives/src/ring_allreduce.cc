@@ -10,21 +10,18 @@
 //   kRecvWindow staging slots), so the transfer of chunk k+1 overlaps the
 //   reduction of chunk k;
 // - a reduced chunk is forwarded as soon as it is reduced, and in the
-//   all-gather phase chunks are received straight into `out`.
+//   all-gather phase chunks are received straight into `out`;
+// - chunks are processed in wavefronts across steps (see plan_order), so
+//   the next rank copies a forwarded chunk while it is still in cache.
 //
 // Rank r at step k sends segment r-k and receives segment r-k-1 (mod n).
 // Steps 0..n-2 reduce (after them rank r holds segment r+1 fully reduced),
 // steps n-1..2n-3 copy. The last reduce-scatter step forwards its result as
 // the first all-gather step's send, so the pipeline runs across the phase
 // boundary without draining.
-//
-// Not done: with more than two ranks the steps run one after the other over
-// all chunks, so a reduced chunk is forwarded at once but copied by the
-// next rank only when it reaches that step, from memory rather than cache.
-// A skewed order (chunk j of step k next to chunk j+1 of step k-1) would
-// keep it in cache, as the two-rank order below does.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "gyre/collectives/algorithms.h"
 #include "gyre/collectives/reduce_kernels.h"
@@ -46,26 +43,19 @@ class RingAllreduce {
         combine_(combine),
         dt_(dt),
         postscale_(postscale),
-        interleaved_(n_ == 2),
         slot_bytes_(plan.max_chunk_count * plan.elem_size),
-        staging_(thread_scratch(kRecvWindow * slot_bytes_)) {}
+        staging_(thread_scratch(kRecvWindow * slot_bytes_)) {
+    plan_order();
+  }
 
   void run() {
     start();
-    if (interleaved_) {
-      // Two ranks: each phase is a single step, so they run chunk by chunk.
-      // The peer then copies a reduced chunk while it is still in this
-      // core's cache, instead of reading it back from memory a whole
-      // segment later. (In place, the receive of gathered chunk j waits for
-      // this rank's own send of chunk j, from the same memory, to complete;
-      // the reduce-scatter receives go on meanwhile on their own stream.)
-      for (std::size_t j = 0; j < pipe_.chunks(); ++j) {
-        reduce_chunk(0, j);
-        gather_chunk(1, j);
+    for (const Unit& u : order_) {
+      if (u.k < n_ - 1) {
+        reduce_chunk(u.k, u.j);  // reduce-scatter phase
+      } else {
+        gather_chunk(u.k, u.j);  // all-gather phase
       }
-    } else {
-      reduce_scatter_phase();
-      all_gather_phase();
     }
     pipe_.finish();
   }
@@ -87,21 +77,8 @@ class RingAllreduce {
     }
   }
 
-  // n-1 steps: receive a partial sum of segment r-k-1, combine it with this
-  // rank's input for that segment, pass the result on.
-  void reduce_scatter_phase() {
-    for (int k = 0; k < n_ - 1; ++k) {
-      for (std::size_t j = 0; j < pipe_.chunks(); ++j) reduce_chunk(k, j);
-    }
-  }
-
-  // n-1 steps: receive a fully reduced chunk into place, pass it on.
-  void all_gather_phase() {
-    for (int k = n_ - 1; k < pipe_.steps(); ++k) {
-      for (std::size_t j = 0; j < pipe_.chunks(); ++j) gather_chunk(k, j);
-    }
-  }
-
+  // Reduce-scatter step k (0 <= k < n-1): receive a partial sum of chunk j
+  // of segment r-k-1, combine it with this rank's input for it, pass it on.
   void reduce_chunk(int k, std::size_t j) {
     wait_unit(k, j);
     const int seg = pipe_.recv_segment(k);
@@ -113,6 +90,8 @@ class RingAllreduce {
     forward(k, j);
   }
 
+  // All-gather step k (n-1 <= k < 2n-2): receive a fully reduced chunk in
+  // place, pass it on.
   void gather_chunk(int k, std::size_t j) {
     wait_unit(k, j);
     forward(k, j);
@@ -127,23 +106,53 @@ class RingAllreduce {
     top_up(position(k, j) + 1 + kRecvWindow);
   }
 
-  // Where unit (k, j) comes in this rank's processing order.
+  struct Unit {
+    int k;
+    std::size_t j;
+  };
+
+  // The processing order: wavefronts d = k + j, each from its latest step
+  // down (with two ranks: chunk by chunk, reduce then gather).
+  // Unit (k, j) needs unit (k-1, j) of the previous rank, which is on
+  // wavefront d-1, so ranks advance wavefront by wavefront, and a chunk
+  // forwarded at one wavefront is copied by the next rank at the next one,
+  // while still in cache. (Done phase by phase instead, a chunk would wait a
+  // whole segment before being copied, from memory.) Both neighbours order
+  // the units the same way, shifted by one step, which keeps each message
+  // stream in the same order at both ends (see ring_pipeline.h).
+  void plan_order() {
+    const auto steps = static_cast<std::size_t>(pipe_.steps());
+    const std::size_t chunks = pipe_.chunks();
+    position_.assign(steps * chunks, 0);
+    later_index_.assign(steps * chunks, 0);
+    order_.reserve(steps * chunks);
+    for (std::size_t d = 0; d + 1 < steps + chunks; ++d) {
+      const std::size_t k_first = d >= chunks ? d - chunks + 1 : 0;
+      for (std::size_t k = std::min(d, steps - 1) + 1; k-- > k_first;) {
+        const std::size_t id = k * chunks + (d - k);
+        position_[id] = order_.size();
+        if (k > 0) {
+          later_index_[id] = later_.size();
+          later_.push_back(order_.size());
+        }
+        order_.push_back({static_cast<int>(k), d - k});
+      }
+    }
+  }
+
   std::size_t position(int k, std::size_t j) const {
-    if (interleaved_) return 2 * j + static_cast<std::size_t>(k);
-    return static_cast<std::size_t>(k) * pipe_.chunks() + j;
+    return position_[static_cast<std::size_t>(k) * pipe_.chunks() + j];
   }
 
   // Receives are posted in processing order within each of the two streams
   // of RingPipeline (step 0 on one tag, later steps on the other), so that
   // an all-gather receive held back by hazard_free never holds back the
   // reduce-scatter receives behind it. Later-step units are numbered in
-  // processing order: i -> unit (later_step(i), later_chunk(i)).
-  int later_step(std::size_t i) const {
-    return interleaved_ ? 1 : 1 + static_cast<int>(i / pipe_.chunks());
-  }
-  std::size_t later_chunk(std::size_t i) const { return interleaved_ ? i : i % pipe_.chunks(); }
+  // processing order: i -> order_[later_[i]].
+  int later_step(std::size_t i) const { return order_[later_[i]].k; }
+  std::size_t later_chunk(std::size_t i) const { return order_[later_[i]].j; }
   std::size_t later_index(int k, std::size_t j) const {
-    return interleaved_ ? j : static_cast<std::size_t>(k - 1) * pipe_.chunks() + j;
+    return later_index_[static_cast<std::size_t>(k) * pipe_.chunks() + j];
   }
 
   // Posts receives at positions below `limit` (the window: at most
@@ -217,7 +226,10 @@ class RingAllreduce {
   CombineFn combine_;
   DataType dt_;
   double postscale_;
-  const bool interleaved_;
+  std::vector<Unit> order_;                // units in processing order
+  std::vector<std::size_t> position_;      // unit id (k * chunks + j) -> index in order_
+  std::vector<std::size_t> later_;         // later-step stream: i -> index in order_
+  std::vector<std::size_t> later_index_;   // unit id -> i in later_
   std::size_t slot_bytes_;
   std::byte* staging_;
   std::size_t next_first_ = 0;  // step-0 receives of chunks [0, next_first_) are posted
