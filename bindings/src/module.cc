@@ -225,6 +225,11 @@ PYBIND11_MODULE(_gyre, m) {
       .def("received_splits",
            [](const PendingOp& op) { return op.handle().received_splits(); });
 
+#ifdef GYRE_HAVE_NCCL
+  m.attr("built_with_nccl") = true;
+#else
+  m.attr("built_with_nccl") = false;
+#endif
   m.def("init", [] { blocking([] { gyre::init(); }); });
   m.def("shutdown", [] {
     blocking([] { gyre::shutdown(); });

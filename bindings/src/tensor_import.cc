@@ -94,6 +94,13 @@ std::unique_ptr<ImportedTensor> ImportedTensor::from_object(py::handle obj, cons
     // The device first: a CUDA tensor is refused before it is exported.
     py::tuple dev = obj.attr("__dlpack_device__")();
     const int dev_type = dev[0].cast<int>();
+#ifdef GYRE_HAVE_NCCL
+    // The runtime checks the device index and the memory (operations.cc).
+    if (dev_type == kDLCUDA) {
+      t->import_dlpack(obj, name, true);
+      return t;
+    }
+#endif
     if (dev_type == kDLCUDA || dev_type == kDLCUDAManaged || dev_type == kDLROCM) {
       refuse(name, "is on a GPU (DLPack device type " + std::to_string(dev_type) +
                        "), but this build of gyre has no NCCL support; move it to the CPU");
@@ -103,7 +110,7 @@ std::unique_ptr<ImportedTensor> ImportedTensor::from_object(py::handle obj, cons
                        "; gyre takes CPU tensors only");
     }
     try {
-      t->import_dlpack(obj, name);
+      t->import_dlpack(obj, name, false);
       return t;
     } catch (py::error_already_set& e) {
       // numpy refuses to export read-only arrays through DLPack 0.6: those
@@ -118,9 +125,13 @@ std::unique_ptr<ImportedTensor> ImportedTensor::from_object(py::handle obj, cons
                    std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
 }
 
-void ImportedTensor::import_dlpack(py::handle obj, const std::string& name) {
+void ImportedTensor::import_dlpack(py::handle obj, const std::string& name, bool cuda) {
   // CPU tensors: no stream argument (torch reads None as "no synchronisation").
-  py::object capsule = obj.attr("__dlpack__")();
+  // CUDA tensors: stream 1, the legacy default stream, which the producer
+  // makes wait for its current stream; gyre's stream is ordered after it
+  // (core/src/nccl_backend.h).
+  py::object capsule = cuda ? obj.attr("__dlpack__")(py::arg("stream") = 1)
+                            : obj.attr("__dlpack__")();
   PyObject* cap = capsule.ptr();
   if (!PyCapsule_IsValid(cap, "dltensor")) {
     refuse(name, "__dlpack__() did not return an unused 'dltensor' capsule");
@@ -144,7 +155,8 @@ void ImportedTensor::import_dlpack(py::handle obj, const std::string& name) {
                      "); pass a contiguous tensor, e.g. tensor.contiguous()");
   }
   view_.data = static_cast<char*>(dl.data) + dl.byte_offset;
-  view_.device = Device{DeviceType::kCPU, 0};
+  view_.device = dl.device.device_type == kDLCUDA ? Device{DeviceType::kCUDA, dl.device.device_id}
+                                                  : Device{DeviceType::kCPU, 0};
 }
 
 bool ImportedTensor::import_buffer(py::handle obj, const std::string& name, Access access) {

@@ -47,7 +47,8 @@ class ImportedTensor {
 
  private:
   ImportedTensor() = default;
-  void import_dlpack(py::handle obj, const std::string& name);
+  // cuda: the producer is on a CUDA device (builds with NCCL only).
+  void import_dlpack(py::handle obj, const std::string& name, bool cuda);
   // Returns false (and sets nothing) if obj does not support the protocol.
   bool import_buffer(py::handle obj, const std::string& name, Access access);
 

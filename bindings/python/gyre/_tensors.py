@@ -39,6 +39,9 @@ def as_framework_array(x):
         return x
     if hasattr(x, "__dlpack__"):
         check_cpu_device(x)
+        if _dlpack_device_type(x) == 2:
+            raise InvalidArgumentError(
+                f"{type(x).__name__} is a CUDA tensor; gyre takes CUDA tensors from torch only")
         try:
             return np.from_dlpack(x)
         except (TypeError, BufferError, RuntimeError) as e:
@@ -57,6 +60,8 @@ def check_cpu_device(x):
     try:
         device_type = int(x.__dlpack_device__()[0])
     except (AttributeError, TypeError, ValueError, IndexError):
+        return
+    if device_type == 2 and _built_with_nccl():  # CUDA: the runtime takes it
         return
     if device_type in (2, 10, 13):  # CUDA, ROCm, CUDA managed
         raise InvalidArgumentError(
@@ -82,10 +87,24 @@ def clone(x):
     return np.array(x, order="C", copy=True)
 
 
+def _dlpack_device_type(x):
+    try:
+        return int(x.__dlpack_device__()[0])
+    except (AttributeError, TypeError, ValueError, IndexError):
+        return None
+
+
+def _built_with_nccl():
+    from . import _gyre
+    return bool(getattr(_gyre, "built_with_nccl", False))
+
+
 def from_output(out, like):
-    """The extension's OutputTensor as the framework of `like`, without a copy."""
+    """The extension's OutputTensor as the framework of `like`, without a copy
+    (outputs of CUDA inputs arrive in host memory: one copy to like's device)."""
     if is_torch(like):
-        return torch_module().from_dlpack(out)
+        t = torch_module().from_dlpack(out)
+        return t.to(like.device) if like.is_cuda else t
     return np.asarray(out)
 
 
