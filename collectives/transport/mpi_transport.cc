@@ -50,6 +50,9 @@ const char* thread_level_name(int level) {
 // and MPI keeps messages of one (source, tag) in order, so the pieces match.
 constexpr std::size_t kDefaultPieceBytes = std::size_t{1} << 30;
 
+// First sleep of a napping wait (doubled per poll up to the policy's cap).
+constexpr std::chrono::microseconds kFirstNap{5};
+
 class MpiTransport final : public Transport {
  public:
   // `yield_when_idle`: give the core away now and then while waiting; right
@@ -122,20 +125,35 @@ class MpiTransport final : public Transport {
 
   void wait(Request& req) override {
     if (!req.pending()) return;
-    // Polling rather than MPI_Wait lets a deadline be enforced.
+    // Polling rather than MPI_Wait lets a deadline be enforced, and the
+    // wait policy decide when to stop burning the core (transport.h).
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
     const bool bounded = timeout_.count() > 0;
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    const auto deadline = start + timeout_;
+    const bool may_nap = wait_policy_.max_nap.count() > 0;
+    const auto nap_from = start + wait_policy_.spin;
+    std::chrono::microseconds nap{0};
     for (unsigned spins = 1;; ++spins) {
       if (test(req)) return;
-      if ((spins & 63) == 0) {
-        if (yield_) std::this_thread::yield();
-        if (bounded && std::chrono::steady_clock::now() > deadline) {
-          const Op& op = lookup(req);
-          throw TimeoutError(fmt::format(
-              "mpi transport: rank {} made no progress for {} ms {} {} bytes {} rank {} (tag {})",
-              rank_, timeout_.count(), op.is_send ? "sending" : "receiving", op.bytes,
-              op.is_send ? "to" : "from", op.peer, op.tag));
-        }
+      if (nap.count() > 0) {
+        std::this_thread::sleep_for(nap);
+        nap = std::min(2 * nap, wait_policy_.max_nap);
+      } else if ((spins & 63) != 0) {
+        continue;
+      } else if (yield_) {
+        std::this_thread::yield();
+      }
+      const auto now = Clock::now();
+      if (may_nap && nap.count() == 0 && now >= nap_from) {
+        nap = std::min(kFirstNap, wait_policy_.max_nap);
+      }
+      if (bounded && now > deadline) {
+        const Op& op = lookup(req);
+        throw TimeoutError(fmt::format(
+            "mpi transport: rank {} made no progress for {} ms {} {} bytes {} rank {} (tag {})",
+            rank_, timeout_.count(), op.is_send ? "sending" : "receiving", op.bytes,
+            op.is_send ? "to" : "from", op.peer, op.tag));
       }
     }
   }

@@ -65,6 +65,7 @@ Options Options::from_env() {
   if (auto v = env("GYRE_FUSION_THRESHOLD")) o.fusion_threshold_bytes = parse_bytes("GYRE_FUSION_THRESHOLD", v);
   if (auto v = env("GYRE_FUSION_MAX_TENSOR")) o.fusion_max_tensor_bytes = parse_bytes("GYRE_FUSION_MAX_TENSOR", v);
   if (auto v = env("GYRE_CYCLE_TIME_MS")) o.cycle_time_ms = parse_double("GYRE_CYCLE_TIME_MS", v, 0.0);
+  if (auto v = env("GYRE_SPIN_WAIT_US")) o.spin_wait_us = parse_double("GYRE_SPIN_WAIT_US", v, 0.0);
   if (auto v = env("GYRE_CACHE_CAPACITY")) o.cache_capacity = parse_bytes("GYRE_CACHE_CAPACITY", v);
   if (auto v = env("GYRE_RING_CHUNK_BYTES")) {
     o.ring_chunk_bytes = parse_bytes("GYRE_RING_CHUNK_BYTES", v);

@@ -18,6 +18,10 @@ constexpr int kTagNegotiate = 1;
 // round; longer messages send the rest in a second one. Steady-state
 // messages (flags, step, cache bits) fit easily.
 constexpr std::size_t kInlineBytes = 256;
+// Longest sleep between idle negotiation rounds (see loop()).
+constexpr std::chrono::microseconds kIdleCycleMax{16000};
+// Longest nap of the background thread's waits (GYRE_SPIN_WAIT_US).
+constexpr std::chrono::microseconds kMaxNap{200};
 // Least deadline of the first round (see loop()).
 constexpr double kStartupTimeoutS = 60.0;
 
@@ -46,6 +50,11 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
       timeline_(make_timeline(opt, rank_)),
       executor_(*t_, opt_, queue_, vv_, timeline_.get(), log_) {
   executor_.set_local_rank(info_.local_rank);
+  // The background thread shares its rank's core with the training loop:
+  // it spins briefly (negotiation and ring chunks normally arrive within
+  // microseconds), then naps, so that a late peer costs no core time.
+  t_->set_wait_policy({std::chrono::microseconds(static_cast<long>(opt_.spin_wait_us)),
+                       kMaxNap});
   log_.debug("runtime started: {} ranks over {}, fusion threshold {} B, cycle {} ms", size_,
              t_->name(), opt_.fusion_threshold_bytes, opt_.cycle_time_ms);
   thread_ = std::thread([this] { loop(); });
@@ -108,6 +117,16 @@ void Runtime::loop() {
   auto deadline = [](double seconds) {
     return std::chrono::milliseconds(std::max<long>(1, static_cast<long>(seconds * 1000.0)));
   };
+  // Idle rounds (nothing enqueued, pending or said by any rank) come
+  // further apart, the sleep doubling from the cycle time up to
+  // kIdleCycleMax: each round is an exchange with every rank, and a rank
+  // waiting for a peer busy elsewhere contends with its own process's MPI
+  // calls and computation. Latency does not suffer: an enqueue wakes its
+  // rank at once, and a round can complete nothing before every rank has
+  // enqueued the tensor anyway. A joined rank keeps the cycle time, since
+  // the others' tensors wait for its rounds.
+  auto idle_sleep = cycle;
+  const auto idle_max = std::max(cycle, kIdleCycleMax);
   bool first = true;
   // The first round doubles as the start-up barrier: ranks may reach init()
   // seconds apart, so it gets at least kStartupTimeoutS; a rank whose init()
@@ -115,7 +134,10 @@ void Runtime::loop() {
   if (opt_.op_timeout_s > 0) t_->set_timeout(deadline(std::max(opt_.op_timeout_s, kStartupTimeoutS)));
   try {
     while (true) {
-      if (!first) queue_.wait_for_work(cycle);
+      if (!first) {
+        idle_sleep = last_round_idle_ ? std::min(2 * idle_sleep, idle_max) : cycle;
+        queue_.wait_for_work(idle_sleep);
+      }
       if (!round()) break;
       if (first) {
         first = false;
@@ -166,6 +188,11 @@ bool Runtime::round() {
 
   std::vector<RoundMessage> msgs = exchange(mine);
   rounds_.fetch_add(1);
+  last_round_idle_ = !mine.joined && queue_.size() == 0 &&
+                     std::all_of(msgs.begin(), msgs.end(), [](const RoundMessage& m) {
+                       return !m.shutdown && !m.joined && m.requests.empty() &&
+                              m.cache_hits.empty() && m.stall_failures.empty();
+                     });
   for (int r = 0; r < size_; ++r) vv_.update(r, msgs[static_cast<std::size_t>(r)].step);
   const auto agreed_at = Clock::now();
   RoundOutcome out = coord_.process(msgs, cache_, agreed_at);

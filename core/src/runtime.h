@@ -111,6 +111,7 @@ class Runtime {
 
   std::vector<std::string> stall_failures_;  // background thread: for the next message
   std::string phase_;                        // background thread: what it is doing (errors)
+  bool last_round_idle_ = false;             // background thread: see loop()
   std::atomic<bool> stopped_{false};         // the background loop has ended
   std::atomic<std::uint64_t> rounds_{0};
   std::atomic<std::uint64_t> internal_seq_{0};

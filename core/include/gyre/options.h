@@ -21,6 +21,10 @@ struct Options {
   // GYRE_CYCLE_TIME_MS: longest the background thread sleeps between
   // negotiation rounds when no work is enqueued (it wakes at once on enqueue).
   double cycle_time_ms = 1.0;
+  // GYRE_SPIN_WAIT_US: how long the background thread polls a pending
+  // transfer before it sleeps between polls (naps of 5 us doubling up to
+  // 200 us), so that a late peer does not cost this rank a core.
+  double spin_wait_us = 100.0;
   // GYRE_CACHE_CAPACITY: entries of the response cache; 0 disables it.
   std::size_t cache_capacity = 1024;
   // GYRE_RING_CHUNK_BYTES: pipelined chunk size of the ring algorithms.
@@ -32,7 +36,10 @@ struct Options {
   // GYRE_STALL_WARNING_S: warn about tensors some ranks have not enqueued.
   double stall_warning_s = 60.0;
   // GYRE_STALL_SHUTDOWN_S: fail stalled operations after this; 0: never.
-  double stall_shutdown_s = 0.0;
+  // Finite by default: a rank that never enqueues a tensor (a user's code
+  // path that differs between ranks) must not leave the others waiting
+  // forever.
+  double stall_shutdown_s = 600.0;
   // GYRE_OP_TIMEOUT_S: a transfer with no progress for this long aborts the
   // job (MPI_Abort) after logging who was waited for; 0: never.
   double op_timeout_s = 300.0;

@@ -49,11 +49,26 @@ class Transport {
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
+  // How wait() passes the time. A waiting thread polls without pause for
+  // `spin`, then sleeps between polls, the naps doubling up to `max_nap`.
+  // Spinning forever (the default) gives the lowest latency when the caller
+  // owns its core; napping returns the core to the other threads of the
+  // process when the peer is late (the runtime's background thread beside a
+  // training loop, or beside the caller's own MPI calls). A zero `max_nap`
+  // means spin forever. Transports that block in the kernel ignore it.
+  struct WaitPolicy {
+    std::chrono::microseconds spin{0};
+    std::chrono::microseconds max_nap{0};
+  };
+  void set_wait_policy(WaitPolicy p) { wait_policy_ = p; }
+  WaitPolicy wait_policy() const { return wait_policy_; }
+
   // A short description used in log and error messages ("mpi", "local").
   virtual std::string name() const = 0;
 
  protected:
   std::chrono::milliseconds timeout_{0};
+  WaitPolicy wait_policy_;
 };
 
 // Convenience: ring neighbours.
