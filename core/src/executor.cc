@@ -159,20 +159,16 @@ void Executor::run_allreduce_bucket(std::vector<Response*>& resps, std::vector<E
   }
 
   // Fused: members at 64-byte aligned offsets, zeroed padding between them.
-  std::vector<std::size_t> offsets, sizes;
-  std::size_t total = 0;
-  for (const Response* r : resps) {
-    offsets.push_back(total);
-    sizes.push_back(r->agreed.nbytes());
-    total += (sizes.back() + 63) / 64 * 64;
-  }
+  const FusedLayout layout = fused_layout(resps);
+  const std::vector<std::size_t>& offsets = layout.offsets;
+  const std::vector<std::size_t>& sizes = layout.sizes;
+  const std::size_t total = layout.total;
   std::byte* buf = fusion_.get(total);
   auto t0 = Clock::now();
   for (std::size_t i = 0; i < resps.size(); ++i) {
-    std::size_t end = i + 1 < resps.size() ? offsets[i + 1] : total;
     if (entries[i]) std::memcpy(buf + offsets[i], entries[i]->in.data, sizes[i]);
     else std::memset(buf + offsets[i], 0, sizes[i]);
-    std::memset(buf + offsets[i] + sizes[i], 0, end - offsets[i] - sizes[i]);
+    std::memset(buf + offsets[i] + sizes[i], 0, layout.end(i) - offsets[i] - sizes[i]);
   }
   auto t1 = Clock::now();
   collectives::ring_allreduce(t_, buf, buf, total / dtype_size(dt), dt, op, ro);

@@ -1,5 +1,7 @@
 #include "fusion.h"
 
+#include "coordinator.h"
+
 #include <cstdlib>
 #include <new>
 
@@ -35,16 +37,29 @@ std::vector<Bucket> plan_buckets(const std::vector<FusionItem>& items, std::size
   return buckets;
 }
 
+FusedLayout fused_layout(std::span<const std::size_t> member_bytes) {
+  FusedLayout l;
+  for (std::size_t bytes : member_bytes) {
+    l.offsets.push_back(l.total);
+    l.sizes.push_back(bytes);
+    l.total += align_up(bytes);
+  }
+  return l;
+}
+
+FusedLayout fused_layout(const std::vector<Response*>& members) {
+  std::vector<std::size_t> bytes;
+  for (const Response* r : members) bytes.push_back(r->agreed.nbytes());
+  return fused_layout(bytes);
+}
+
 std::vector<std::size_t> bucket_offsets(const std::vector<FusionItem>& items, const Bucket& b,
                                         std::size_t* total_bytes) {
-  std::vector<std::size_t> offsets;
-  std::size_t at = 0;
-  for (auto m : b.members) {
-    offsets.push_back(at);
-    at += align_up(items[m].bytes);
-  }
-  if (total_bytes) *total_bytes = at;
-  return offsets;
+  std::vector<std::size_t> bytes;
+  for (auto m : b.members) bytes.push_back(items[m].bytes);
+  FusedLayout l = fused_layout(bytes);
+  if (total_bytes) *total_bytes = l.total;
+  return l.offsets;
 }
 
 void FusionBuffer::Free::operator()(std::byte* p) const { std::free(p); }

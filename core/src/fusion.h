@@ -18,11 +18,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "gyre/types.h"
 
 namespace gyre::core {
+
+struct Response;  // coordinator.h
 
 struct FusionItem {
   bool fusable = false;  // an allreduce that succeeded negotiation
@@ -47,8 +50,20 @@ struct Bucket {
 
 std::vector<Bucket> plan_buckets(const std::vector<FusionItem>& items, std::size_t threshold);
 
-// Offsets of the members inside a fused buffer: each starts on a 64-byte
-// boundary so the reduction kernels see aligned data.
+// Where the members of a fused bucket lie in the fusion buffer: member i
+// at offsets[i], sizes[i] bytes, each starting on a 64-byte boundary so the
+// reduction kernels see aligned data. The bytes from the end of a member to
+// end(i) are padding, which the packer zeroes so it reduces to zero.
+struct FusedLayout {
+  std::vector<std::size_t> offsets, sizes;
+  std::size_t total = 0;
+  std::size_t end(std::size_t i) const { return i + 1 < offsets.size() ? offsets[i + 1] : total; }
+};
+FusedLayout fused_layout(std::span<const std::size_t> member_bytes);
+// The layout of the agreed responses of one bucket (host or device buffer).
+FusedLayout fused_layout(const std::vector<Response*>& members);
+
+// Offsets of a planned bucket's members (fused_layout of their sizes).
 std::vector<std::size_t> bucket_offsets(const std::vector<FusionItem>& items, const Bucket& b,
                                         std::size_t* total_bytes);
 

@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "gyre/collectives/algorithms.h"
+#include "fusion.h"
 #include "nccl_backend_impl.h"
 
 namespace gyre::core {
@@ -121,13 +122,10 @@ void NcclBackend::allreduce(const std::vector<Response*>& resps, std::vector<Ent
 
   // Fused: members at 64-byte aligned offsets in the device fusion buffer,
   // zeroed padding (and zeros for joined members) between them.
-  std::vector<std::size_t> offsets, sizes;
-  std::size_t total = 0;
-  for (const Response* r : resps) {
-    offsets.push_back(total);
-    sizes.push_back(r->agreed.nbytes());
-    total += nccl_align_up(sizes.back());
-  }
+  const FusedLayout layout = fused_layout(resps);
+  const std::vector<std::size_t>& offsets = layout.offsets;
+  const std::vector<std::size_t>& sizes = layout.sizes;
+  const std::size_t total = layout.total;
   auto* buf = static_cast<std::byte*>(m.fusion.get(total, what));
   check_cuda(cudaMemsetAsync(buf, 0, total, m.stream), what + ": cudaMemsetAsync");
   for (std::size_t i = 0; i < resps.size(); ++i) {
