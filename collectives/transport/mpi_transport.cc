@@ -119,6 +119,7 @@ class MpiTransport final : public Transport {
                            op.statuses.data());
     if (code != MPI_SUCCESS) fail(req, op, code);
     if (!flag) return false;
+    if (!op.is_send) check_received(req, op);
     release(req);
     return true;
   }
@@ -227,6 +228,26 @@ class MpiTransport final : public Transport {
     ops_[static_cast<std::size_t>(req.slot)].in_use = false;
     free_.push_back(req.slot);
     req.slot = -1;
+  }
+
+  // A longer message than posted fails in MPI (MPI_ERR_TRUNCATE); a shorter
+  // one completes quietly, so it is checked here: both mean that the ranks
+  // disagree on a size (a count, a dtype, a block), which must not pass as
+  // a result.
+  void check_received(Request& req, Op& op) {
+    std::size_t got = 0;
+    for (const MPI_Status& st : op.statuses) {
+      int n = 0;
+      MPI_Get_count(&st, MPI_BYTE, &n);
+      got += static_cast<std::size_t>(n);
+    }
+    if (got == op.bytes) return;
+    const std::string what = fmt::format(
+        "mpi transport: rank {} received {} bytes from rank {} (tag {}) where it expected {}: the "
+        "ranks disagree on the size of this transfer (different counts, dtypes or block sizes)",
+        rank_, got, op.peer, op.tag, op.bytes);
+    release(req);
+    throw TransportError(what);
   }
 
   [[noreturn]] void fail(Request& req, Op& op, int code) {

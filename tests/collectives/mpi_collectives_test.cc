@@ -260,6 +260,38 @@ void timeout_check(transport::MpiWorld& world) {
   }
 }
 
+// Ranks that disagree on a transfer's size: a shorter message than the
+// receive expects and a longer one are both a TransportError on the
+// receiver, never a quietly partial buffer. Each case on a fresh transport
+// (one that reported an error is not used again).
+void size_mismatch_check(transport::MpiWorld& world) {
+  const struct {
+    std::size_t sent, expected;
+    const char* must_name;
+  } cases[] = {{16, 24, "received 16 bytes"}, {24, 16, "16 bytes"}};
+  for (const auto& c : cases) {
+    auto t = world.make_transport();
+    t->set_timeout(std::chrono::milliseconds(60000));
+    std::vector<std::byte> out(c.sent, std::byte{1}), in(c.expected);
+    transport::Request s = t->isend(transport::ring_next(*t), 98, out);
+    transport::Request r = t->irecv(transport::ring_prev(*t), 98, in);
+    ++g_checks;
+    try {
+      t->wait(r);
+      fail("size_mismatch_check: a receive of " + std::to_string(c.expected) +
+           " bytes completed from a send of " + std::to_string(c.sent));
+    } catch (const TransportError& e) {
+      const std::string what = e.what();
+      if (what.find(c.must_name) == std::string::npos ||
+          what.find("rank " + std::to_string(transport::ring_prev(*t))) == std::string::npos) {
+        fail("size_mismatch_check: message lacks the sizes or the peer: " + what);
+      }
+    }
+    t->wait(s);
+    barrier(*t);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -300,6 +332,7 @@ int main(int argc, char** argv) {
     alltoall_suite(*cut);
     barrier(*cut);
     timeout_check(world);
+    size_mismatch_check(world);
     barrier(*t);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: exception: %s\n", g_rank, e.what());
