@@ -5,10 +5,15 @@
 #include <cstdlib>
 #include <new>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 namespace gyre::core {
 
 namespace {
 constexpr std::size_t kAlign = 64;
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
 std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
@@ -66,9 +71,20 @@ void FusionBuffer::Free::operator()(std::byte* p) const { std::free(p); }
 
 std::byte* FusionBuffer::get(std::size_t bytes) {
   if (bytes > size_) {
-    std::size_t want = align_up(bytes);
-    auto* p = static_cast<std::byte*>(std::aligned_alloc(kAlign, want));
+    // A buffer of half a megabyte or more is allocated in whole huge pages and
+    // marked for transparent huge pages: the peer's single-copy read
+    // (process_vm_readv under Open MPI's shared-memory transport) pins the
+    // pages it reads, per 4 KiB page otherwise, and that pinning was a
+    // quarter of a large ring allreduce's time (docs/benchmarks.md).
+    const bool huge = bytes >= kHugePage / 4;
+    const std::size_t align = huge ? kHugePage : kAlign;
+    const std::size_t want = (bytes + align - 1) / align * align;
+    auto* p = static_cast<std::byte*>(std::aligned_alloc(align, want));
     if (!p) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    // A hint: where THP is off the buffer simply keeps small pages.
+    if (huge) (void)madvise(p, want, MADV_HUGEPAGE);
+#endif
     data_.reset(p);
     size_ = want;
     ++allocations_;
