@@ -74,6 +74,9 @@ Sweep options (nccl-tests style):
                         ring algorithm
   --chunk SIZE          ring chunk size (default 256K; the runtime reads
                         GYRE_RING_CHUNK_BYTES instead)
+  --hugepages           sweep, gradients: allocate every system's buffers on
+                        transparent huge pages (2 MiB, MADV_HUGEPAGE), as
+                        PyTorch does under THP_MEM_ALLOC_ENABLE=1
 Timing:
   -w, --warmup N        untimed iterations first (default 5; gradients 3; latency 100)
   -n, --iters N         sweep: iterations per timed block (default 10);
@@ -108,6 +111,7 @@ PerfOptions parse_args(int argc, char** argv, bool* help) {
     else if (a == "--blocks") o.blocks = parse_int(a, value(), 1);
     else if (a == "--runtime") o.runtime = true;
     else if (a == "--chunk") o.chunk_bytes = parse_size(a, value());
+    else if (a == "--hugepages") o.huge_pages = true;
     else if (a == "--gradients") o.gradients_path = std::string(value());
     else if (a == "--latency") o.latency = true;
     else if (a == "--json") o.json_path = std::string(value());

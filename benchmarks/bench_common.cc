@@ -4,12 +4,18 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <new>
 
 #include <fmt/format.h>
 
 #include "gyre/error.h"
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace gyre::bench {
 namespace {
@@ -318,5 +324,20 @@ std::string json_number(double v) {
   if (!std::isfinite(v)) return "null";
   return fmt::format("{:.6g}", v);
 }
+
+HostBuffer::HostBuffer(std::size_t bytes, bool huge_pages) {
+  const std::size_t align = huge_pages ? std::size_t{2} << 20 : 4096;
+  // At least one byte more than asked keeps a zero-byte buffer a valid
+  // pointer; aligned_alloc wants a multiple of the alignment.
+  const std::size_t size = (bytes + align) / align * align;
+  p_ = static_cast<std::byte*>(std::aligned_alloc(align, size));
+  if (!p_) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  if (huge_pages) (void)madvise(p_, size, MADV_HUGEPAGE);
+#endif
+  std::memset(p_, 0, size);
+}
+
+HostBuffer::~HostBuffer() { std::free(p_); }
 
 }  // namespace gyre::bench

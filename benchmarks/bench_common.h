@@ -51,6 +51,22 @@ std::size_t count_wrong(const void* buf, std::size_t count, DataType dt, ReduceO
 // operation that never writes its output is caught by count_wrong().
 void poison(void* buf, std::size_t bytes);
 
+// A page-aligned host buffer (so that neither system is favoured by
+// alignment), touched once at allocation. With `huge_pages` it is allocated
+// in whole 2 MiB pages and marked MADV_HUGEPAGE, as PyTorch does for tensors
+// of 2 MiB and more under THP_MEM_ALLOC_ENABLE=1: the benchmarks' --hugepages.
+class HostBuffer {
+ public:
+  HostBuffer(std::size_t bytes, bool huge_pages);
+  ~HostBuffer();
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  std::byte* data() const { return p_; }
+
+ private:
+  std::byte* p_;
+};
+
 // The peer: MPI_Allreduce on MPI_COMM_WORLD. Average is MPI_SUM followed by
 // one scaling pass by 1/n, which is counted in the time (gyre does the same
 // work inside its collective). Requires mpi_datatype(dt) != MPI_DATATYPE_NULL.

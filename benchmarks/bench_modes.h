@@ -38,6 +38,9 @@ struct PerfOptions {
   // Sweep: time the runtime (allreduce_async + wait) instead of the bare ring.
   bool runtime = false;
   std::size_t chunk_bytes = collectives::kDefaultChunkBytes;
+  // Sweep and gradient sets: the buffers of every system on transparent huge
+  // pages (HostBuffer in bench_common.h).
+  bool huge_pages = false;
   std::string gradients_path;  // non-empty: gradient-set mode
   bool latency = false;        // latency mode
   std::string json_path;       // non-empty: rank 0 writes the rows there

@@ -50,17 +50,6 @@ std::vector<std::size_t> read_sizes(const std::string& path) {
   return sizes;
 }
 
-struct FloatBuffer {
-  explicit FloatBuffer(std::size_t n)
-      : p(static_cast<float*>(std::aligned_alloc(4096, (n * sizeof(float) + 4095) / 4096 * 4096))) {
-    if (!p) throw std::bad_alloc();
-  }
-  ~FloatBuffer() { std::free(p); }
-  FloatBuffer(const FloatBuffer&) = delete;
-  FloatBuffer& operator=(const FloatBuffer&) = delete;
-  float* p;
-};
-
 struct StepSystem {
   StepSystem(std::string k, std::string n, std::function<void()> fn)
       : key(std::move(k)), name(std::move(n)), step(std::move(fn)) {}
@@ -97,10 +86,12 @@ int run_gradient_set(const PerfOptions& o) {
                                       o.gradients_path, rank, sizes.size()));
   }
 
-  FloatBuffer in(total), out(total);
+  HostBuffer in_buf(total * sizeof(float), o.huge_pages), out_buf(total * sizeof(float), o.huge_pages);
+  float* const in = reinterpret_cast<float*>(in_buf.data());
+  float* const out = reinterpret_cast<float*>(out_buf.data());
   // Each tensor gets the closed-form pattern from its own offset, so a
   // result written to the wrong tensor is caught.
-  fill_input(in.p, total, dt, op, rank, world);
+  fill_input(in, total, dt, op, rank, world);
 
   // The ring's transport is made before the runtime starts, so that its
   // communicator duplication (collective on MPI_COMM_WORLD) happens in the
@@ -110,10 +101,10 @@ int run_gradient_set(const PerfOptions& o) {
   for (std::size_t k = 0; k < sizes.size(); ++k) names[k] = fmt::format("grad.{}", k);
   auto per_tensor = [&] {
     for (std::size_t k = sizes.size(); k-- > 0;) {
-      mpi_allreduce(in.p + offset[k], out.p + offset[k], sizes[k], dt, op);
+      mpi_allreduce(in + offset[k], out + offset[k], sizes[k], dt, op);
     }
   };
-  auto fused = [&] { mpi_allreduce(in.p, out.p, total, dt, op); };
+  auto fused = [&] { mpi_allreduce(in, out, total, dt, op); };
 
   // Runs warm-up and timed steps of `group`, rotating the order every step
   // so that no system always runs first.
@@ -150,14 +141,14 @@ int run_gradient_set(const PerfOptions& o) {
                        handles.reserve(sizes.size());
                        for (std::size_t k = sizes.size(); k-- > 0;) {
                          const std::vector<std::int64_t> shape{static_cast<std::int64_t>(sizes[k])};
-                         handles.push_back(allreduce_async(names[k], TensorView{in.p + offset[k], dt, shape, {}},
-                                                           TensorView{out.p + offset[k], dt, shape, {}}, op));
+                         handles.push_back(allreduce_async(names[k], TensorView{in + offset[k], dt, shape, {}},
+                                                           TensorView{out + offset[k], dt, shape, {}}, op));
                        }
                        for (const Handle& h : handles) h.wait();
                      });
   systems.emplace_back("per-tensor", "MPI_Allreduce per tensor, beside runtime", per_tensor);
   systems.emplace_back("fused", "MPI_Allreduce fused, beside runtime", fused);
-  systems.emplace_back("ring", "gyre ring fused (1 call)", [&] { ring.run(in.p, out.p, total, dt, op); });
+  systems.emplace_back("ring", "gyre ring fused (1 call)", [&] { ring.run(in, out, total, dt, op); });
 
   if (!o.only.empty()) {
     std::erase_if(systems, [&](const StepSystem& x) { return x.key != o.only; });
@@ -170,10 +161,10 @@ int run_gradient_set(const PerfOptions& o) {
   std::uint64_t total_wrong = 0;
   for (StepSystem& sys : systems) {
     sys.times = max_across_ranks(sys.times);
-    poison(out.p, bytes);
+    poison(out, bytes);
     MPI_Barrier(MPI_COMM_WORLD);
     sys.step();
-    std::uint64_t local = count_wrong(out.p, total, dt, op, world);
+    std::uint64_t local = count_wrong(out, total, dt, op, world);
     MPI_Allreduce(&local, &sys.wrong, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
     total_wrong += sys.wrong;
   }
@@ -190,7 +181,8 @@ int run_gradient_set(const PerfOptions& o) {
     };
     const double ref_per_tensor = median_of("per-tensor");
     const double ref_fused = median_of("fused");
-    fmt::print("# gyre-allreduce-perf gradient set: {}\n", o.gradients_path);
+    fmt::print("# gyre-allreduce-perf gradient set: {}, buffers on {}\n", o.gradients_path,
+               o.huge_pages ? "transparent huge pages" : "4 KiB pages");
     fmt::print("# {} tensors, {} float32 elements ({:.1f} MB), {}, {} ranks, backward order (last tensor first)\n",
                sizes.size(), total, bytes / 1e6, op_name(op), world);
     fmt::print("# step time: slowest rank, over {} steps after {} warm-up; systems rotate each step\n", steps,

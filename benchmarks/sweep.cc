@@ -28,18 +28,6 @@ struct Row {
   std::uint64_t wrong = 0, mpi_wrong = 0;
 };
 
-// Page-aligned buffer, so that neither system is favoured by alignment.
-struct Buffer {
-  explicit Buffer(std::size_t bytes)
-      : p(static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096 + 4096))) {
-    if (!p) throw std::bad_alloc();
-  }
-  ~Buffer() { std::free(p); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  std::byte* p;
-};
-
 std::vector<std::size_t> sweep_sizes(const PerfOptions& o) {
   std::vector<std::size_t> sizes;
   for (std::size_t b = o.min_bytes; b <= o.max_bytes;) {
@@ -109,11 +97,13 @@ int run_sweep(const PerfOptions& o) {
 
   const std::vector<std::size_t> sizes = sweep_sizes(o);
   const std::size_t max_count = o.max_bytes / elem;
-  Buffer in(max_count * elem), out(max_count * elem), mpi_out(max_count * elem);
+  HostBuffer in(max_count * elem, o.huge_pages), out(max_count * elem, o.huge_pages),
+      mpi_out(max_count * elem, o.huge_pages);
 
   if (rank == 0) {
-    fmt::print("# gyre-allreduce-perf: {} ranks, {} {}, out-of-place\n", world, dtype_name(o.dtype),
-               op_name(o.op));
+    fmt::print("# gyre-allreduce-perf: {} ranks, {} {}, out-of-place, buffers on {}\n", world,
+               dtype_name(o.dtype), op_name(o.op),
+               o.huge_pages ? "transparent huge pages" : "4 KiB pages");
     if (o.runtime) {
       fmt::print("# gyre: runtime (gyre::allreduce_async + Handle::wait; options from GYRE_* environment)\n");
     } else {
@@ -140,29 +130,29 @@ int run_sweep(const PerfOptions& o) {
   for (const std::size_t bytes : sizes) {
     const std::size_t count = bytes / elem;
     if (count == 0) continue;  // smaller than one element of this type
-    fill_input(in.p, count, o.dtype, o.op, rank, world);
-    poison(out.p, count * elem);
-    poison(mpi_out.p, count * elem);
+    fill_input(in.data(), count, o.dtype, o.op, rank, world);
+    poison(out.data(), count * elem);
+    poison(mpi_out.data(), count * elem);
 
     for (long w = 0; w < warmup; ++w) {
-      if (have_gyre) gyre_sys.run(in.p, out.p, count, o.dtype, o.op);
-      if (have_mpi) mpi_sys.run(in.p, mpi_out.p, count, o.dtype, o.op);
+      if (have_gyre) gyre_sys.run(in.data(), out.data(), count, o.dtype, o.op);
+      if (have_mpi) mpi_sys.run(in.data(), mpi_out.data(), count, o.dtype, o.op);
     }
     std::vector<double> t_gyre, t_mpi;
     for (long b = 0; b < o.blocks; ++b) {
       // Alternate which system goes first, so neither always follows the other.
       const bool gyre_first = b % 2 == 0;
-      if (have_mpi && !gyre_first) t_mpi.push_back(time_block(mpi_sys, in.p, mpi_out.p, count, o, iters));
-      if (have_gyre) t_gyre.push_back(time_block(gyre_sys, in.p, out.p, count, o, iters));
-      if (have_mpi && gyre_first) t_mpi.push_back(time_block(mpi_sys, in.p, mpi_out.p, count, o, iters));
+      if (have_mpi && !gyre_first) t_mpi.push_back(time_block(mpi_sys, in.data(), mpi_out.data(), count, o, iters));
+      if (have_gyre) t_gyre.push_back(time_block(gyre_sys, in.data(), out.data(), count, o, iters));
+      if (have_mpi && gyre_first) t_mpi.push_back(time_block(mpi_sys, in.data(), mpi_out.data(), count, o, iters));
     }
     Row r;
     r.bytes = count * elem;
     r.count = count;
     r.time_s = have_gyre ? median(max_across_ranks(t_gyre)) : -1.0;
     r.mpi_time_s = have_mpi ? median(max_across_ranks(t_mpi)) : -1.0;
-    r.wrong = have_gyre ? wrong_on_all_ranks(out.p, count, o, world) : 0;
-    r.mpi_wrong = have_mpi ? wrong_on_all_ranks(mpi_out.p, count, o, world) : 0;
+    r.wrong = have_gyre ? wrong_on_all_ranks(out.data(), count, o, world) : 0;
+    r.mpi_wrong = have_mpi ? wrong_on_all_ranks(mpi_out.data(), count, o, world) : 0;
     total_wrong += r.wrong + r.mpi_wrong;
     rows.push_back(r);
 

@@ -102,8 +102,13 @@ std::unique_ptr<ImportedTensor> ImportedTensor::from_object(py::handle obj, cons
     }
 #endif
     if (dev_type == kDLCUDA || dev_type == kDLCUDAManaged || dev_type == kDLROCM) {
+#ifdef GYRE_HAVE_NCCL
+      refuse(name, "is on a GPU (DLPack device type " + std::to_string(dev_type) +
+                       ") that is not CUDA; gyre takes CPU and CUDA tensors");
+#else
       refuse(name, "is on a GPU (DLPack device type " + std::to_string(dev_type) +
                        "), but this build of gyre has no NCCL support; move it to the CPU");
+#endif
     }
     if (dev_type != kDLCPU && dev_type != kDLCUDAHost) {
       refuse(name, "is on DLPack device type " + std::to_string(dev_type) +

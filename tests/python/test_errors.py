@@ -13,12 +13,14 @@ import gyre
 
 
 class FakeCudaTensor:
-    """Claims to live on a CUDA device; exporting it must never be attempted."""
+    """Claims to live on a GPU the build cannot take (CUDA without NCCL, ROCm
+    with it); exporting it must never be attempted."""
 
     exported = False
+    device_type = 10 if gyre._gyre.built_with_nccl else 2  # kDLROCM : kDLCUDA
 
     def __dlpack_device__(self):
-        return (2, 0)
+        return (self.device_type, 0)
 
     def __dlpack__(self, stream=None):
         FakeCudaTensor.exported = True
@@ -40,7 +42,7 @@ def assert_nothing_enqueued(size):
     (lambda: torch.ones(3, dtype=torch.complex64), "unsupported dtype complex64"),
     (lambda: np.ones(3, dtype=np.uint32), "unsupported dtype uint32"),
     (lambda: [1.0, 2.0], "expected a tensor"),
-    (lambda: FakeCudaTensor(), "no NCCL support"),
+    (lambda: FakeCudaTensor(), "is on a GPU"),
 ])
 def test_bad_tensors_are_refused_before_enqueue(size, make, match):
     bad = make()

@@ -61,12 +61,14 @@ def check_cpu_device(x):
         device_type = int(x.__dlpack_device__()[0])
     except (AttributeError, TypeError, ValueError, IndexError):
         return
-    if device_type == 2 and _built_with_nccl():  # CUDA: the runtime takes it
+    with_nccl = _built_with_nccl()
+    if device_type == 2 and with_nccl:  # CUDA: the runtime takes it
         return
     if device_type in (2, 10, 13):  # CUDA, ROCm, CUDA managed
+        why = ("that is not CUDA; gyre takes CPU and CUDA tensors" if with_nccl else
+               "but this build of gyre has no NCCL support; move it to the CPU")
         raise InvalidArgumentError(
-            f"{type(x).__name__} is on a GPU (DLPack device type {device_type}), but this build of "
-            "gyre has no NCCL support; move it to the CPU")
+            f"{type(x).__name__} is on a GPU (DLPack device type {device_type}), {why}")
     if device_type not in (1, 3):  # CPU, CUDA host (pinned) memory
         raise InvalidArgumentError(
             f"{type(x).__name__} is on DLPack device type {device_type}; gyre takes CPU tensors only")
