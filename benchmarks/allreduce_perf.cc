@@ -20,12 +20,13 @@
 
 namespace gyre::bench {
 
-System make_ring_system(std::size_t chunk_bytes) {
+System make_bare_system(const PerfOptions& o) {
   std::shared_ptr<transport::Transport> t = transport::MpiWorld::instance().make_transport();
   collectives::RingOptions opt;
-  opt.chunk_bytes = chunk_bytes;
-  return {"gyre ring", [t, opt](const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) {
-            collectives::ring_allreduce(*t, in, out, count, dt, op, opt);
+  opt.chunk_bytes = o.chunk_bytes;
+  opt.small_bytes = o.small_bytes;
+  return {"gyre bare", [t, opt](const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) {
+            collectives::allreduce(*t, in, out, count, dt, op, opt);
           }};
 }
 
@@ -71,9 +72,12 @@ Sweep options (nccl-tests style):
   -o, --op OP           sum (default; average in gradient-set mode), average,
                         min, max, prod
   --runtime             time gyre::allreduce_async + wait instead of the bare
-                        ring algorithm
+                        collectives::allreduce (no runtime)
   --chunk SIZE          ring chunk size (default 256K; the runtime reads
                         GYRE_RING_CHUNK_BYTES instead)
+  --small SIZE          largest buffer reduced by recursive doubling rather
+                        than the ring (default 64K, 0: ring only; the runtime
+                        reads GYRE_ALLREDUCE_SMALL_BYTES instead)
   --hugepages           sweep, gradients: allocate every system's buffers on
                         transparent huge pages (2 MiB, MADV_HUGEPAGE), as
                         PyTorch does under THP_MEM_ALLOC_ENABLE=1
@@ -111,6 +115,7 @@ PerfOptions parse_args(int argc, char** argv, bool* help) {
     else if (a == "--blocks") o.blocks = parse_int(a, value(), 1);
     else if (a == "--runtime") o.runtime = true;
     else if (a == "--chunk") o.chunk_bytes = parse_size(a, value());
+    else if (a == "--small") o.small_bytes = parse_size(a, value());
     else if (a == "--hugepages") o.huge_pages = true;
     else if (a == "--gradients") o.gradients_path = std::string(value());
     else if (a == "--latency") o.latency = true;

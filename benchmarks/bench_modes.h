@@ -38,6 +38,7 @@ struct PerfOptions {
   // Sweep: time the runtime (allreduce_async + wait) instead of the bare ring.
   bool runtime = false;
   std::size_t chunk_bytes = collectives::kDefaultChunkBytes;
+  std::size_t small_bytes = collectives::kDefaultSmallBytes;
   // Sweep and gradient sets: the buffers of every system on transparent huge
   // pages (HostBuffer in bench_common.h).
   bool huge_pages = false;
@@ -56,9 +57,10 @@ struct System {
   std::function<void(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op)> run;
 };
 
-// collectives::ring_allreduce over a transport of its own (MpiWorld's
-// duplicated communicator), on the calling thread.
-System make_ring_system(std::size_t chunk_bytes);
+// collectives::allreduce (recursive doubling up to o.small_bytes, the ring
+// above; no runtime) over a transport of its own (MpiWorld's duplicated
+// communicator), on the calling thread: "gyre bare".
+System make_bare_system(const PerfOptions& o);
 // gyre::allreduce_async(name, ...) then Handle::wait(); gyre::init() must
 // have been called. Every call uses the tensor name `tensor_name`, so calls
 // of one system must not overlap (they do not: each waits).

@@ -7,7 +7,7 @@
 //   MPI fused          one MPI_Allreduce over the flat buffer that holds every
 //                      gradient (no packing copies: the best case of fusing
 //                      with MPI);
-//   gyre ring fused    one collectives::ring_allreduce over the same flat
+//   gyre ring fused    one collectives::allreduce over the same flat
 //                      buffer (the ring alone, without the runtime).
 // The two MPI systems are timed twice: first before the runtime starts (MPI
 // alone in the job: the reference), then beside the runtime.
@@ -96,7 +96,7 @@ int run_gradient_set(const PerfOptions& o) {
   // The ring's transport is made before the runtime starts, so that its
   // communicator duplication (collective on MPI_COMM_WORLD) happens in the
   // same order on every rank whatever the runtime's start-up does.
-  const System ring = make_ring_system(o.chunk_bytes);
+  const System ring = make_bare_system(o);
   std::vector<std::string> names(sizes.size());
   for (std::size_t k = 0; k < sizes.size(); ++k) names[k] = fmt::format("grad.{}", k);
   auto per_tensor = [&] {

@@ -43,7 +43,7 @@ int run_latency(const PerfOptions& o) {
 
   std::vector<Sampled> systems;
   // The ring's transport first (see gradient_set.cc), then the runtime.
-  systems.push_back({make_ring_system(o.chunk_bytes), {}});
+  systems.push_back({make_bare_system(o), {}});
   init();
   systems.insert(systems.begin(), Sampled{make_runtime_system("latency.8B"), {}});
   systems.push_back({make_mpi_system(), {}});

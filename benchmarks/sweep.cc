@@ -89,7 +89,7 @@ int run_sweep(const PerfOptions& o) {
   const std::size_t elem = dtype_size(o.dtype);
 
   if (o.runtime) init();
-  const System gyre_sys = o.runtime ? make_runtime_system("gyre-allreduce-perf") : make_ring_system(o.chunk_bytes);
+  const System gyre_sys = o.runtime ? make_runtime_system("gyre-allreduce-perf") : make_bare_system(o);
   // --only runs one side alone (to profile it); its rows have n/a for the other.
   const bool have_mpi = mpi_datatype(o.dtype) != MPI_DATATYPE_NULL && o.only != "gyre";
   const bool have_gyre = o.only != "mpi";
@@ -107,8 +107,9 @@ int run_sweep(const PerfOptions& o) {
     if (o.runtime) {
       fmt::print("# gyre: runtime (gyre::allreduce_async + Handle::wait; options from GYRE_* environment)\n");
     } else {
-      fmt::print("# gyre: bare ring (collectives::ring_allreduce over MpiWorld's transport), chunk {}\n",
-                 format_size(o.chunk_bytes));
+      fmt::print("# gyre: bare collectives::allreduce over MpiWorld's transport, no runtime: recursive "
+                 "doubling up to {}, ring above in chunks of {}\n",
+                 format_size(o.small_bytes), format_size(o.chunk_bytes));
     }
     fmt::print("# peer: MPI_Allreduce on MPI_COMM_WORLD{}\n",
                o.op == ReduceOp::kAverage ? " (MPI_SUM, then a 1/n scaling pass, timed)" : "");
@@ -195,7 +196,7 @@ int run_sweep(const PerfOptions& o) {
       std::string j = fmt::format(
           "{{\"benchmark\": \"allreduce-sweep\", \"system\": {}, \"peer\": \"MPI_Allreduce\", \"ranks\": {}, "
           "\"dtype\": {}, \"op\": {}, \"timing\": \"median of {} blocks x {} iterations\",\n \"rows\": [\n",
-          json_string(o.runtime ? "gyre runtime" : "gyre ring"), world, json_string(dtype_name(o.dtype)),
+          json_string(o.runtime ? "gyre runtime" : "gyre bare"), world, json_string(dtype_name(o.dtype)),
           json_string(op_name(o.op)), o.blocks, iters);
       for (std::size_t k = 0; k < rows.size(); ++k) {
         j += "  " + row_json(rows[k], o, world) + (k + 1 < rows.size() ? ",\n" : "\n");

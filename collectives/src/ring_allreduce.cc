@@ -25,8 +25,8 @@
 
 #include "gyre/collectives/algorithms.h"
 #include "gyre/collectives/reduce_kernels.h"
+#include "allreduce_impl.h"
 #include "ring_pipeline.h"
-#include "validate.h"
 
 namespace gyre::collectives {
 
@@ -238,37 +238,13 @@ class RingAllreduce {
 
 }  // namespace
 
-void ring_allreduce(Transport& t, const void* in, void* out, std::size_t count, DataType dt,
-                    ReduceOp op, const RingOptions& opt) {
-  constexpr const char* kAlgo = "ring_allreduce";
-  detail::check_world(t, kAlgo);
-  detail::check_reduction(dt, op, kAlgo);
-  detail::check_options(opt, kAlgo);
-  detail::check_scaling(dt, opt, kAlgo);
-  const std::size_t bytes = detail::checked_bytes(count, dtype_size(dt), kAlgo);
-  detail::check_buffer(in, bytes, "input buffer", kAlgo);
-  detail::check_buffer(out, bytes, "output buffer", kAlgo);
-  detail::check_overlap(in, bytes, out, bytes, "input", "output", kAlgo);
-  if (count == 0) return;
+namespace detail {
 
-  const int n = t.size();
-  const double postscale = opt.postscale * (op == ReduceOp::kAverage ? 1.0 / n : 1.0);
-  const auto* src = static_cast<const std::byte*>(in);
-  auto* dst = static_cast<std::byte*>(out);
-  if (opt.prescale != 1.0) {
-    // Rare: scale a copy in `out` and reduce that in place, so `in` stays
-    // unchanged and every contribution is scaled exactly once.
-    if (dst != src) std::memcpy(dst, src, bytes);
-    scale(dst, count, dt, opt.prescale);
-    src = dst;
-  }
-  if (n == 1) {
-    if (dst != src) std::memcpy(dst, src, bytes);
-    scale(dst, count, dt, postscale);
-    return;
-  }
-  const SegmentPlan plan = plan_ring(count, dtype_size(dt), n, opt.chunk_bytes);
-  RingAllreduce(t, src, dst, plan, combine_kernel(dt, op), dt, postscale, opt.tag).run();
+void run_ring_allreduce(Transport& t, const std::byte* src, std::byte* out, std::size_t count,
+                        DataType dt, ReduceOp op, double postscale, const RingOptions& opt) {
+  const SegmentPlan plan = plan_ring(count, dtype_size(dt), t.size(), opt.chunk_bytes);
+  RingAllreduce(t, src, out, plan, combine_kernel(dt, op), dt, postscale, opt.tag).run();
 }
 
+}  // namespace detail
 }  // namespace gyre::collectives

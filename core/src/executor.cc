@@ -128,12 +128,18 @@ void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at
   }
 }
 
+collectives::RingOptions Executor::ring_options() const {
+  collectives::RingOptions ro;
+  ro.chunk_bytes = opt_.ring_chunk_bytes;
+  ro.small_bytes = opt_.allreduce_small_bytes;
+  ro.tag = kTagData;
+  return ro;
+}
+
 void Executor::run_allreduce_bucket(std::vector<Response*>& resps, std::vector<Entry>& entries) {
   const Response& head = *resps.front();
   const DataType dt = head.agreed.dtype;
-  collectives::RingOptions ro;
-  ro.chunk_bytes = opt_.ring_chunk_bytes;
-  ro.tag = kTagData;
+  collectives::RingOptions ro = ring_options();
   ro.prescale = head.agreed.prescale;
   ro.postscale = effective_postscale(head);
   const ReduceOp op = effective_op(head);
@@ -152,7 +158,7 @@ void Executor::run_allreduce_bucket(std::vector<Response*>& resps, std::vector<E
       in = out = s;
     }
     auto t0 = Clock::now();
-    collectives::ring_allreduce(t_, in, out, numel(head.agreed.shape), dt, op, ro);
+    collectives::allreduce(t_, in, out, numel(head.agreed.shape), dt, op, ro);
     trace(entries[0], "ALLREDUCE", t0, Clock::now(), bytes);
     if (entries[0]) entries[0]->state->complete_one();
     return;
@@ -171,7 +177,7 @@ void Executor::run_allreduce_bucket(std::vector<Response*>& resps, std::vector<E
     std::memset(buf + offsets[i] + sizes[i], 0, layout.end(i) - offsets[i] - sizes[i]);
   }
   auto t1 = Clock::now();
-  collectives::ring_allreduce(t_, buf, buf, total / dtype_size(dt), dt, op, ro);
+  collectives::allreduce(t_, buf, buf, total / dtype_size(dt), dt, op, ro);
   auto t2 = Clock::now();
   for (std::size_t i = 0; i < resps.size(); ++i) {
     if (entries[i]) std::memcpy(entries[i]->out.data, buf + offsets[i], sizes[i]);
@@ -213,9 +219,7 @@ void Executor::run_allgather(Response& resp, Entry& entry) {
     rows += n;
   }
   std::size_t total = static_cast<std::size_t>(rows) * row_bytes;
-  collectives::RingOptions ro;
-  ro.chunk_bytes = opt_.ring_chunk_bytes;
-  ro.tag = kTagData;
+  collectives::RingOptions ro = ring_options();
   if (entry) {
     OwnedTensor& out = entry->state->output;
     out.dtype = a.dtype;
@@ -230,9 +234,7 @@ void Executor::run_allgather(Response& resp, Entry& entry) {
 
 void Executor::run_broadcast(Response& resp, Entry& entry) {
   const std::size_t bytes = resp.agreed.nbytes();
-  collectives::RingOptions ro;
-  ro.chunk_bytes = opt_.ring_chunk_bytes;
-  ro.tag = kTagData;
+  collectives::RingOptions ro = ring_options();
   void* buf = entry ? entry->in.data : scratch(bytes);
   collectives::ring_broadcast(t_, buf, bytes, resp.agreed.root, ro);
 }
@@ -258,9 +260,7 @@ void Executor::run_alltoall(Response& resp, Entry& entry) {
   out.shape = resp.per_rank[me]->shape;
   out.shape[0] = rows;
   out.data.resize(static_cast<std::size_t>(rows) * row_bytes);
-  collectives::RingOptions ro;
-  ro.chunk_bytes = opt_.ring_chunk_bytes;
-  ro.tag = kTagData;
+  collectives::RingOptions ro = ring_options();
   collectives::alltoall(t_, entry->in.data, send, out.data.data(), recv, ro);
   entry->state->received_splits = std::move(received);
 }
@@ -277,9 +277,7 @@ void Executor::run_reducescatter(Response& resp, Entry& entry) {
     std::int64_t rows = dim0 / n + (r < dim0 % n ? 1 : 0);
     counts[r] = static_cast<std::size_t>(rows) * per_row;
   }
-  collectives::RingOptions ro;
-  ro.chunk_bytes = opt_.ring_chunk_bytes;
-  ro.tag = kTagData;
+  collectives::RingOptions ro = ring_options();
   ro.prescale = a.prescale;
   ro.postscale = effective_postscale(resp);
   const std::size_t esize = dtype_size(a.dtype);

@@ -24,6 +24,7 @@
 
 #include "coordinator.h"
 #include "fusion.h"
+#include "gyre/collectives/algorithms.h"
 #include "gyre/collectives/transport.h"
 #include "gyre/options.h"
 #include "logging.h"
@@ -65,6 +66,8 @@ class Executor {
   void run_cuda(std::vector<Response*>& resps, std::vector<Entry>& entries);
 
   std::byte* scratch(std::size_t bytes);
+  // The collectives' options from opt_, on the data tag.
+  collectives::RingOptions ring_options() const;
   void trace(const Entry& e, const char* phase, Clock::time_point a, Clock::time_point b,
              std::size_t bytes, std::size_t bucket_size = 1);
 

@@ -35,14 +35,12 @@ void Executor::run_resync(Response& resp, Entry& entry) {
       root = static_cast<int>(r);
     }
   }
-  collectives::RingOptions ro;
-  ro.chunk_bytes = opt_.ring_chunk_bytes;
-  ro.tag = kTagData;
+  collectives::RingOptions ro = ring_options();
   for (const TensorView& b : entry->buffers) {
     if (average) {
       ro.postscale = 1.0 / resp.contributors;
-      collectives::ring_allreduce(t_, b.data, b.data, static_cast<std::size_t>(b.numel()),
-                                  b.dtype, ReduceOp::kSum, ro);
+      collectives::allreduce(t_, b.data, b.data, static_cast<std::size_t>(b.numel()),
+                             b.dtype, ReduceOp::kSum, ro);
     } else {
       collectives::ring_broadcast(t_, b.data, b.nbytes(), root, ro);
     }

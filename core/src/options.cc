@@ -71,6 +71,9 @@ Options Options::from_env() {
     o.ring_chunk_bytes = parse_bytes("GYRE_RING_CHUNK_BYTES", v);
     if (o.ring_chunk_bytes == 0) throw InvalidArgument("GYRE_RING_CHUNK_BYTES must be > 0");
   }
+  if (auto v = env("GYRE_ALLREDUCE_SMALL_BYTES")) {
+    o.allreduce_small_bytes = parse_bytes("GYRE_ALLREDUCE_SMALL_BYTES", v);
+  }
   if (auto v = env("GYRE_TIMELINE")) o.timeline_path = v;
   if (auto v = env("GYRE_LOG_LEVEL")) o.log_level = parse_level("GYRE_LOG_LEVEL", v);
   if (auto v = env("GYRE_STALL_WARNING_S")) o.stall_warning_s = parse_double("GYRE_STALL_WARNING_S", v, 0.0);

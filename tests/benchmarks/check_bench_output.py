@@ -126,7 +126,7 @@ def check_latency(text, json_doc=None):
     world_size(text, r"sum\), (\d+) ranks")
     rows = named_rows(text, 6)
     names = [r[0] for r in rows]
-    require(names == ["gyre runtime", "gyre ring", "MPI_Allreduce"], f"unexpected systems {names}")
+    require(names == ["gyre runtime", "gyre bare", "MPI_Allreduce"], f"unexpected systems {names}")
     for name, (med, p10, p90, p99, avg, wrong) in rows:
         require(0 < p10 <= med <= p90 <= p99, f"{name}: percentiles out of order")
         require(avg > 0, f"{name}: non-positive mean")
@@ -194,7 +194,7 @@ def self_test():
             raise
     lat = """# gyre-allreduce-perf latency: 8 bytes (2 x float32, sum), 2 ranks
   gyre runtime        50.00      40.00      60.00      90.00      52.00       0
-  gyre ring           10.00       9.00      12.00      20.00      10.50       0
+  gyre bare           10.00       9.00      12.00      20.00      10.50       0
   MPI_Allreduce        5.00       4.00       6.00       9.00       5.20       0
 # Wrong elements in total: 0 OK
 """

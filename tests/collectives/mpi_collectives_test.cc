@@ -96,7 +96,7 @@ void compare(const std::vector<T>& got, const std::vector<T>& want, const std::v
 
 template <class T>
 void check_allreduce(transport::Transport& t, std::size_t count, ReduceOp op, bool in_place,
-                     std::size_t chunk_bytes) {
+                     std::size_t chunk_bytes, std::size_t small_bytes = kDefaultSmallBytes) {
   const std::vector<T> in = make_data<T>(count, static_cast<unsigned>(count) + static_cast<unsigned>(op));
   std::vector<T> want(count), abs_in(count), abs_sum(count);
   MPI_Allreduce(in.data(), want.data(), static_cast<int>(count), mpi_type<T>(), mpi_op(op), MPI_COMM_WORLD);
@@ -117,11 +117,12 @@ void check_allreduce(transport::Transport& t, std::size_t count, ReduceOp op, bo
   if (!in_place) got.assign(count, T(0));
   RingOptions opt;
   opt.chunk_bytes = chunk_bytes;
-  ring_allreduce(t, in_place ? got.data() : in.data(), got.data(), count, gyre_type<T>(), op, opt);
+  opt.small_bytes = small_bytes;
+  allreduce(t, in_place ? got.data() : in.data(), got.data(), count, gyre_type<T>(), op, opt);
   compare(got, want, abs_sum, tol,
-          "ring_allreduce " + std::string(dtype_name(gyre_type<T>())) + " " + std::string(op_name(op)) +
+          "allreduce " + std::string(dtype_name(gyre_type<T>())) + " " + std::string(op_name(op)) +
               " count " + std::to_string(count) + (in_place ? " in-place" : "") + " chunk " +
-              std::to_string(chunk_bytes));
+              std::to_string(chunk_bytes) + " small_bytes " + std::to_string(small_bytes));
 }
 
 template <class T>
@@ -134,8 +135,11 @@ void allreduce_suite(transport::Transport& t) {
       check_allreduce<T>(t, count, op, false, kDefaultChunkBytes);
       check_allreduce<T>(t, count, op, true, kDefaultChunkBytes);
     }
-    check_allreduce<T>(t, 4099, op, false, 40);  // many chunks
-    check_allreduce<T>(t, 4099, op, true, 40);
+    // Counts up to kDefaultSmallBytes went by recursive doubling above; the
+    // ring with many chunks, and the ring for a small buffer:
+    check_allreduce<T>(t, 4099, op, false, 40, 0);
+    check_allreduce<T>(t, 4099, op, true, 40, 0);
+    check_allreduce<T>(t, n + 1, op, false, kDefaultChunkBytes, 0);
   }
 }
 

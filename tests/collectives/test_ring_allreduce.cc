@@ -1,10 +1,12 @@
-// ring_allreduce on the in-process transport: every dtype and op, world
-// sizes 1..8, awkward counts, in place and out of place, many chunks, and
-// one few-million-element case. Expectations are closed forms
+// The allreduce algorithms on the in-process transport: ring_allreduce,
+// recursive_doubling_allreduce and the size-based allreduce, every dtype and
+// op, world sizes 1..8, awkward counts, in place and out of place, many
+// chunks, and one few-million-element case. Expectations are closed forms
 // (test_support.h), checked element by element on every rank.
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,17 @@ namespace {
 
 constexpr std::chrono::milliseconds kTimeout{60000};
 
+enum class Algo { kRing, kRecursiveDoubling, kBySize };
+
+const char* algo_name(Algo a) {
+  switch (a) {
+    case Algo::kRing: return "ring";
+    case Algo::kRecursiveDoubling: return "recursive doubling";
+    case Algo::kBySize: return "by size";
+  }
+  return "?";
+}
+
 struct Case {
   int n;
   std::size_t count;
@@ -28,6 +41,8 @@ struct Case {
   bool in_place;
   std::size_t chunk_bytes = kDefaultChunkBytes;
   double prescale = 1.0, postscale = 1.0;
+  Algo algo = Algo::kRing;
+  std::size_t small_bytes = kDefaultSmallBytes;
 };
 
 std::string describe(const Case& c) {
@@ -35,7 +50,8 @@ std::string describe(const Case& c) {
          std::string(dtype_name(c.dt)) + " op=" + std::string(op_name(c.op)) +
          (c.in_place ? " in-place" : " out-of-place") + " chunk_bytes=" +
          std::to_string(c.chunk_bytes) + " prescale=" + std::to_string(c.prescale) +
-         " postscale=" + std::to_string(c.postscale);
+         " postscale=" + std::to_string(c.postscale) + " algorithm=" + algo_name(c.algo) +
+         " small_bytes=" + std::to_string(c.small_bytes);
 }
 
 // Runs the case; returns "" when every element of every rank is right,
@@ -54,9 +70,16 @@ std::string run_case(const Case& c) {
     opt.chunk_bytes = c.chunk_bytes;
     opt.prescale = c.prescale;
     opt.postscale = c.postscale;
+    opt.small_bytes = c.small_bytes;
     auto& o = out[t.rank()];
     const void* src = c.in_place ? o.data() : in[t.rank()].data();
-    ring_allreduce(t, src, o.data(), c.count, c.dt, c.op, opt);
+    switch (c.algo) {
+      case Algo::kRing: ring_allreduce(t, src, o.data(), c.count, c.dt, c.op, opt); break;
+      case Algo::kRecursiveDoubling:
+        recursive_doubling_allreduce(t, src, o.data(), c.count, c.dt, c.op, opt);
+        break;
+      case Algo::kBySize: allreduce(t, src, o.data(), c.count, c.dt, c.op, opt); break;
+    }
   }, kTimeout);
   const bool scaled = c.op == ReduceOp::kAverage || c.prescale != 1.0 || c.postscale != 1.0;
   const double tol = scaled ? test::scaled_tolerance(c.dt) : 0.0;
@@ -83,8 +106,7 @@ void check(const Case& c) {
 
 }  // namespace
 
-TEST_CASE("ring_allreduce: every dtype and op for world sizes 1..8 and awkward counts",
-          "[allreduce]") {
+void every_dtype_and_op(Algo algo) {
   for (int n = 1; n <= 8; ++n) {
     const std::size_t counts[] = {0, 1, static_cast<std::size_t>(n - 1),
                                   static_cast<std::size_t>(n + 1), 1009};
@@ -92,8 +114,74 @@ TEST_CASE("ring_allreduce: every dtype and op for world sizes 1..8 and awkward c
       for (ReduceOp op : test::kAllOps) {
         if (!op_defined(dt, op)) continue;
         for (std::size_t count : counts) {
-          for (bool in_place : {false, true}) check({n, count, dt, op, in_place});
+          for (bool in_place : {false, true}) {
+            Case c{n, count, dt, op, in_place};
+            c.algo = algo;
+            check(c);
+          }
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("ring_allreduce: every dtype and op for world sizes 1..8 and awkward counts",
+          "[allreduce]") {
+  every_dtype_and_op(Algo::kRing);
+}
+
+TEST_CASE("recursive_doubling_allreduce: every dtype and op for world sizes 1..8 and awkward counts",
+          "[allreduce]") {
+  every_dtype_and_op(Algo::kRecursiveDoubling);
+}
+
+TEST_CASE("recursive_doubling_allreduce: prescale, postscale and a large buffer", "[allreduce]") {
+  for (int n : {2, 3, 5, 6}) {
+    for (DataType dt : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
+      for (bool in_place : {false, true}) {
+        Case c{n, 301, dt, ReduceOp::kAverage, in_place, kDefaultChunkBytes, 2.0, 0.25};
+        c.algo = Algo::kRecursiveDoubling;
+        check(c);
+      }
+    }
+  }
+  Case big{7, 200'003, DataType::kInt32, ReduceOp::kSum, false};
+  big.algo = Algo::kRecursiveDoubling;
+  check(big);
+}
+
+TEST_CASE("allreduce: recursive doubling up to small_bytes, the ring above, and ring only with 0",
+          "[allreduce]") {
+  for (int n : {2, 3, 4, 7}) {
+    for (std::size_t small : {std::size_t{0}, std::size_t{64}, kDefaultSmallBytes}) {
+      for (std::size_t count : {std::size_t{15}, std::size_t{16}, std::size_t{17}, std::size_t{5000}}) {
+        Case c{n, count, DataType::kFloat32, ReduceOp::kSum, count % 2 == 0, 1024};
+        c.algo = Algo::kBySize;
+        c.small_bytes = small;
+        check(c);
+      }
+    }
+  }
+}
+
+// Every rank must hold the same bits, also where an op is not commutative
+// bit for bit: min and max between NaN and a number, or +0 and -0.
+TEST_CASE("recursive_doubling_allreduce: bit-identical results on every rank", "[allreduce]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int n = 2; n <= 7; ++n) {
+    for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kSum}) {
+      std::vector<std::vector<float>> buf(n);
+      for (int r = 0; r < n; ++r) {
+        buf[r] = {r % 2 ? nan : 1.0f, r % 2 ? 0.0f : -0.0f, r == n - 1 ? nan : float(r),
+                  r == 0 ? -nan : 2.0f};
+      }
+      run_local_world(n, [&](transport::Transport& t) {
+        auto& b = buf[t.rank()];
+        recursive_doubling_allreduce(t, b.data(), b.data(), b.size(), DataType::kFloat32, op);
+      }, kTimeout);
+      INFO("n=" << n << " op=" << op_name(op));
+      for (int r = 1; r < n; ++r) {
+        CHECK(std::memcmp(buf[r].data(), buf[0].data(), buf[0].size() * sizeof(float)) == 0);
       }
     }
   }

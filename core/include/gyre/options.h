@@ -29,6 +29,10 @@ struct Options {
   std::size_t cache_capacity = 1024;
   // GYRE_RING_CHUNK_BYTES: pipelined chunk size of the ring algorithms.
   std::size_t ring_chunk_bytes = 256u << 10;
+  // GYRE_ALLREDUCE_SMALL_BYTES: allreduces (single tensors or fused buckets)
+  // of at most this many bytes use recursive doubling, larger ones the ring;
+  // 0: always the ring.
+  std::size_t allreduce_small_bytes = 64u << 10;
   // GYRE_TIMELINE: path of a Chrome trace-event JSON file; empty: off.
   std::string timeline_path;
   // GYRE_LOG_LEVEL: trace, debug, info, warning, error, fatal.

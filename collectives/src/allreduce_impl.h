@@ -1,0 +1,20 @@
+// The allreduce algorithms behind the public entry points of allreduce.cc,
+// which validate the arguments, apply prescale (into `out`, so `src` may be
+// `out`) and handle a world of one rank before calling them. `postscale`
+// already includes average's 1/n.
+#pragma once
+
+#include <cstddef>
+
+#include "gyre/collectives/algorithms.h"
+
+namespace gyre::collectives::detail {
+
+// Both require t.size() >= 2 and count >= 1; `src` is `out` or disjoint
+// from it.
+void run_ring_allreduce(Transport& t, const std::byte* src, std::byte* out, std::size_t count,
+                        DataType dt, ReduceOp op, double postscale, const RingOptions& opt);
+void run_recursive_doubling(Transport& t, const std::byte* src, std::byte* out, std::size_t count,
+                            DataType dt, ReduceOp op, double postscale, int tag);
+
+}  // namespace gyre::collectives::detail
