@@ -1,6 +1,8 @@
 #include "runtime.h"
 
 #include <algorithm>
+#include <bit>
+#include <iterator>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -55,12 +57,70 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
   // microseconds), then naps, so that a late peer costs no core time.
   t_->set_wait_policy({std::chrono::microseconds(static_cast<long>(opt_.spin_wait_us)),
                        kMaxNap});
+  check_options_agree();
   log_.debug("runtime started: {} ranks over {}, fusion threshold {} B, cycle {} ms", size_,
              t_->name(), opt_.fusion_threshold_bytes, opt_.cycle_time_ms);
   thread_ = std::thread([this] { loop(); });
 }
 
 Runtime::~Runtime() { shutdown(); }
+
+// Each rank plans fusion buckets, ring chunks, the allreduce algorithm and
+// cache slots, and judges version lag and stalls, from its own options; a
+// difference would pair mismatched transfers or split the ranks' decisions.
+// One allgather at start-up compares them, so a job with a GYRE_* variable
+// set on some ranks only fails in init() on every rank, naming the variable.
+// It is also the first contact between the ranks: it waits as long as the
+// first negotiation round would (see loop()).
+void Runtime::check_options_agree() {
+  if (size_ == 1) return;
+  struct Field {
+    const char* env;
+    std::uint64_t bits;
+    bool is_double;
+  };
+  const Field fields[] = {
+      {"GYRE_FUSION_THRESHOLD", opt_.fusion_threshold_bytes, false},
+      {"GYRE_FUSION_MAX_TENSOR", opt_.fusion_max_tensor_bytes, false},
+      {"GYRE_RING_CHUNK_BYTES", opt_.ring_chunk_bytes, false},
+      {"GYRE_ALLREDUCE_SMALL_BYTES", opt_.allreduce_small_bytes, false},
+      {"GYRE_CACHE_CAPACITY", opt_.cache_capacity, false},
+      {"GYRE_MAX_VERSION_LAG", static_cast<std::uint64_t>(opt_.max_version_lag), false},
+      {"GYRE_STALL_SHUTDOWN_S", std::bit_cast<std::uint64_t>(opt_.stall_shutdown_s), true},
+  };
+  constexpr std::size_t k = std::size(fields);
+  const auto n = static_cast<std::size_t>(size_);
+  std::vector<std::uint64_t> mine(k), all(k * n);
+  for (std::size_t i = 0; i < k; ++i) mine[i] = fields[i].bits;
+  collectives::RingOptions ro;
+  ro.chunk_bytes = opt_.ring_chunk_bytes;
+  ro.tag = kTagNegotiate;
+  if (opt_.op_timeout_s > 0) {
+    t_->set_timeout(std::chrono::milliseconds(
+        static_cast<long>(std::max(opt_.op_timeout_s, kStartupTimeoutS) * 1000.0)));
+  }
+  collectives::ring_allgather(*t_, mine.data(), all.data(),
+                              std::vector<std::size_t>(n, k * sizeof(std::uint64_t)), ro);
+  std::vector<std::string> differ;
+  for (std::size_t i = 0; i < k; ++i) {
+    bool same = true;
+    for (std::size_t r = 1; r < n; ++r) same = same && all[r * k + i] == all[i];
+    if (same) continue;
+    std::vector<std::string> values;
+    for (std::size_t r = 0; r < n; ++r) {
+      const std::uint64_t v = all[r * k + i];
+      values.push_back(fmt::format("rank {}: {}", r,
+                                   fields[i].is_double ? fmt::format("{}", std::bit_cast<double>(v))
+                                                       : fmt::format("{}", v)));
+    }
+    differ.push_back(fmt::format("{} ({})", fields[i].env, fmt::join(values, ", ")));
+  }
+  if (!differ.empty()) {
+    throw InvalidArgument(fmt::format(
+        "gyre::init(): options differ between ranks, and every rank must use the same: {}",
+        fmt::join(differ, "; ")));
+  }
+}
 
 std::string Runtime::internal_name(const char* what) {
   return fmt::format("__gyre.{}.{}", what, internal_seq_.fetch_add(1));

@@ -84,6 +84,9 @@ class Runtime {
 
  private:
   void loop();
+  // Throws InvalidArgument on every rank when the options that every rank
+  // must share differ between ranks (see runtime.cc).
+  void check_options_agree();
   bool round();  // false: leave the loop
   std::vector<RoundMessage> exchange(const RoundMessage& mine);
   void fail_all(ErrorKind kind, const std::string& why);

@@ -436,3 +436,35 @@ TEST_CASE("local: a throwing on_complete callback does not stop the runtime", "[
     GYRE_EXPECT(r, a[0] == 4.0f);
   });
 }
+
+TEST_CASE("local: options that differ between ranks fail start-up on every rank, named",
+          "[runtime]") {
+  const int n = 3;
+  auto world = transport::make_local_world(n);
+  std::vector<std::string> messages(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      Options o = fast_options();
+      if (r == 1) o.fusion_threshold_bytes = 1 << 20;
+      if (r == 2) o.allreduce_small_bytes = 0;
+      core::RuntimeInfo info;
+      info.abort = [](int) {};
+      try {
+        Runtime rt(o, std::make_unique<transport::LocalTransport>(world, r), info);
+        messages[r] = "started";
+      } catch (const InvalidArgument& e) {
+        messages[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << messages[r]);
+    CHECK(messages[r].find("GYRE_FUSION_THRESHOLD (rank 0: 67108864, rank 1: 1048576, rank 2: "
+                           "67108864)") != std::string::npos);
+    CHECK(messages[r].find("GYRE_ALLREDUCE_SMALL_BYTES (rank 0: 65536, rank 1: 65536, rank 2: 0)") !=
+          std::string::npos);
+    CHECK(messages[r].find("GYRE_RING_CHUNK_BYTES") == std::string::npos);  // agrees
+  }
+}
