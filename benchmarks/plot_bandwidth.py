@@ -4,13 +4,14 @@ from the --json files of gyre-allreduce-perf's sweep and of
 torch_allreduce_perf.py.
 
     python3 benchmarks/plot_bandwidth.py -o docs/benchmarks_busbw.png \
-        ring.json runtime.json torch.json
+        bare.json runtime.json torch.json
 
 Each file contributes a run of its own system and a run of its peer
 (MPI_Allreduce, or torch.distributed with gloo). Runs with the same label,
 from however many files, are drawn as one line through the median of each
 size, with a band from the lowest to the highest run: MPI_Allreduce measured
-beside the ring and beside the runtime pools into one line.
+beside the bare collectives pools into one line (beside the runtime, it is a
+line of its own).
 """
 import argparse
 import json

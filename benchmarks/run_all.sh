@@ -34,7 +34,8 @@ run() {  # run NAME ARGS...: one benchmark run, table on stdout and in NAME.txt
 }
 
 for r in $(seq 1 "$reps"); do
-  run "sweep-ring.$r" -b 8 -e 256M -f 2
+  run "sweep-bare.$r" -b 8 -e 256M -f 2
+  run "sweep-hugepages.$r" -b 1M -e 256M -f 2 --hugepages
   run "sweep-runtime.$r" --runtime -b 8 -e 256M -f 2
   for set in resnet50 bert_base vgg16; do
     run "gradients-$set.$r" --gradients "$here/data/${set}_sizes.txt"
@@ -51,6 +52,10 @@ for r in $(seq 1 "$reps"); do
 done
 echo "load after: $(cat /proc/loadavg)" >> "$out/machine.txt"
 
-plots=("$out"/sweep-ring.*.json "$out"/sweep-runtime.*.json)
+plots=("$out"/sweep-bare.*.json "$out"/sweep-runtime.*.json)
 [ -z "${SKIP_TORCH:-}" ] && plots+=("$out"/torch.*.json "$out"/torch-inplace.*.json)
-python3 "$here/plot_bandwidth.py" -o "$out/busbw.png" "${plots[@]}"
+if python3 -c "import matplotlib" 2>/dev/null; then
+  python3 "$here/plot_bandwidth.py" -o "$out/busbw.png" "${plots[@]}"
+else
+  echo "run_all: no plot (python3 -m pip install matplotlib, then run plot_bandwidth.py)" >&2
+fi

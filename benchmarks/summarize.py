@@ -48,7 +48,7 @@ def by_size(docs, key):
 
 
 def sweep_table(ring, runtime):
-    print("| size | gyre ring busbw | MPI busbw (beside ring) | ring / MPI | gyre runtime busbw | "
+    print("| size | gyre bare busbw | MPI busbw (beside bare) | bare / MPI | gyre runtime busbw | "
           "MPI busbw (beside runtime) | runtime / MPI |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     keys = ("busbw_gbs", "mpi_busbw_gbs", "ratio")
@@ -114,9 +114,13 @@ def torch_table(folder):
 
 def main():
     folder = sys.argv[1] if len(sys.argv) > 1 else "bench-results"
-    ring, runtime = load(folder, "sweep-ring.*.json"), load(folder, "sweep-runtime.*.json")
-    print(f"## Sweep ({len(ring)} ring runs, {len(runtime)} runtime runs)\n")
+    ring, runtime = load(folder, "sweep-bare.*.json"), load(folder, "sweep-runtime.*.json")
+    print(f"## Sweep ({len(ring)} bare runs, {len(runtime)} runtime runs)\n")
     sweep_table(ring, runtime)
+    huge = load(folder, "sweep-hugepages.*.json")
+    if huge:
+        print(f"## Sweep on transparent huge pages ({len(huge)} bare runs)\n")
+        sweep_table(huge, [])
     print("## Gradient sets\n")
     grad = gradient_table(folder)
     print("## Latency, 8 bytes\n")
@@ -125,7 +129,7 @@ def main():
     torch_table(folder)
 
     print("## Targets\n")
-    for label, docs in (("ring", ring), ("runtime", runtime)):
+    for label, docs in (("bare", ring), ("runtime", runtime), ("bare on huge pages", huge)):
         if not docs:
             continue
         r64 = by_size(docs, "ratio").get(64 << 20, [])
