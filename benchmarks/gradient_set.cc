@@ -194,8 +194,9 @@ int run_gradient_set(const PerfOptions& o) {
                "per-tens", "fused", "");
     std::string json = fmt::format(
         "{{\"benchmark\": \"gradient-set\", \"file\": {}, \"tensors\": {}, \"elements\": {}, \"ranks\": {}, "
-        "\"op\": {}, \"steps\": {},\n \"rows\": [\n",
-        json_string(o.gradients_path), sizes.size(), total, world, json_string(op_name(op)), steps);
+        "\"op\": {}, \"pages\": {}, \"steps\": {},\n \"rows\": [\n",
+        json_string(o.gradients_path), sizes.size(), total, world, json_string(op_name(op)),
+        json_string(o.huge_pages ? "huge" : "4K"), steps);
     for (std::size_t j = 0; j < systems.size(); ++j) {
       const StepSystem& sys = systems[j];
       const double med = median(sys.times);

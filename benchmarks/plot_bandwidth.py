@@ -7,7 +7,8 @@ torch_allreduce_perf.py.
         bare.json runtime.json torch.json
 
 Each file contributes a run of its own system and a run of its peer
-(MPI_Allreduce, or torch.distributed with gloo). Runs with the same label,
+(MPI_Allreduce, or torch.distributed with gloo). The C++ sweeps and the torch
+sweeps are drawn side by side in two panels. Runs with the same label,
 from however many files, are drawn as one line through the median of each
 size, with a band from the lowest to the highest run: MPI_Allreduce measured
 beside the bare collectives pools into one line (beside the runtime, it is a
@@ -37,13 +38,16 @@ def series_of(doc):
         for k in PEER_KEYS:
             if row.get(k) is not None:
                 peer[row["bytes"]] = row[k]
-    out = [(doc["system"], own)]
+    # Runs on transparent huge pages (--hugepages) and MPI measured in the
+    # same process as gyre's runtime are lines of their own, never pooled
+    # with the plain runs.
+    # gloo's buffer is allocated once, so its runs pool whatever the pages.
+    suffix = " (huge pages)" if doc.get("pages") == "huge" else ""
+    out = [(doc["system"] + suffix, own)]
     if peer:
-        # MPI measured beside gyre's runtime is slowed by the runtime's
-        # background thread (docs/benchmarks.md): keep it a line of its own.
         if doc["system"] == "gyre runtime":
             peer_name += " (beside gyre runtime)"
-        out.append((peer_name, peer))
+        out.append((peer_name + ("" if doc.get("benchmark") == "torch-sweep" else suffix), peer))
     return out
 
 
@@ -61,45 +65,52 @@ def main():
     ap.add_argument("--title", default=None)
     a = ap.parse_args()
 
-    runs = OrderedDict()  # label -> list of {bytes: busbw}, one per run
+    panels = OrderedDict()  # benchmark -> label -> list of {bytes: busbw}, one per run
     ranks = set()
     for path in a.files:
         with open(path) as f:
             doc = json.load(f)
         ranks.add(doc.get("ranks"))
+        runs = panels.setdefault(doc.get("benchmark", "allreduce-sweep"), OrderedDict())
         for label, points in series_of(doc):
             runs.setdefault(label, []).append(points)
 
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    for label, run_list in runs.items():
-        sizes = sorted(set().union(*run_list))
-        med, lo, hi = [], [], []
-        for s in sizes:
-            vals = [r[s] for r in run_list if s in r]
-            med.append(statistics.median(vals))
-            lo.append(min(vals))
-            hi.append(max(vals))
-        n = len(run_list)
-        line, = ax.plot(sizes, med, marker="o", markersize=3,
-                        label=label + (f" (median of {n} runs)" if n > 1 else ""))
-        if n > 1:
-            ax.fill_between(sizes, lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
-    ax.set_xscale("log", base=2)
-    all_sizes = sorted(set().union(*(set(r) for rl in runs.values() for r in rl)))
-    if all_sizes:
-        ticks = [1 << k for k in range(0, 41, 2) if all_sizes[0] <= (1 << k) <= all_sizes[-1]]
-        ax.set_xticks(ticks)
-        ax.set_xticklabels([human(t) for t in ticks], rotation=45, fontsize=8)
-    ax.set_yscale("log")
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("bus bandwidth (GB/s)")
+    titles = {"allreduce-sweep": "C++: gyre-allreduce-perf", "torch-sweep": "Python: torch_allreduce_perf.py"}
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5), dpi=110, squeeze=False)
+    colors = plt.get_cmap("tab10").colors
+    for ax, (kind, runs) in zip(axes[0], panels.items()):
+        for i, (label, run_list) in enumerate(runs.items()):
+            sizes = sorted(set().union(*run_list))
+            med, lo, hi = [], [], []
+            for s in sizes:
+                vals = [r[s] for r in run_list if s in r]
+                med.append(statistics.median(vals))
+                lo.append(min(vals))
+                hi.append(max(vals))
+            n = len(run_list)
+            color = colors[i % len(colors)]
+            ax.plot(sizes, med, marker="o", markersize=3, color=color,
+                    label=label + (f" (median of {n} runs)" if n > 1 else ""))
+            if n > 1:
+                ax.fill_between(sizes, lo, hi, color=color, alpha=0.15, linewidth=0)
+        ax.set_xscale("log", base=2)
+        all_sizes = sorted(set().union(*(set(r) for rl in runs.values() for r in rl)))
+        if all_sizes:
+            ticks = [1 << k for k in range(0, 41, 2) if all_sizes[0] <= (1 << k) <= all_sizes[-1]]
+            ax.set_xticks(ticks)
+            ax.set_xticklabels([human(t) for t in ticks], rotation=45, fontsize=8)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.set_title(titles.get(kind, kind), fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
     r = ", ".join(str(x) for x in sorted(x for x in ranks if x is not None))
-    ax.set_title(a.title or f"allreduce bus bandwidth, float32 sum, {r} ranks")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    fig.suptitle(a.title or f"allreduce bus bandwidth, float32 sum, {r} ranks")
     fig.tight_layout()
     fig.savefig(a.output)
-    print(f"wrote {a.output}: {len(runs)} lines from {len(a.files)} files")
+    lines = sum(len(runs) for runs in panels.values())
+    print(f"wrote {a.output}: {lines} lines in {len(panels)} panels from {len(a.files)} files")
     return 0
 
 

@@ -48,12 +48,17 @@ for r in $(seq 1 "$reps"); do
     echo "== torch-inplace.$r" | tee "$out/torch-inplace.$r.txt"
     mpirun -np "$np" python3 "$here/torch_allreduce_perf.py" -b 1K -e 64M -f 4 --in-place \
       --json "$out/torch-inplace.$r.json" | tee -a "$out/torch-inplace.$r.txt"
+    # PyTorch's allocator on transparent huge pages: a new output tensor per
+    # call no longer faults in every 4 KiB page (docs/benchmarks.md).
+    echo "== torch-thp.$r" | tee "$out/torch-thp.$r.txt"
+    THP_MEM_ALLOC_ENABLE=1 mpirun -np "$np" -x THP_MEM_ALLOC_ENABLE python3 "$here/torch_allreduce_perf.py" \
+      -b 1K -e 64M -f 4 --json "$out/torch-thp.$r.json" | tee -a "$out/torch-thp.$r.txt"
   fi
 done
 echo "load after: $(cat /proc/loadavg)" >> "$out/machine.txt"
 
-plots=("$out"/sweep-bare.*.json "$out"/sweep-runtime.*.json)
-[ -z "${SKIP_TORCH:-}" ] && plots+=("$out"/torch.*.json "$out"/torch-inplace.*.json)
+plots=("$out"/sweep-bare.*.json "$out"/sweep-hugepages.*.json "$out"/sweep-runtime.*.json)
+[ -z "${SKIP_TORCH:-}" ] && plots+=("$out"/torch.*.json "$out"/torch-inplace.*.json "$out"/torch-thp.*.json)
 if python3 -c "import matplotlib" 2>/dev/null; then
   python3 "$here/plot_bandwidth.py" -o "$out/busbw.png" "${plots[@]}"
 else

@@ -99,17 +99,19 @@ def latency_table(folder):
 
 
 def torch_table(folder):
-    out_of_place, in_place = load(folder, "torch.*.json"), load(folder, "torch-inplace.*.json")
-    if not out_of_place and not in_place:
+    variants = [(name, docs) for name, docs in (
+        ("gyre.torch.allreduce", load(folder, "torch.*.json")),
+        ("gyre.torch.allreduce_", load(folder, "torch-inplace.*.json")),
+        ("gyre.torch.allreduce, THP", load(folder, "torch-thp.*.json"))) if docs]
+    if not variants:
         return
-    print("| size | gyre.torch.allreduce busbw | gloo busbw | ratio | gyre.torch.allreduce_ busbw | "
-          "gloo busbw | ratio |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    cols = [by_size(d, k) for d in (out_of_place, in_place) for k in ("busbw_gbs", "peer_busbw_gbs", "ratio")]
-    for size in sorted(set(cols[0]) | set(cols[3])):
+    print("| size | " + " | ".join(f"{name} busbw | gloo busbw | ratio" for name, _ in variants) + " |")
+    print("|---:|" + "---:|---:|---:|" * len(variants))
+    cols = [by_size(d, k) for _, d in variants for k in ("busbw_gbs", "peer_busbw_gbs", "ratio")]
+    for size in sorted(set().union(*cols[0::3])):
         print(f"| {human(size)} | " + " | ".join(cell(c.get(size, [])) for c in cols) + " |")
     print("\nbusbw in GB/s; ratio = gyre.torch busbw / gloo busbw in the same run; allreduce returns a new "
-          "tensor, allreduce_ reduces in place (as gloo does).\n")
+          "tensor, allreduce_ reduces in place (as gloo does); THP: run under THP_MEM_ALLOC_ENABLE=1.\n")
 
 
 def main():

@@ -195,9 +195,10 @@ int run_sweep(const PerfOptions& o) {
     if (!o.json_path.empty()) {
       std::string j = fmt::format(
           "{{\"benchmark\": \"allreduce-sweep\", \"system\": {}, \"peer\": \"MPI_Allreduce\", \"ranks\": {}, "
-          "\"dtype\": {}, \"op\": {}, \"timing\": \"median of {} blocks x {} iterations\",\n \"rows\": [\n",
+          "\"dtype\": {}, \"op\": {}, \"pages\": {}, \"timing\": \"median of {} blocks x {} iterations\",\n"
+          " \"rows\": [\n",
           json_string(o.runtime ? "gyre runtime" : "gyre bare"), world, json_string(dtype_name(o.dtype)),
-          json_string(op_name(o.op)), o.blocks, iters);
+          json_string(op_name(o.op)), json_string(o.huge_pages ? "huge" : "4K"), o.blocks, iters);
       for (std::size_t k = 0; k < rows.size(); ++k) {
         j += "  " + row_json(rows[k], o, world) + (k + 1 < rows.size() ? ",\n" : "\n");
       }

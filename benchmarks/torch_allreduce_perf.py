@@ -12,6 +12,10 @@ dist.all_reduce (always in place); blocks of back-to-back iterations
 alternate between the two, the time of a size is the median over blocks of
 the slowest rank's mean per iteration.
 
+Under THP_MEM_ALLOC_ENABLE=1 PyTorch's CPU allocator puts tensors of 2 MiB and
+more on transparent huge pages; the table header and the JSON record which
+pages the run used ("pages": "huge" or "4K").
+
 torch.distributed is initialised with env:// from Open MPI's
 OMPI_COMM_WORLD_RANK/SIZE, MASTER_ADDR=127.0.0.1 and a port rank 0 picks
 (a free one, or GYRE_BENCH_MASTER_PORT) and sends to the others with
@@ -83,6 +87,7 @@ def main():
                     help="time gyre.torch.allreduce_ (in place, like gloo) instead of allreduce")
     ap.add_argument("--json", help="rank 0 writes the rows here (for plot_bandwidth.py)")
     a = ap.parse_args()
+    huge = os.environ.get("THP_MEM_ALLOC_ENABLE") == "1"
     if a.stepfactor < 2:
         raise SystemExit("-f must be at least 2")
 
@@ -134,6 +139,7 @@ def main():
         gyre_call = "gyre.torch.allreduce_ (in place)" if a.in_place else "gyre.torch.allreduce (new output)"
         print(f"# torch allreduce sweep: {world} ranks, float32 sum; torch {torch.__version__}")
         print(f"# gyre: {gyre_call}; peer: torch.distributed.all_reduce (in place), gloo backend")
+        print(f"# tensors on {'transparent huge pages (THP_MEM_ALLOC_ENABLE=1)' if huge else '4 KiB pages'}")
         print(f"# time: median over {a.blocks} blocks of the mean of {a.iters} back-to-back iterations, "
               f"slowest rank; {a.warmup} warm-up iterations; blocks alternate")
         print(f"# {'size':>10} {'count':>12} {'time':>10} {'busbw':>8} {'#wrong':>7} "
@@ -180,7 +186,7 @@ def main():
                 json.dump({"benchmark": "torch-sweep",
                            "system": "gyre.torch.allreduce_" if a.in_place else "gyre.torch.allreduce",
                            "peer": "torch.distributed gloo", "ranks": world, "dtype": "float32",
-                           "op": "sum", "rows": rows}, f, indent=1)
+                           "op": "sum", "pages": "huge" if huge else "4K", "rows": rows}, f, indent=1)
     dist.destroy_process_group()
     gt.shutdown()
     return 0 if total_wrong == 0 else 1
