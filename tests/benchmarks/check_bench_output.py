@@ -51,6 +51,17 @@ def world_size(text, pattern):
     return int(m.group(1))
 
 
+def sized_rows_ok(text, rows, what, sizes, json_doc):
+    """The checks every sweep's rows share: some rows, the expected sizes,
+    the footer, and the JSON rows the same sizes as the table."""
+    require(rows, f"no {what} rows")
+    if sizes is not None:
+        require(rows == sizes, f"sizes {rows} != expected {sizes}")
+    footer_ok(text)
+    if json_doc is not None:
+        require([r["bytes"] for r in json_doc["rows"]] == rows, "JSON rows differ from the table")
+
+
 def check_sweep(text, sizes=None, json_doc=None):
     n = world_size(text, r"^# gyre-allreduce-perf: (\d+) ranks", )
     elem = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2,
@@ -76,13 +87,9 @@ def check_sweep(text, sizes=None, json_doc=None):
             require(close(ratio, mt / t, abs_tol=0.006), f"ratio {ratio} != MPI time / gyre time {mt / t:.3f}")
             require(mwrong == 0, f"MPI result wrong in {mwrong} elements at {size} B")
         rows.append(size)
-    require(rows, "no sweep rows")
-    if sizes is not None:
-        require(rows == sizes, f"sizes {rows} != expected {sizes}")
-    footer_ok(text)
+    sized_rows_ok(text, rows, "sweep", sizes, json_doc)
     if json_doc is not None:
         require(json_doc.get("benchmark") == "allreduce-sweep", "JSON benchmark is not allreduce-sweep")
-        require([r["bytes"] for r in json_doc["rows"]] == rows, "JSON rows differ from the table")
         require(all(r["wrong"] == 0 and r.get("mpi_wrong", 0) == 0 for r in json_doc["rows"]),
                 "JSON reports wrong elements")
     return rows
@@ -153,12 +160,7 @@ def check_torch(text, sizes=None, json_doc=None):
         require(wrong == 0, f"gyre.torch: {int(wrong)} wrong elements at {size} B")
         require(gwrong == 0, f"gloo: {int(gwrong)} wrong elements at {size} B")
         rows.append(size)
-    require(rows, "no torch sweep rows")
-    if sizes is not None:
-        require(rows == sizes, f"sizes {rows} != expected {sizes}")
-    footer_ok(text)
-    if json_doc is not None:
-        require([r["bytes"] for r in json_doc["rows"]] == rows, "JSON rows differ from the table")
+    sized_rows_ok(text, rows, "torch sweep", sizes, json_doc)
     return rows
 
 
