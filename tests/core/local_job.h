@@ -23,8 +23,8 @@
 
 #include "gyre/collectives/local_transport.h"
 #include "gyre/gyre.h"
-#include "operations.h"
-#include "runtime.h"
+#include "api/operations.h"
+#include "runtime/runtime.h"
 
 namespace gyre::test {
 

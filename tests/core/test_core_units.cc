@@ -11,13 +11,13 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include "coordinator.h"
-#include "fingerprint.h"
-#include "fusion.h"
-#include "message.h"
-#include "response_cache.h"
-#include "timeline.h"
-#include "version_vector.h"
+#include "negotiation/coordinator.h"
+#include "api/fingerprint.h"
+#include "fusion/fusion.h"
+#include "negotiation/message.h"
+#include "negotiation/response_cache.h"
+#include "runtime/timeline.h"
+#include "negotiation/version_vector.h"
 
 using namespace gyre;
 using namespace gyre::core;

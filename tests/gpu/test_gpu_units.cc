@@ -8,13 +8,13 @@
 #include <string>
 #include <vector>
 
-#include "coordinator.h"
-#include "fusion.h"
+#include "negotiation/coordinator.h"
+#include "fusion/fusion.h"
 #include "local_job.h"
 
 #ifdef GYRE_HAVE_NCCL
-#include "nccl_backend.h"
-#include "nccl_device.h"
+#include "backends/nccl/nccl_backend.h"
+#include "backends/nccl/nccl_device.h"
 #endif
 
 using gyre::test::contains;

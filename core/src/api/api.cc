@@ -1,0 +1,124 @@
+// The public API of gyre.h: the process's one Runtime (over MPI), its
+// lifecycle, and forwarding to the operations of operations.h.
+#include <cstdlib>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "gyre/collectives/mpi_transport.h"
+#include "gyre/gyre.h"
+#include "api/operations.h"
+#include "runtime/runtime.h"
+
+namespace gyre {
+
+namespace {
+
+// Guards g_runtime (the pointer; the Runtime synchronises itself). User
+// calls copy the shared_ptr, so a concurrent shutdown() cannot destroy the
+// runtime under them.
+std::mutex g_mu;
+std::shared_ptr<core::Runtime> g_runtime;
+bool g_atexit_registered = false;
+
+std::shared_ptr<core::Runtime> runtime(const char* call) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_runtime) {
+    throw StateError(fmt::format("gyre::{}: gyre is not initialised (call gyre::init() first)", call));
+  }
+  return g_runtime;
+}
+
+}  // namespace
+
+void init(const Options& options) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_runtime) throw StateError("gyre::init(): gyre is already initialised");
+  auto& world = transport::MpiWorld::instance();
+  if (!g_atexit_registered) {
+    // MPI is finalised at process exit rather than in shutdown(), so a
+    // process may init() again after shutdown() (MPI cannot be
+    // re-initialised once finalised).
+    // A process that exits without shutdown() stops its runtime first (which
+    // also stops the other ranks' runtimes in the same round), so MPI is
+    // never finalised under a running background thread.
+    std::atexit([] {
+      std::shared_ptr<core::Runtime> rt;
+      {
+        std::lock_guard<std::mutex> lock(g_mu);
+        rt.swap(g_runtime);
+      }
+      if (rt) rt->shutdown();
+      transport::MpiWorld::instance().finalize();
+    });
+    g_atexit_registered = true;
+  }
+  core::RuntimeInfo info;
+  info.local_rank = world.local_rank();
+  info.local_size = world.local_size();
+  info.abort = [&world](int code) { world.abort(code); };
+  g_runtime = std::make_shared<core::Runtime>(options, world.make_transport(), std::move(info));
+}
+
+void shutdown() {
+  std::shared_ptr<core::Runtime> rt;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (!g_runtime) throw StateError("gyre::shutdown(): gyre is not initialised");
+    rt.swap(g_runtime);
+  }
+  rt->shutdown();
+}
+
+bool is_initialized() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_runtime != nullptr;
+}
+int rank() { return runtime("rank")->rank(); }
+int size() { return runtime("size")->size(); }
+int local_rank() { return runtime("local_rank")->local_rank(); }
+int local_size() { return runtime("local_size")->local_size(); }
+
+Handle allreduce_async(const std::string& name, const TensorView& in, const TensorView& out,
+                       ReduceOp op, double prescale, double postscale) {
+  return core::allreduce_async(*runtime("allreduce_async"), name, in, out, op, prescale,
+                               postscale);
+}
+Handle grouped_allreduce_async(const std::vector<std::string>& names,
+                               const std::vector<TensorView>& ins,
+                               const std::vector<TensorView>& outs, ReduceOp op, double prescale,
+                               double postscale) {
+  return core::grouped_allreduce_async(*runtime("grouped_allreduce_async"), names, ins, outs, op,
+                                       prescale, postscale);
+}
+Handle allgather_async(const std::string& name, const TensorView& in) {
+  return core::allgather_async(*runtime("allgather_async"), name, in);
+}
+Handle broadcast_async(const std::string& name, const TensorView& buf, int root) {
+  return core::broadcast_async(*runtime("broadcast_async"), name, buf, root);
+}
+Handle alltoall_async(const std::string& name, const TensorView& in,
+                      const std::vector<std::int64_t>& splits) {
+  return core::alltoall_async(*runtime("alltoall_async"), name, in, splits);
+}
+Handle reducescatter_async(const std::string& name, const TensorView& in, ReduceOp op,
+                           double prescale, double postscale) {
+  return core::reducescatter_async(*runtime("reducescatter_async"), name, in, op, prescale,
+                                   postscale);
+}
+void barrier() { core::barrier(*runtime("barrier")); }
+int join() { return core::join(*runtime("join")); }
+
+void commit_step() { runtime("commit_step")->versions().commit(); }
+std::uint64_t committed_steps() { return runtime("committed_steps")->versions().own(); }
+std::vector<std::uint64_t> version_vector() {
+  return runtime("version_vector")->versions().snapshot();
+}
+std::vector<FingerprintMismatch> fingerprint_check(const std::vector<NamedBuffer>& buffers) {
+  return core::fingerprint_check(*runtime("fingerprint_check"), buffers);
+}
+void resync(const std::vector<NamedBuffer>& buffers, ResyncPolicy policy) {
+  core::resync(*runtime("resync"), buffers, policy);
+}
+
+}  // namespace gyre

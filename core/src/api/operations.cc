@@ -1,0 +1,321 @@
+// The operations of the API, on a given Runtime: validation on the caller's
+// thread, then enqueue. The public functions of gyre.h (api.cc) call these
+// on the process's runtime; in-process tests call them on one runtime per
+// rank thread.
+//
+// Validation failures throw InvalidArgument here, on the caller's thread;
+// the failed request is also announced to the other ranks (with the reason)
+// so that their matching operation fails with this rank's reason instead of
+// stalling. A duplicate pending name is not announced: the first operation
+// of that name is still valid.
+#include "api/operations.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "api/fingerprint.h"
+#include "backends/nccl/nccl_backend.h"
+
+namespace gyre::core {
+
+namespace {
+
+constexpr std::string_view kReserved = "__gyre.";
+
+// A CUDA tensor: accepted when gyre was built with NCCL and its device
+// exists and is the one this rank's earlier CUDA tensors used.
+void check_cuda_device(Runtime& rt, const std::string& what, const char* which,
+                       const TensorView& t) {
+#ifdef GYRE_HAVE_NCCL
+  std::string why;
+  const int count = cuda_device_count(&why);
+  if (count < 0) {
+    throw InvalidArgument(fmt::format("{}: {} is on cuda:{}, but no CUDA device is usable: {}",
+                                      what, which, t.device.index, why));
+  }
+  if (t.device.index < 0 || t.device.index >= count) {
+    throw InvalidArgument(fmt::format("{}: {} is on cuda:{}, but this process sees {} CUDA "
+                                      "device{}", what, which, t.device.index, count,
+                                      count == 1 ? "" : "s"));
+  }
+  if (t.data != nullptr) {
+    // NCCL given a host pointer would fault on the device, far from here.
+    std::string other = describe_foreign_pointer(t.data, t.device.index);
+    if (!other.empty()) {
+      throw InvalidArgument(fmt::format("{}: {} claims cuda:{}, but its buffer is {}", what,
+                                        which, t.device.index, other));
+    }
+  }
+  const int bound = rt.claim_cuda_device(t.device.index);
+  if (bound != t.device.index) {
+    throw InvalidArgument(fmt::format(
+        "{}: {} is on cuda:{}, but this rank's CUDA tensors are on cuda:{} (gyre uses one GPU "
+        "per rank)", what, which, t.device.index, bound));
+  }
+#else
+  (void)rt;
+  throw InvalidArgument(fmt::format(
+      "{}: {} is on cuda:{}, but this build of gyre was built without NCCL and moves CPU "
+      "tensors only", what, which, t.device.index));
+#endif
+}
+
+void check_view(Runtime& rt, const std::string& what, const char* which, const TensorView& t) {
+  for (auto d : t.shape) {
+    if (d < 0) {
+      throw InvalidArgument(fmt::format("{}: {} has a negative dimension in shape [{}]", what,
+                                        which, fmt::join(t.shape, ", ")));
+    }
+  }
+  if (t.numel() > 0 && t.data == nullptr) {
+    throw InvalidArgument(
+        fmt::format("{}: {} buffer is null but has {} elements", what, which, t.numel()));
+  }
+  if (t.device.type == DeviceType::kCUDA) {
+    check_cuda_device(rt, what, which, t);
+  } else if (t.device.type != DeviceType::kCPU) {
+    throw InvalidArgument(fmt::format("{}: {} has an unknown device type {}", what, which,
+                                      static_cast<int>(t.device.type)));
+  }
+  if (static_cast<int>(t.dtype) >= kNumDataTypes) {
+    throw InvalidArgument(fmt::format("{}: {} has an unknown dtype", what, which));
+  }
+}
+
+void check_op(const std::string& what, DataType dt, ReduceOp op) {
+  if (static_cast<int>(op) >= kNumReduceOps) {
+    throw InvalidArgument(fmt::format("{}: unknown reduce op", what));
+  }
+  if (!op_defined(dt, op)) {
+    throw InvalidArgument(fmt::format(
+        "{}: reduce op {} is not defined for {} (average needs a floating type; use sum)", what,
+        op_name(op), dtype_name(dt)));
+  }
+}
+
+Request base_request(Runtime& rt, const std::string& name, Collective c,
+                           const TensorView& t) {
+  Request r;
+  r.name = name;
+  r.collective = c;
+  r.dtype = t.dtype;
+  r.device = t.device;
+  r.shape = t.shape;
+  r.step = rt.versions().own();
+  return r;
+}
+
+// Runs `validate`; on InvalidArgument announces the failure to the other
+// ranks, then rethrows.
+template <typename F>
+void validated(Runtime& rt, const Request& req, F&& validate) {
+  try {
+    if (req.name.empty()) throw InvalidArgument(fmt::format("{}: the tensor name is empty",
+                                                            collective_name(req.collective)));
+    validate();
+  } catch (const InvalidArgument& e) {
+    if (!req.name.empty() && req.name.rfind(kReserved, 0) != 0) {
+      Request failed = req;
+      failed.error_kind = ErrorKind::kInvalidArgument;
+      failed.error = e.what();
+      rt.queue().announce_failure(std::move(failed));
+    }
+    throw;
+  }
+}
+
+std::string describe(const Request& r) {
+  return fmt::format("{} '{}'", collective_name(r.collective), r.name);
+}
+
+void check_user_name(const std::string& what, const std::string& name) {
+  if (name.rfind(kReserved, 0) == 0) {
+    throw InvalidArgument(fmt::format("{}: names starting with '{}' are reserved for gyre", what,
+                                      kReserved));
+  }
+}
+
+Handle submit(Runtime& rt, Request req, const TensorView& in, const TensorView& out) {
+  auto state = std::make_shared<OpState>();
+  LocalEntry e;
+  e.request = std::move(req);
+  e.in = in;
+  e.out = out;
+  e.state = state;
+  std::vector<LocalEntry> v;
+  v.push_back(std::move(e));
+  rt.queue().push(std::move(v));
+  return Handle(state);
+}
+
+}  // namespace
+
+static void validate_member(Runtime& rt, const Request& req, const std::string& name,
+                            const TensorView& in, const TensorView& out, ReduceOp op);
+
+Handle allreduce_async(Runtime& rt, const std::string& name, const TensorView& in, const TensorView& out,
+                       ReduceOp op, double prescale, double postscale) {
+  return grouped_allreduce_async(rt, {name}, {in}, {out}, op, prescale, postscale);
+}
+
+Handle grouped_allreduce_async(Runtime& rt, const std::vector<std::string>& names,
+                               const std::vector<TensorView>& ins,
+                               const std::vector<TensorView>& outs, ReduceOp op, double prescale,
+                               double postscale) {
+  if (names.size() != ins.size() || names.size() != outs.size() || names.empty()) {
+    throw InvalidArgument(fmt::format(
+        "grouped_allreduce_async: {} names, {} inputs and {} outputs (need the same, non-zero, "
+        "count)", names.size(), ins.size(), outs.size()));
+  }
+  auto state = std::make_shared<OpState>(static_cast<int>(names.size()));
+  std::vector<LocalEntry> entries;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    Request req = base_request(rt, names[i], Collective::kAllreduce, ins[i]);
+    req.op = op;
+    req.prescale = prescale;
+    req.postscale = postscale;
+    if (names.size() > 1) {
+      req.group = names[0];
+      req.group_size = static_cast<std::uint32_t>(names.size());
+    }
+    // A bad member fails the whole group: the other ranks hear of every
+    // member, not only the bad one, so none of them waits for the rest.
+    auto announce_group = [&](const InvalidArgument& e) {
+      for (std::size_t j = 0; j < names.size(); ++j) {
+        if (j == i || names[j].empty() || names[j].rfind(kReserved, 0) == 0) continue;
+        Request other = base_request(rt, names[j], Collective::kAllreduce, ins[j]);
+        other.error_kind = ErrorKind::kInvalidArgument;
+        other.error = fmt::format("its group failed: {}", e.what());
+        rt.queue().announce_failure(std::move(other));
+      }
+    };
+    try {
+      validate_member(rt, req, names[i], ins[i], outs[i], op);
+    } catch (const InvalidArgument& e) {
+      announce_group(e);
+      throw;
+    }
+    LocalEntry e;
+    e.request = std::move(req);
+    e.in = ins[i];
+    e.out = outs[i];
+    e.state = state;
+    entries.push_back(std::move(e));
+  }
+  rt.queue().push(std::move(entries));
+  return Handle(state);
+}
+
+static void validate_member(Runtime& rt, const Request& req, const std::string& name,
+                            const TensorView& in, const TensorView& out, ReduceOp op) {
+  validated(rt, req, [&] {
+      const std::string what = describe(req);
+      check_user_name(what, name);
+      check_view(rt, what, "input", in);
+      check_view(rt, what, "output", out);
+      check_op(what, in.dtype, op);
+      if (out.device != in.device) {
+        throw InvalidArgument(fmt::format("{}: output is on {}:{} but input on {}:{}", what,
+                                          device_name(out.device.type), out.device.index,
+                                          device_name(in.device.type), in.device.index));
+      }
+      if (out.dtype != in.dtype || out.numel() != in.numel()) {
+        throw InvalidArgument(fmt::format("{}: output ({} x {}) does not match input ({} x {})",
+                                          what, dtype_name(out.dtype), out.numel(),
+                                          dtype_name(in.dtype), in.numel()));
+      }
+  });
+}
+
+Handle allgather_async(Runtime& rt, const std::string& name, const TensorView& in) {
+  Request req = base_request(rt, name, Collective::kAllgather, in);
+  validated(rt, req, [&] {
+    const std::string what = describe(req);
+    check_user_name(what, name);
+    check_view(rt, what, "input", in);
+    if (in.shape.empty()) throw InvalidArgument(what + ": needs at least one dimension");
+  });
+  return submit(rt, std::move(req), in, in);
+}
+
+Handle broadcast_async(Runtime& rt, const std::string& name, const TensorView& buf, int root) {
+  Request req = base_request(rt, name, Collective::kBroadcast, buf);
+  req.root = root;
+  validated(rt, req, [&] {
+    const std::string what = describe(req);
+    check_user_name(what, name);
+    check_view(rt, what, "buffer", buf);
+    if (root < 0 || root >= rt.size()) {
+      throw InvalidArgument(
+          fmt::format("{}: root {} is not a rank (world size {})", what, root, rt.size()));
+    }
+  });
+  return submit(rt, std::move(req), buf, buf);
+}
+
+Handle alltoall_async(Runtime& rt, const std::string& name, const TensorView& in,
+                      const std::vector<std::int64_t>& splits) {
+  Request req = base_request(rt, name, Collective::kAlltoall, in);
+  validated(rt, req, [&] {
+    const std::string what = describe(req);
+    check_user_name(what, name);
+    check_view(rt, what, "input", in);
+    if (in.shape.empty()) throw InvalidArgument(what + ": needs at least one dimension");
+    const std::int64_t rows = in.shape[0];
+    const int n = rt.size();
+    if (splits.empty()) {
+      if (rows % n != 0) {
+        throw InvalidArgument(fmt::format(
+            "{}: {} rows do not split evenly over {} ranks; pass splits", what, rows, n));
+      }
+      req.splits.assign(static_cast<std::size_t>(n), rows / n);
+      return;
+    }
+    if (splits.size() != static_cast<std::size_t>(n)) {
+      throw InvalidArgument(fmt::format("{}: {} splits for {} ranks", what, splits.size(), n));
+    }
+    std::int64_t sum = 0;
+    for (auto s : splits) {
+      if (s < 0) throw InvalidArgument(fmt::format("{}: negative split {}", what, s));
+      sum += s;
+    }
+    if (sum != rows) {
+      throw InvalidArgument(fmt::format("{}: splits [{}] add up to {} but the input has {} rows",
+                                        what, fmt::join(splits, ", "), sum, rows));
+    }
+    req.splits = splits;
+  });
+  return submit(rt, std::move(req), in, in);
+}
+
+Handle reducescatter_async(Runtime& rt, const std::string& name, const TensorView& in, ReduceOp op,
+                           double prescale, double postscale) {
+  Request req = base_request(rt, name, Collective::kReducescatter, in);
+  req.op = op;
+  req.prescale = prescale;
+  req.postscale = postscale;
+  validated(rt, req, [&] {
+    const std::string what = describe(req);
+    check_user_name(what, name);
+    check_view(rt, what, "input", in);
+    check_op(what, in.dtype, op);
+    if (in.shape.empty()) throw InvalidArgument(what + ": needs at least one dimension");
+  });
+  return submit(rt, std::move(req), in, in);
+}
+
+void barrier(Runtime& rt) {
+  Request req;
+  req.name = rt.internal_name("barrier");
+  req.collective = Collective::kBarrier;
+  req.step = rt.versions().own();
+  submit(rt, std::move(req), {}, {}).wait();
+}
+
+int join(Runtime& rt) {
+  auto state = rt.request_join();
+  Handle(state).wait();
+  return state->join_last_rank;
+}
+
+}  // namespace gyre::core

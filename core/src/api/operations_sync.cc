@@ -1,0 +1,90 @@
+// The public divergence tools: fingerprint_check() and resync().
+//
+// Both are ordinary operations of the background thread with internal
+// names. fingerprint_check hashes the buffers here, on the caller's thread,
+// and the digests travel inside the negotiation request: comparing them
+// needs no transfer beyond the round itself. resync carries its policy and
+// a hash of the buffers' names, dtypes and shapes (checked at negotiation);
+// the background thread then broadcasts or averages the buffers.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "api/fingerprint.h"
+#include "api/operations.h"
+
+namespace gyre::core {
+
+namespace {
+
+void check_buffers(const char* call, const std::vector<NamedBuffer>& buffers) {
+  for (const auto& b : buffers) {
+    if (b.tensor.numel() > 0 && b.tensor.data == nullptr) {
+      throw InvalidArgument(fmt::format("{}: buffer '{}' is null but has {} elements", call,
+                                        b.name, b.tensor.numel()));
+    }
+    if (b.tensor.device.type != DeviceType::kCPU) {
+      throw InvalidArgument(fmt::format(
+          "{}: buffer '{}' is not a CPU tensor ({} is not supported on CUDA tensors yet)", call,
+          b.name, call));
+    }
+  }
+}
+
+std::shared_ptr<OpState> run(Runtime& rt, Request req,
+                                   const std::vector<NamedBuffer>& buffers) {
+  auto state = std::make_shared<OpState>();
+  LocalEntry e;
+  e.request = std::move(req);
+  e.state = state;
+  for (const auto& b : buffers) {
+    e.buffers.push_back(b.tensor);
+    e.buffer_names.push_back(b.name);
+  }
+  std::vector<LocalEntry> v;
+  v.push_back(std::move(e));
+  rt.queue().push(std::move(v));
+  Handle(state).wait();
+  return state;
+}
+
+}  // namespace
+
+std::vector<FingerprintMismatch> fingerprint_check(Runtime& rt,
+                                                   const std::vector<NamedBuffer>& buffers) {
+  check_buffers("fingerprint_check", buffers);
+  Request req;
+  req.name = rt.internal_name("fingerprint");
+  req.collective = Collective::kFingerprint;
+  req.step = rt.versions().own();
+  std::uint64_t names = buffers.size();
+  for (const auto& b : buffers) names = hash_combine(names, b.name);
+  req.digests.push_back(names);
+  for (const auto& b : buffers) {
+    req.digests.push_back(hash_bytes(b.tensor.data, b.tensor.nbytes(),
+                                           static_cast<std::uint64_t>(b.tensor.dtype)));
+  }
+  return run(rt, std::move(req), buffers)->mismatches;
+}
+
+void resync(Runtime& rt, const std::vector<NamedBuffer>& buffers, ResyncPolicy policy) {
+  check_buffers("resync", buffers);
+  std::uint64_t layout = buffers.size();
+  for (const auto& b : buffers) {
+    if (policy == ResyncPolicy::kAverage && !is_floating(b.tensor.dtype)) {
+      throw InvalidArgument(fmt::format(
+          "resync: buffer '{}' is {}; the average policy needs floating types", b.name,
+          dtype_name(b.tensor.dtype)));
+    }
+    layout = hash_combine(layout, b.name);
+    layout = hash_combine(layout, dtype_name(b.tensor.dtype));
+    layout = hash_combine(layout, fmt::format("{}", fmt::join(b.tensor.shape, ",")));
+  }
+  Request req;
+  req.name = rt.internal_name("resync");
+  req.collective = Collective::kResync;
+  req.step = rt.versions().own();
+  req.digests = {policy == ResyncPolicy::kNewest ? 0u : 1u, layout};
+  run(rt, std::move(req), buffers);
+}
+
+}  // namespace gyre::core

@@ -1,0 +1,54 @@
+// Executor: the divergence tools, fingerprint_check and resync.
+#include <fmt/format.h>
+
+#include "execution/executor.h"
+#include "api/fingerprint.h"
+#include "gyre/collectives/algorithms.h"
+
+namespace gyre::core {
+
+namespace {
+constexpr int kTagData = 2;
+}
+
+void Executor::run_fingerprint(Response& resp, Entry& entry) {
+  // The digests travelled in the requests (digests[0] hashes the names,
+  // then one digest per buffer): nothing left to send.
+  std::vector<std::vector<std::uint64_t>> digests(resp.per_rank.size());
+  for (std::size_t r = 0; r < resp.per_rank.size(); ++r) {
+    const auto& d = resp.per_rank[r]->digests;
+    digests[r].assign(d.begin() + 1, d.end());
+  }
+  entry->state->mismatches = find_mismatches(entry->buffer_names, digests);
+}
+
+void Executor::run_resync(Response& resp, Entry& entry) {
+  // digests[0]: 0 newest, 1 average. The newest rank is the one with the
+  // highest committed step, the lowest such rank on ties.
+  const bool average = resp.agreed.digests[0] != 0;
+  int root = 0;
+  std::uint64_t newest = 0;
+  for (std::size_t r = 0; r < resp.per_rank.size(); ++r) {
+    std::uint64_t s = resp.per_rank[r]->step;
+    if (s > newest) {
+      newest = s;
+      root = static_cast<int>(r);
+    }
+  }
+  collectives::RingOptions ro = ring_options();
+  for (const TensorView& b : entry->buffers) {
+    if (average) {
+      ro.postscale = 1.0 / resp.contributors;
+      collectives::allreduce(t_, b.data, b.data, static_cast<std::size_t>(b.numel()),
+                             b.dtype, ReduceOp::kSum, ro);
+    } else {
+      collectives::ring_broadcast(t_, b.data, b.nbytes(), root, ro);
+    }
+  }
+  vv_.set_all(newest);
+  log_.info("resync ({}): {} buffers {} rank {}; every rank now at step {}",
+            average ? "average" : "newest", entry->buffers.size(),
+            average ? "averaged, newest is" : "copied from", root, newest);
+}
+
+}  // namespace gyre::core

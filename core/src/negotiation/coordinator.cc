@@ -1,0 +1,283 @@
+#include "negotiation/coordinator.h"
+
+#include <algorithm>
+#include <functional>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "negotiation/version_vector.h"
+
+namespace gyre::core {
+
+bool Response::any_joined() const {
+  return std::find(joined.begin(), joined.end(), true) != joined.end();
+}
+
+namespace {
+
+std::string rank_list(const std::vector<int>& ranks) {
+  return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "));
+}
+
+// Compares one field across the submitting ranks. On disagreement returns
+// "ranks disagree on <field>: rank 0 has X; ranks 1, 2 have Y".
+std::optional<std::string> compare_field(
+    const Response& resp, const char* field,
+    const std::function<std::string(const Request&)>& value) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (std::size_t r = 0; r < resp.per_rank.size(); ++r) {
+    if (!resp.per_rank[r]) continue;
+    auto v = value(*resp.per_rank[r]);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first == v; });
+    if (it == groups.end()) groups.push_back({v, {static_cast<int>(r)}});
+    else it->second.push_back(static_cast<int>(r));
+  }
+  if (groups.size() <= 1) return std::nullopt;
+  std::string parts;
+  for (const auto& [v, ranks] : groups) {
+    if (!parts.empty()) parts += "; ";
+    parts += fmt::format("{} {} {}", rank_list(ranks), ranks.size() == 1 ? "has" : "have", v);
+  }
+  return fmt::format("ranks disagree on {}: {}", field, parts);
+}
+
+std::string shape_str(const std::vector<std::int64_t>& s) {
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
+
+std::string trailing_dims(const Request& r) {
+  if (r.shape.empty()) return "[] (a scalar; needs at least one dimension)";
+  return fmt::format("[*, {}]", fmt::join(r.shape.begin() + 1, r.shape.end(), ", "));
+}
+
+}  // namespace
+
+void Coordinator::add(int rank, Request r, Clock::time_point now) {
+  auto [it, fresh] = pending_.try_emplace(r.name);
+  Pending& p = it->second;
+  if (fresh) {
+    p.seq = next_seq_++;
+    p.first_seen = now;
+    p.per_rank.resize(static_cast<std::size_t>(size_));
+  }
+  // A rank that re-enqueues a name after announcing a failure for it
+  // replaces its failed request.
+  p.per_rank[static_cast<std::size_t>(rank)] = std::move(r);
+}
+
+Response Coordinator::make_response(const std::string& name, Pending& p) const {
+  Response resp;
+  resp.name = name;
+  resp.per_rank = std::move(p.per_rank);
+  resp.first_seen = p.first_seen;
+  resp.joined.assign(static_cast<std::size_t>(size_), false);
+  for (int r = 0; r < size_; ++r) {
+    const auto& req = resp.per_rank[static_cast<std::size_t>(r)];
+    if (req) {
+      if (resp.contributors == 0) resp.agreed = *req;
+      ++resp.contributors;
+    } else if (joined_[static_cast<std::size_t>(r)]) {
+      resp.joined[static_cast<std::size_t>(r)] = true;
+    }
+  }
+  resp.collective = resp.agreed.collective;
+  resp.agreed.error_kind = ErrorKind::kNone;
+  resp.agreed.error.clear();
+  check(resp);
+  return resp;
+}
+
+void Coordinator::check(Response& resp) const {
+  const std::string what = fmt::format("{} '{}'", collective_name(resp.collective), resp.name);
+  auto fail = [&](ErrorKind kind, const std::string& text) {
+    resp.error_kind = kind;
+    resp.error = fmt::format("{}: {}", what, text);
+  };
+  // A rank that failed the operation on its own: everyone fails it with
+  // that rank's reason.
+  for (std::size_t r = 0; r < resp.per_rank.size(); ++r) {
+    const auto& req = resp.per_rank[r];
+    if (req && req->error_kind != ErrorKind::kNone) {
+      fail(req->error_kind, fmt::format("failed on rank {}: {}", r, req->error));
+      return;
+    }
+  }
+  auto field = [&](const char* name, const std::function<std::string(const Request&)>& value) {
+    if (resp.error_kind != ErrorKind::kNone) return;
+    if (auto diff = compare_field(resp, name, value)) fail(ErrorKind::kMismatch, *diff);
+  };
+  field("collective", [](const Request& r) { return std::string(collective_name(r.collective)); });
+  field("group", [](const Request& r) {
+    return r.group_size ? fmt::format("group '{}' of {}", r.group, r.group_size)
+                        : std::string("no group");
+  });
+  if (!resp.ok()) return;
+  const Collective c = resp.collective;
+  const bool reduces = c == Collective::kAllreduce || c == Collective::kReducescatter;
+  if (c != Collective::kBarrier && c != Collective::kFingerprint && c != Collective::kResync) {
+    field("dtype", [](const Request& r) { return std::string(dtype_name(r.dtype)); });
+    // The device type only: ranks may use different GPU indices.
+    field("device", [](const Request& r) { return std::string(device_name(r.device.type)); });
+  }
+  if (reduces) {
+    field("reduce op", [](const Request& r) { return std::string(op_name(r.op)); });
+    field("prescale", [](const Request& r) { return fmt::format("{}", r.prescale); });
+    field("postscale", [](const Request& r) { return fmt::format("{}", r.postscale); });
+  }
+  if (c == Collective::kBroadcast) {
+    field("root", [](const Request& r) { return fmt::format("{}", r.root); });
+  }
+  if (reduces || c == Collective::kBroadcast) {
+    field("shape", [](const Request& r) { return shape_str(r.shape); });
+  }
+  if (c == Collective::kAllgather || c == Collective::kAlltoall) {
+    field("shape beyond the first dimension", trailing_dims);
+  }
+  if (c == Collective::kFingerprint) {
+    field("buffer names", [](const Request& r) {
+      return fmt::format("{} buffers (names hash {:016x})", r.digests.size() - 1, r.digests[0]);
+    });
+  }
+  if (c == Collective::kResync) {
+    field("policy", [](const Request& r) { return r.digests[0] == 0 ? "newest" : "average"; });
+    field("buffers", [](const Request& r) {
+      return fmt::format("names, dtypes and shapes hash {:016x}", r.digests[1]);
+    });
+  }
+  if (!resp.ok()) return;
+
+  // Version vectors: the steps carried by the requests of this tensor.
+  std::vector<std::optional<std::uint64_t>> steps(resp.per_rank.size());
+  for (std::size_t r = 0; r < resp.per_rank.size(); ++r) {
+    if (resp.per_rank[r]) steps[r] = resp.per_rank[r]->step;
+  }
+  // Only tensors of training steps are compared: fingerprint_check and
+  // resync are how diverged ranks are examined and repaired, and a barrier
+  // carries no data.
+  if (c != Collective::kResync && c != Collective::kFingerprint && c != Collective::kBarrier) {
+    if (auto text = check_lag(what, steps, max_lag_)) {
+      resp.error_kind = ErrorKind::kDivergence;
+      resp.error = *text;
+      return;
+    }
+  }
+
+  if (resp.any_joined()) {
+    std::vector<int> joined;
+    for (std::size_t r = 0; r < resp.joined.size(); ++r) {
+      if (resp.joined[r]) joined.push_back(static_cast<int>(r));
+    }
+    bool supported = c == Collective::kAllgather || c == Collective::kBarrier ||
+                     (reduces && (resp.agreed.op == ReduceOp::kSum ||
+                                  resp.agreed.op == ReduceOp::kAverage)) ||
+                     (c == Collective::kBroadcast && !resp.joined[static_cast<std::size_t>(
+                                                        std::clamp(resp.agreed.root, 0,
+                                                                   size_ - 1))]);
+    if (!supported) {
+      fail(ErrorKind::kState,
+           fmt::format("{} joined and cannot take part (a joined rank contributes zeros to sum "
+                       "and average reductions, no rows to allgather, and receives broadcasts "
+                       "from a rank that has not joined)",
+                       rank_list(joined)));
+    }
+  }
+}
+
+RoundOutcome Coordinator::process(const std::vector<RoundMessage>& msgs, ResponseCache& cache,
+                                  Clock::time_point now) {
+  RoundOutcome out;
+  // 1. Flags and submissions, in rank order, with the cache as it was at
+  //    the start of the round.
+  for (int r = 0; r < size_; ++r) {
+    const RoundMessage& m = msgs[static_cast<std::size_t>(r)];
+    if (m.shutdown && out.shutdown_rank < 0) out.shutdown_rank = r;
+    if (m.joined && !joined_[static_cast<std::size_t>(r)]) {
+      joined_[static_cast<std::size_t>(r)] = true;
+      join_order_.push_back(r);
+    }
+    for (auto slot : m.cache_hits) {
+      Request req = cache.at(slot);
+      req.step = m.step;
+      add(r, std::move(req), now);
+    }
+    for (const auto& req : m.requests) add(r, req, now);
+  }
+
+  // 2. Tensors the stall inspector of rank 0 gave up on.
+  for (const auto& m : msgs) {
+    for (const auto& name : m.stall_failures) {
+      auto it = pending_.find(name);
+      if (it == pending_.end()) continue;
+      std::vector<int> missing, present;
+      for (int r = 0; r < size_; ++r) {
+        (it->second.per_rank[static_cast<std::size_t>(r)] ? present : missing).push_back(r);
+      }
+      Response resp = make_response(name, it->second);
+      pending_.erase(it);
+      resp.error_kind = ErrorKind::kTimeout;
+      resp.error = fmt::format(
+          "{} '{}': stalled for more than {} s (GYRE_STALL_SHUTDOWN_S): {} never enqueued it "
+          "({} did)",
+          collective_name(resp.collective), name, stall_shutdown_s_, rank_list(missing),
+          rank_list(present));
+      out.responses.push_back(std::move(resp));
+    }
+  }
+
+  // 3. Ready tensors, in order of first arrival.
+  std::vector<std::pair<std::uint64_t, std::string>> ready;
+  for (const auto& [name, p] : pending_) {
+    bool all = true;
+    for (int r = 0; r < size_ && all; ++r) {
+      all = p.per_rank[static_cast<std::size_t>(r)] || joined_[static_cast<std::size_t>(r)];
+    }
+    if (all) ready.emplace_back(p.seq, name);
+  }
+  // Members of a grouped allreduce wait until the whole group is ready and
+  // then run together, ordered by the group's first arrival.
+  std::map<std::pair<std::string, std::uint32_t>, std::pair<std::uint32_t, std::uint64_t>> groups;
+  auto group_of = [&](const std::string& name) -> std::pair<std::string, std::uint32_t> {
+    for (const auto& req : pending_.at(name).per_rank) {
+      if (req) return {req->group, req->group_size};
+    }
+    return {};
+  };
+  for (const auto& [seq, name] : ready) {
+    auto g = group_of(name);
+    if (g.second < 2) continue;
+    auto& [count, first] = groups.try_emplace(g, 0u, seq).first->second;
+    ++count;
+    first = std::min(first, seq);
+  }
+  std::vector<std::pair<std::pair<std::uint64_t, std::uint64_t>, std::string>> order;
+  for (const auto& [seq, name] : ready) {
+    auto g = group_of(name);
+    if (g.second < 2) {
+      order.push_back({{seq, seq}, name});
+    } else if (groups[g].first >= g.second) {
+      order.push_back({{groups[g].second, seq}, name});
+    }
+  }
+  std::sort(order.begin(), order.end());
+  for (const auto& [key, name] : order) {
+    auto it = pending_.find(name);
+    Response resp = make_response(name, it->second);
+    pending_.erase(it);
+    if (resp.ok() && resp.collective != Collective::kBarrier &&
+        resp.collective != Collective::kFingerprint && resp.collective != Collective::kResync) {
+      cache.put(resp.agreed);
+    }
+    out.responses.push_back(std::move(resp));
+  }
+
+  // 4. Join completes once every rank has joined.
+  if (std::all_of(joined_.begin(), joined_.end(), [](bool j) { return j; })) {
+    out.join_completed = join_order_.back();
+    std::fill(joined_.begin(), joined_.end(), false);
+    join_order_.clear();
+  }
+  return out;
+}
+
+}  // namespace gyre::core

@@ -1,0 +1,85 @@
+// Coordinator: turns the messages of one negotiation round into the ordered
+// list of responses every rank runs.
+//
+// Each rank holds a Coordinator and feeds it the same gathered messages in
+// the same round, so every rank computes the same pending table, the same
+// consistency errors and the same responses in the same order without a
+// coordinating rank (see docs/architecture.md). A tensor is ready once every
+// rank that has not joined submitted it; ready tensors are ordered by when
+// the first request for them arrived (round, then rank, then position in
+// that rank's message), which does not depend on the order in which each
+// rank enqueued them.
+//
+// Thread: background thread only; pure computation, no transport.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "negotiation/message.h"
+#include "negotiation/response_cache.h"
+#include "queue/tensor_queue.h"
+
+namespace gyre::core {
+
+struct Response {
+  std::string name;
+  Collective collective = Collective::kAllreduce;
+  Request agreed;  // the request of the lowest submitting rank
+  std::vector<std::optional<Request>> per_rank;
+  std::vector<bool> joined;  // joined ranks that take part without a request
+  int contributors = 0;      // ranks that submitted a request
+  ErrorKind error_kind = ErrorKind::kNone;
+  std::string error;
+  Clock::time_point first_seen{};  // when this rank saw the first request
+
+  bool ok() const { return error_kind == ErrorKind::kNone; }
+  bool any_joined() const;
+};
+
+struct RoundOutcome {
+  std::vector<Response> responses;
+  int shutdown_rank = -1;             // lowest rank that asked to shut down
+  std::optional<int> join_completed;  // every rank joined: the last to join
+};
+
+class Coordinator {
+ public:
+  struct Pending {
+    std::uint64_t seq = 0;
+    Clock::time_point first_seen{};
+    std::vector<std::optional<Request>> per_rank;
+  };
+
+  Coordinator(int size, long max_version_lag, double stall_shutdown_s)
+      : size_(size), max_lag_(max_version_lag), stall_shutdown_s_(stall_shutdown_s),
+        joined_(static_cast<std::size_t>(size), false) {}
+
+  // msgs[r] is rank r's message of this round. Decodes cache hits with
+  // `cache` as it was at the start of the round, then updates it with the
+  // successful responses in order.
+  RoundOutcome process(const std::vector<RoundMessage>& msgs, ResponseCache& cache,
+                       Clock::time_point now);
+
+  const std::map<std::string, Pending>& pending() const { return pending_; }
+  const std::vector<bool>& joined() const { return joined_; }
+  int size() const { return size_; }
+
+ private:
+  void add(int rank, Request r, Clock::time_point now);
+  Response make_response(const std::string& name, Pending& p) const;
+  void check(Response& resp) const;
+
+  int size_;
+  long max_lag_;
+  double stall_shutdown_s_;
+  std::uint64_t next_seq_ = 0;
+  std::map<std::string, Pending> pending_;
+  std::vector<bool> joined_;
+  std::vector<int> join_order_;
+};
+
+}  // namespace gyre::core

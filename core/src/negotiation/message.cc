@@ -1,0 +1,244 @@
+#include "negotiation/message.h"
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+#include "gyre/error.h"
+
+namespace gyre::core {
+
+std::string_view collective_name(Collective c) {
+  switch (c) {
+    case Collective::kAllreduce: return "allreduce";
+    case Collective::kAllgather: return "allgather";
+    case Collective::kBroadcast: return "broadcast";
+    case Collective::kAlltoall: return "alltoall";
+    case Collective::kReducescatter: return "reducescatter";
+    case Collective::kBarrier: return "barrier";
+    case Collective::kFingerprint: return "fingerprint_check";
+    case Collective::kResync: return "resync";
+  }
+  return "unknown";
+}
+
+std::exception_ptr make_error(ErrorKind kind, const std::string& what) {
+  switch (kind) {
+    case ErrorKind::kInvalidArgument: return std::make_exception_ptr(InvalidArgument(what));
+    case ErrorKind::kMismatch: return std::make_exception_ptr(MismatchError(what));
+    case ErrorKind::kDivergence: return std::make_exception_ptr(DivergenceError(what));
+    case ErrorKind::kTimeout: return std::make_exception_ptr(TimeoutError(what));
+    case ErrorKind::kTransport: return std::make_exception_ptr(TransportError(what));
+    case ErrorKind::kState: return std::make_exception_ptr(StateError(what));
+    case ErrorKind::kNone: break;
+  }
+  return std::make_exception_ptr(Error(what));
+}
+
+std::size_t Request::nbytes() const {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return static_cast<std::size_t>(n) * dtype_size(dtype);
+}
+
+bool Request::same_operation(const Request& o) const {
+  return name == o.name && collective == o.collective && dtype == o.dtype && op == o.op &&
+         device == o.device && root == o.root && prescale == o.prescale &&
+         postscale == o.postscale && shape == o.shape && splits == o.splits &&
+         digests == o.digests && group == o.group && group_size == o.group_size;
+}
+
+namespace {
+
+class Writer {
+ public:
+  template <typename T>
+  void pod(T v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    auto at = out_.size();
+    out_.resize(at + sizeof(T));
+    std::memcpy(out_.data() + at, &v, sizeof(T));
+  }
+  void str(std::string_view s) {
+    pod<std::uint32_t>(static_cast<std::uint32_t>(s.size()));
+    auto at = out_.size();
+    out_.resize(at + s.size());
+    if (!s.empty()) std::memcpy(out_.data() + at, s.data(), s.size());
+  }
+  template <typename T>
+  void vec(const std::vector<T>& v) {
+    pod<std::uint32_t>(static_cast<std::uint32_t>(v.size()));
+    for (const auto& x : v) pod<T>(x);
+  }
+  std::vector<std::byte> take() { return std::move(out_); }
+  std::vector<std::byte>& bytes() { return out_; }
+
+ private:
+  std::vector<std::byte> out_;
+};
+
+class Reader {
+ public:
+  Reader(std::span<const std::byte> in, int from) : in_(in), from_(from) {}
+  template <typename T>
+  T pod() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, in_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  std::string str() {
+    auto n = pod<std::uint32_t>();
+    need(n);
+    std::string s(reinterpret_cast<const char*>(in_.data() + pos_), n);
+    pos_ += n;
+    return s;
+  }
+  template <typename T>
+  std::vector<T> vec() {
+    auto n = pod<std::uint32_t>();
+    need(static_cast<std::size_t>(n) * sizeof(T));
+    std::vector<T> v(n);
+    for (auto& x : v) x = pod<T>();
+    return v;
+  }
+  std::span<const std::byte> raw(std::size_t n) {
+    need(n);
+    auto s = in_.subspan(pos_, n);
+    pos_ += n;
+    return s;
+  }
+  bool done() const { return pos_ == in_.size(); }
+
+ private:
+  void need(std::size_t n) const {
+    if (n > in_.size() - pos_) {
+      throw TransportError(fmt::format(
+          "malformed negotiation message from rank {}: needs {} bytes at offset {} of {}",
+          from_, n, pos_, in_.size()));
+    }
+  }
+  std::span<const std::byte> in_;
+  std::size_t pos_ = 0;
+  int from_;
+};
+
+void put_request(Writer& w, const Request& r) {
+  w.str(r.name);
+  w.pod<std::uint8_t>(static_cast<std::uint8_t>(r.collective));
+  w.pod<std::uint8_t>(static_cast<std::uint8_t>(r.dtype));
+  w.pod<std::uint8_t>(static_cast<std::uint8_t>(r.op));
+  w.pod<std::uint8_t>(static_cast<std::uint8_t>(r.device.type));
+  w.pod<std::int32_t>(r.device.index);
+  w.pod<std::int32_t>(r.root);
+  w.pod<double>(r.prescale);
+  w.pod<double>(r.postscale);
+  w.pod<std::uint64_t>(r.step);
+  w.vec(r.shape);
+  w.vec(r.splits);
+  w.vec(r.digests);
+  w.str(r.group);
+  w.pod<std::uint32_t>(r.group_size);
+  w.pod<std::uint8_t>(static_cast<std::uint8_t>(r.error_kind));
+  w.str(r.error);
+}
+
+template <typename E>
+E checked_enum(Reader& rd, int limit, const char* what, int from) {
+  auto v = rd.pod<std::uint8_t>();
+  if (v >= limit) {
+    throw TransportError(
+        fmt::format("malformed negotiation message from rank {}: {} value {}", from, what, v));
+  }
+  return static_cast<E>(v);
+}
+
+Request get_request(Reader& rd, int from) {
+  Request r;
+  r.name = rd.str();
+  r.collective = checked_enum<Collective>(rd, kNumCollectives, "collective", from);
+  r.dtype = checked_enum<DataType>(rd, kNumDataTypes, "dtype", from);
+  r.op = checked_enum<ReduceOp>(rd, kNumReduceOps, "reduce op", from);
+  r.device.type = checked_enum<DeviceType>(rd, 2, "device", from);
+  r.device.index = rd.pod<std::int32_t>();
+  r.root = rd.pod<std::int32_t>();
+  r.prescale = rd.pod<double>();
+  r.postscale = rd.pod<double>();
+  r.step = rd.pod<std::uint64_t>();
+  r.shape = rd.vec<std::int64_t>();
+  r.splits = rd.vec<std::int64_t>();
+  r.digests = rd.vec<std::uint64_t>();
+  r.group = rd.str();
+  r.group_size = rd.pod<std::uint32_t>();
+  r.error_kind = checked_enum<ErrorKind>(rd, 7, "error kind", from);
+  r.error = rd.str();
+  return r;
+}
+
+constexpr std::uint8_t kFlagShutdown = 1, kFlagJoined = 2;
+
+}  // namespace
+
+std::vector<std::byte> encode(const RoundMessage& m) {
+  Writer w;
+  w.pod<std::uint32_t>(0);  // total length, patched below
+  std::uint8_t flags = (m.shutdown ? kFlagShutdown : 0) | (m.joined ? kFlagJoined : 0);
+  w.pod<std::uint8_t>(flags);
+  w.pod<std::uint64_t>(m.step);
+  // Cache hits as a bit vector over slots 0..max: in steady state every
+  // tensor is a hit and this is the whole message body.
+  std::uint32_t nbits = 0;
+  for (auto s : m.cache_hits) nbits = std::max(nbits, s + 1);
+  w.pod<std::uint32_t>(nbits);
+  std::vector<std::uint8_t> bits((nbits + 7) / 8, 0);
+  for (auto s : m.cache_hits) bits[s / 8] |= static_cast<std::uint8_t>(1u << (s % 8));
+  for (auto b : bits) w.pod<std::uint8_t>(b);
+  w.pod<std::uint32_t>(static_cast<std::uint32_t>(m.requests.size()));
+  for (const auto& r : m.requests) put_request(w, r);
+  w.pod<std::uint32_t>(static_cast<std::uint32_t>(m.stall_failures.size()));
+  for (const auto& s : m.stall_failures) w.str(s);
+  auto out = w.take();
+  auto len = static_cast<std::uint32_t>(out.size());
+  std::memcpy(out.data(), &len, sizeof(len));
+  return out;
+}
+
+std::uint32_t encoded_length(std::span<const std::byte> first_bytes) {
+  std::uint32_t len = 0;
+  if (first_bytes.size() >= sizeof(len)) std::memcpy(&len, first_bytes.data(), sizeof(len));
+  return len;
+}
+
+RoundMessage decode(std::span<const std::byte> bytes, int from_rank) {
+  Reader rd(bytes, from_rank);
+  RoundMessage m;
+  auto len = rd.pod<std::uint32_t>();
+  if (len != bytes.size()) {
+    throw TransportError(fmt::format(
+        "malformed negotiation message from rank {}: length field {} but {} bytes", from_rank,
+        len, bytes.size()));
+  }
+  auto flags = rd.pod<std::uint8_t>();
+  m.shutdown = flags & kFlagShutdown;
+  m.joined = flags & kFlagJoined;
+  m.step = rd.pod<std::uint64_t>();
+  auto nbits = rd.pod<std::uint32_t>();
+  auto bits = rd.raw((static_cast<std::size_t>(nbits) + 7) / 8);
+  for (std::uint32_t s = 0; s < nbits; ++s) {
+    if (std::to_integer<unsigned>(bits[s / 8]) & (1u << (s % 8))) m.cache_hits.push_back(s);
+  }
+  auto nreq = rd.pod<std::uint32_t>();
+  for (std::uint32_t i = 0; i < nreq; ++i) m.requests.push_back(get_request(rd, from_rank));
+  auto nstall = rd.pod<std::uint32_t>();
+  for (std::uint32_t i = 0; i < nstall; ++i) m.stall_failures.push_back(rd.str());
+  if (!rd.done()) {
+    throw TransportError(
+        fmt::format("malformed negotiation message from rank {}: trailing bytes", from_rank));
+  }
+  return m;
+}
+
+}  // namespace gyre::core

@@ -1,0 +1,51 @@
+// ResponseCache: the requests of recently completed operations, by slot.
+//
+// Every rank holds an identical copy: it is only changed by the background
+// thread while it processes the agreed responses of a round, in the agreed
+// order, so the same inserts, touches and evictions happen everywhere. A
+// rank that enqueues a request equal to a cached one sends the slot number
+// (one bit) instead of the request; receivers look the slot up in their own
+// copy. Eviction is least-recently-used. Capacity 0 disables the cache.
+//
+// Thread: background thread only.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "negotiation/message.h"
+
+namespace gyre::core {
+
+class ResponseCache {
+ public:
+  explicit ResponseCache(std::size_t capacity) : capacity_(capacity) {}
+
+  // The slot holding a request equal to `r` (same_operation), if any.
+  std::optional<std::uint32_t> find(const Request& r) const;
+  // The request cached in `slot`; throws TransportError for an empty slot
+  // (a peer referring to a slot this rank does not hold: caches diverged).
+  const Request& at(std::uint32_t slot) const;
+  // Inserts or refreshes the entry for r.name (replacing a different
+  // request of the same name) and marks it most recently used.
+  void put(const Request& r);
+  std::size_t size() const { return by_name_.size(); }
+  std::size_t capacity() const { return capacity_; }
+
+ private:
+  struct Entry {
+    Request request;
+    std::list<std::uint32_t>::iterator lru_pos;
+    bool used = false;
+  };
+  std::size_t capacity_;
+  std::vector<Entry> slots_;
+  std::unordered_map<std::string, std::uint32_t> by_name_;
+  std::list<std::uint32_t> lru_;  // front: most recently used
+};
+
+}  // namespace gyre::core

@@ -1,0 +1,104 @@
+#include "queue/tensor_queue.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "gyre/error.h"
+
+namespace gyre::core {
+
+void TensorQueue::push(std::vector<LocalEntry> entries) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_reason_) throw StateError(*closed_reason_);
+    std::unordered_set<std::string> seen;
+    for (const auto& e : entries) {
+      const auto& name = e.request.name;
+      if (table_.count(name) || !seen.insert(name).second) {
+        throw InvalidArgument(fmt::format(
+            "{} '{}': an operation with this name is already pending on this rank; wait for it "
+            "before enqueueing the name again",
+            collective_name(e.request.collective), name));
+      }
+    }
+    auto now = Clock::now();
+    for (auto& e : entries) {
+      e.enqueued = now;
+      fresh_.push_back(e.request);
+      std::string name = e.request.name;
+      table_.emplace(std::move(name), std::move(e));
+    }
+  }
+  cv_.notify_one();
+}
+
+void TensorQueue::announce_failure(Request r) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_reason_) return;
+    fresh_.push_back(std::move(r));
+  }
+  cv_.notify_one();
+}
+
+std::vector<Request> TensorQueue::drain_new() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Request> out;
+  out.swap(fresh_);
+  woken_ = false;
+  auto now = Clock::now();
+  for (const auto& r : out) {
+    auto it = table_.find(r.name);
+    if (it != table_.end()) it->second.sent = now;
+  }
+  return out;
+}
+
+std::optional<LocalEntry> TensorQueue::take(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = table_.find(name);
+  if (it == table_.end()) return std::nullopt;
+  LocalEntry e = std::move(it->second);
+  table_.erase(it);
+  return e;
+}
+
+std::vector<LocalEntry> TensorQueue::close(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!closed_reason_) closed_reason_ = reason;  // the first reason is the cause
+  std::vector<LocalEntry> out;
+  for (auto& [name, e] : table_) out.push_back(std::move(e));
+  table_.clear();
+  fresh_.clear();
+  return out;
+}
+
+void TensorQueue::wait_for_work(std::chrono::microseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return !fresh_.empty() || woken_; });
+}
+
+void TensorQueue::wake() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    woken_ = true;
+  }
+  cv_.notify_one();
+}
+
+std::vector<std::string> TensorQueue::pending_names() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out;
+  for (const auto& [name, e] : table_) out.push_back(name);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::size_t TensorQueue::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return table_.size();
+}
+
+}  // namespace gyre::core

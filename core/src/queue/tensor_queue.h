@@ -1,0 +1,74 @@
+// TensorQueue: this rank's enqueued operations, keyed by name.
+//
+// User threads push entries (enqueue) and the background thread drains the
+// requests enqueued since the previous round into its negotiation message,
+// then takes each entry out when its response has run. An entry stays in
+// the table until then, which is what makes a second enqueue of the same
+// name an error. The background thread sleeps in wait_for_work() until an
+// enqueue, a wake() or the cycle time.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "gyre/gyre.h"
+#include "negotiation/message.h"
+#include "queue/op_state.h"
+
+namespace gyre::core {
+
+using Clock = std::chrono::steady_clock;
+
+struct LocalEntry {
+  Request request;
+  TensorView in;
+  TensorView out;
+  // fingerprint_check / resync: the buffers and their names.
+  std::vector<TensorView> buffers;
+  std::vector<std::string> buffer_names;
+  std::shared_ptr<OpState> state;
+  Clock::time_point enqueued{};
+  Clock::time_point sent{};  // drained into a negotiation message
+};
+
+class TensorQueue {
+ public:
+  // Adds entries atomically (a grouped operation goes into one round).
+  // Throws InvalidArgument if a name is already pending on this rank, or is
+  // repeated in `entries`, and StateError once closed.
+  void push(std::vector<LocalEntry> entries);
+  // Queues a request that failed on this rank so the other ranks fail it
+  // too; it has no local entry.
+  void announce_failure(Request r);
+
+  // Background thread: the requests enqueued since the last call.
+  std::vector<Request> drain_new();
+  // Background thread: removes and returns the entry for `name`.
+  std::optional<LocalEntry> take(const std::string& name);
+  // Removes every entry and refuses further pushes with `reason`.
+  std::vector<LocalEntry> close(const std::string& reason);
+
+  // Background thread: sleeps until new work, wake(), or `timeout`.
+  void wait_for_work(std::chrono::microseconds timeout);
+  void wake();
+
+  std::vector<std::string> pending_names() const;
+  std::size_t size() const;
+
+ private:
+  // Guards table_, fresh_, woken_ and closed_reason_.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::unordered_map<std::string, LocalEntry> table_;
+  std::vector<Request> fresh_;  // enqueued since the last drain
+  bool woken_ = false;
+  std::optional<std::string> closed_reason_;
+};
+
+}  // namespace gyre::core

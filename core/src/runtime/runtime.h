@@ -1,0 +1,125 @@
+// Runtime: one rank's gyre instance: the queue, the background thread and
+// everything it drives (negotiation, fusion, execution, timeline, stall
+// inspection).
+//
+// The public API (operations.cc) holds one Runtime over an MPI transport;
+// tests build several over LocalTransports, one per rank thread, in one
+// process. User threads call enqueue(), request_join(), versions() and
+// shutdown(); only the background thread touches the transport.
+//
+// The background loop: sleep until an enqueue (or join/shutdown request) or
+// cycle_time_ms, then run one negotiation round: encode this rank's
+// RoundMessage, allgather all messages, let the Coordinator compute the
+// responses, run them. A round is a collective, so every rank runs the same
+// rounds; the loop ends in the round in which any rank's message carries the
+// shutdown flag, on every rank alike.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "negotiation/coordinator.h"
+#include "execution/executor.h"
+#include "gyre/collectives/transport.h"
+#include "gyre/options.h"
+#include "runtime/logging.h"
+#include "negotiation/response_cache.h"
+#include "runtime/stall_inspector.h"
+#include "queue/tensor_queue.h"
+#include "runtime/timeline.h"
+#include "negotiation/version_vector.h"
+
+namespace gyre::core {
+
+struct RuntimeInfo {
+  int local_rank = 0;
+  int local_size = 1;
+  // Called when the job cannot go on (a transfer timed out, the transport
+  // failed): MpiWorld::abort for MPI. If it returns (tests), the runtime
+  // fails every pending operation and stops.
+  std::function<void(int code)> abort;
+};
+
+class Runtime {
+ public:
+  Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, RuntimeInfo info);
+  ~Runtime();  // shutdown() if not done
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return info_.local_rank; }
+  int local_size() const { return info_.local_size; }
+  const Options& options() const { return opt_; }
+  const Logger& log() const { return log_; }
+
+  TensorQueue& queue() { return queue_; }
+  VersionVector& versions() { return vv_; }
+  // A fresh name for an internal collective ("__gyre.barrier.3"): every
+  // rank makes the same calls in the same order, so the names match.
+  std::string internal_name(const char* what);
+
+  // The CUDA device of this rank's CUDA tensors: the first call binds
+  // `index` and returns it; later calls return the bound device (gyre's
+  // NCCL communicator uses one GPU per rank). Any thread.
+  int claim_cuda_device(int index);
+
+  // join(): this rank's next messages carry the joined flag until every
+  // rank has joined; the returned state completes with the last rank.
+  std::shared_ptr<OpState> request_join();
+
+  // Asks the background loop to stop (it stops on every rank in the same
+  // round), waits for it, fails what is still pending with StateError.
+  void shutdown();
+
+  // Statistics for tests and benchmarks (background-thread counters).
+  std::uint64_t rounds() const { return rounds_.load(); }
+  int fusion_allocations() const { return executor_.fusion_buffer().allocations(); }
+
+ private:
+  void loop();
+  // Throws InvalidArgument on every rank when the options that every rank
+  // must share differ between ranks (see runtime.cc).
+  void check_options_agree();
+  bool round();  // false: leave the loop
+  std::vector<RoundMessage> exchange(const RoundMessage& mine);
+  void fail_all(ErrorKind kind, const std::string& why);
+  void fatal(const std::exception& e);
+
+  Options opt_;
+  std::unique_ptr<transport::Transport> t_;
+  RuntimeInfo info_;
+  int rank_, size_;
+  Logger log_;
+  TensorQueue queue_;
+  VersionVector vv_;
+  ResponseCache cache_;
+  Coordinator coord_;
+  StallInspector stall_;
+  std::unique_ptr<Timeline> timeline_;
+  Executor executor_;
+
+  std::atomic<bool> shutdown_requested_{false};
+  std::atomic<bool> join_requested_{false};
+  // Guards join_state_ and shutdown_done_.
+  std::mutex mu_;
+  std::shared_ptr<OpState> join_state_;
+  bool shutdown_done_ = false;
+
+  std::vector<std::string> stall_failures_;  // background thread: for the next message
+  std::string phase_;                        // background thread: what it is doing (errors)
+  bool last_round_idle_ = false;             // background thread: see loop()
+  std::atomic<bool> stopped_{false};         // the background loop has ended
+  std::atomic<std::uint64_t> rounds_{0};
+  std::atomic<std::uint64_t> internal_seq_{0};
+  std::atomic<int> cuda_device_{-1};         // claim_cuda_device(); -1: none yet
+  std::thread thread_;
+};
+
+}  // namespace gyre::core
