@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Checks the layering of the source tree: no include runs upward.
+
+Layers, lowest first:
+  base/include/gyre        the shared vocabulary (dtypes, reduce ops, errors)
+  collectives/             algorithms and transports: base and collectives headers only
+  core/include/gyre        the public C++ API: base, collectives' public headers are not part of it
+  core/src                 the runtime: anything above
+
+Also: GYRE_HAVE_NCCL, the switch of the GPU build, appears in C++ sources only under
+core/src/backends/nccl/ and in the one file that registers the backends
+(core/src/backends/registry.cc), so no other file changes with the build.
+
+Usage: check_layers.py SOURCE_ROOT. Prints every violation; exits 1 if there is any.
+"""
+import pathlib
+import re
+import sys
+
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.M)
+SOURCES = (".h", ".cc", ".cu", ".cuh", ".hpp", ".cpp")
+
+
+def files(root, sub):
+    base = root / sub
+    return [p for p in base.rglob("*") if p.suffix in SOURCES] if base.is_dir() else []
+
+
+def gyre_includes(path):
+    return [m.group(1) for m in INCLUDE.finditer(path.read_text(errors="replace"))]
+
+
+def main():
+    root = pathlib.Path(sys.argv[1]).resolve()
+    base_headers = {f"gyre/{p.name}" for p in (root / "base/include/gyre").glob("*.h")}
+    api_headers = {f"gyre/{p.name}" for p in (root / "core/include/gyre").glob("*.h")}
+    errors = []
+
+    def check(sub, allowed, what):
+        for f in files(root, sub):
+            for inc in gyre_includes(f):
+                if inc.startswith("gyre/") and not allowed(inc):
+                    errors.append(f"{f.relative_to(root)}: includes {inc}, {what}")
+
+    check("base", lambda inc: inc in base_headers,
+          "but the base layer includes only its own headers")
+    check("collectives", lambda inc: inc in base_headers or inc.startswith("gyre/collectives/"),
+          "but collectives/ may include only base/ and collectives/ headers")
+    check("core/include", lambda inc: inc in base_headers or inc in api_headers,
+          "but a public header may include only public and base headers")
+    for f in files(root, "collectives") + files(root, "base") + files(root, "core/include"):
+        for inc in gyre_includes(f):
+            top = inc.split("/")[0]
+            if top in {"api", "queue", "negotiation", "fusion", "execution", "backends", "runtime"}:
+                errors.append(f"{f.relative_to(root)}: includes the runtime's internal {inc}")
+
+    nccl_home = root / "core/src/backends/nccl"
+    registry = root / "core/src/backends/registry.cc"
+    for sub in ("base", "collectives", "core", "bindings"):
+        for f in files(root, sub):
+            if "GYRE_HAVE_NCCL" not in f.read_text(errors="replace"):
+                continue
+            if f == registry or nccl_home in f.parents:
+                continue
+            errors.append(f"{f.relative_to(root)}: uses GYRE_HAVE_NCCL outside "
+                          "core/src/backends/nccl/ and core/src/backends/registry.cc")
+
+    for e in errors:
+        print(e)
+    print(f"layering: {len(errors)} violation(s)")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
