@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Simulated hosts on one machine: runs an MPI job across N "hosts", each its
+# own network namespace (and UTS namespace, so each has its own host name),
+# joined by veth links to a bridge and shaped with tc like a datacenter link.
+# Open MPI launches across them as across real hosts (an rsh agent enters the
+# host's namespace), so it sees separate nodes: TCP between hosts, shared
+# memory within a host.
+#
+#   scripts/hosts.sh check                       exit 0 if namespaces can be made here
+#   scripts/hosts.sh run HOSTS SLOTS CMD ARGS..  mpirun -np HOSTS*SLOTS across HOSTS hosts
+#
+# The addresses (10.213.0.0/24) exist only inside the namespaces this script
+# creates; the bridge has none, so nothing outside them is reachable from the
+# job nor the job from outside. Everything is torn down on exit, also on error
+# or Ctrl-C. Link shaping: a token bucket (tc tbf) of GYRE_HOSTS_RATE
+# (default 10gbit, a common datacenter NIC) on both ends of every host's link;
+# GYRE_HOSTS_RATE=none leaves links unshaped. The latency is the veth pair's
+# own (docs/benchmarks.md measures it): netem, which could add delay, is not
+# in every kernel (not in this machine's), so it is not relied on.
+# Extra mpirun arguments: GYRE_HOSTS_MPIRUN_ARGS.
+set -euo pipefail
+
+subnet=10.213.0
+rate=${GYRE_HOSTS_RATE:-10gbit}
+id=$(( $$ % 100000 ))
+prefix=gy${id}            # interface names must stay under 16 characters
+bridge=${prefix}br
+
+ns_of() { echo "gyre${id}-h$1"; }
+host_of() { echo "host$1"; }
+
+can_make_namespaces() {
+  [ "$(id -u)" -eq 0 ] || { echo "hosts.sh: needs root to create network namespaces"; return 1; }
+  command -v ip >/dev/null && command -v tc >/dev/null && command -v unshare >/dev/null ||
+    { echo "hosts.sh: needs ip, tc (iproute2) and unshare (util-linux)"; return 1; }
+  local probe="gyre${id}-probe" out
+  if ! out=$(ip netns add "$probe" 2>&1); then
+    echo "hosts.sh: cannot create a network namespace here: $out"; return 1
+  fi
+  ip netns del "$probe"
+  if ! out=$(ip link add "${prefix}pr" type bridge 2>&1); then
+    echo "hosts.sh: cannot create a bridge here: $out"; return 1
+  fi
+  ip link del "${prefix}pr"
+  if ! out=$(unshare --uts true 2>&1); then
+    echo "hosts.sh: cannot create a UTS namespace here: $out"; return 1
+  fi
+}
+
+teardown() {
+  local n=$1
+  for ((h = 0; h < n; h++)); do
+    ip netns del "$(ns_of $h)" 2>/dev/null || true
+    rm -rf "/etc/netns/$(ns_of $h)"
+  done
+  ip link del "$bridge" 2>/dev/null || true
+  rm -f "$agent"
+}
+
+setup() {
+  local n=$1 h ns
+  ip link add "$bridge" type bridge
+  ip link set "$bridge" up
+  for ((h = 0; h < n; h++)); do
+    ns=$(ns_of $h)
+    ip netns add "$ns"
+    ip link add "${prefix}h$h" type veth peer name "${prefix}p$h"
+    ip link set "${prefix}h$h" master "$bridge" up
+    ip link set "${prefix}p$h" netns "$ns"
+    ip -n "$ns" link set "${prefix}p$h" name eth0
+    ip -n "$ns" addr add "$subnet.$((h + 1))/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+    if [ "$rate" != none ]; then
+      # Both directions: egress of the host's end and of the bridge's end.
+      ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$rate" burst 1mb latency 5ms
+      tc qdisc add dev "${prefix}h$h" root tbf rate "$rate" burst 1mb latency 5ms
+    fi
+    # `ip netns exec` bind-mounts /etc/netns/NS/hosts over /etc/hosts.
+    mkdir -p "/etc/netns/$ns"
+    {
+      echo "127.0.0.1 localhost"
+      for ((g = 0; g < n; g++)); do echo "$subnet.$((g + 1)) $(host_of $g)"; done
+    } > "/etc/netns/$ns/hosts"
+  done
+  # The rsh agent: `agent [options] HOST COMMAND...` runs COMMAND on HOST,
+  # i.e. in HOST's network namespace under a UTS namespace named after it.
+  cat > "$agent" <<AGENT
+#!/usr/bin/env bash
+while [ \$# -gt 0 ] && [ "\${1#-}" != "\$1" ]; do shift; done
+host=\$1; shift
+h=\${host#host}
+exec ip netns exec "gyre${id}-h\$h" unshare --uts bash -c "hostname \$host && \$*"
+AGENT
+  chmod +x "$agent"
+}
+
+case "${1:-}" in
+  check)
+    can_make_namespaces
+    ;;
+  run)
+    shift
+    [ $# -ge 3 ] || { echo "usage: hosts.sh run HOSTS SLOTS CMD [ARGS...]" >&2; exit 2; }
+    hosts=$1 slots=$2; shift 2
+    why=$(can_make_namespaces) || { echo "$why" >&2; exit 77; }
+    agent=$(mktemp /tmp/gyre-rsh-agent.XXXXXX)
+    trap 'teardown "$hosts"' EXIT
+    trap 'exit 130' INT TERM
+    setup "$hosts"
+    hostlist=""
+    for ((h = 0; h < hosts; h++)); do hostlist+="${hostlist:+,}$(host_of $h):$slots"; done
+    # mpirun itself runs on host0, like a job launched from its first node.
+    cmd=(mpirun --allow-run-as-root --oversubscribe -np $((hosts * slots)) --host "$hostlist"
+         --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1
+         --mca btl tcp,vader,self --mca btl_tcp_if_include "$subnet.0/24"
+         --mca oob_tcp_if_include "$subnet.0/24"
+         ${GYRE_HOSTS_MPIRUN_ARGS:-} "$@")
+    ip netns exec "$(ns_of 0)" unshare --uts bash -c 'hostname "$0" && exec "$@"' "$(host_of 0)" \
+      "${cmd[@]}"
+    ;;
+  *)
+    echo "usage: hosts.sh check | run HOSTS SLOTS CMD [ARGS...]" >&2
+    exit 2
+    ;;
+esac
