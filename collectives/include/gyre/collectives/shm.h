@@ -1,0 +1,115 @@
+// Shared memory between the ranks of one host: the segment, the group laid
+// out in it, and the allreduce that reads every rank's data in place.
+//
+// A ShmGroup is p ranks (p <= kShmMaxRanks) over one memory region that all
+// of them map: a header of per-rank counters, then one slot of slot_bytes per
+// rank. Ranks synchronise through the counters alone (acquire/release atomics,
+// no system call): every rank runs the same sequence of collectives, and each
+// collective advances every rank's counter by the same amount, so "all
+// counters have reached my own" is a barrier.
+//
+// Who owns what: the region belongs to the caller (a ShmSegment for
+// processes, any shared buffer for ranks as threads in a test), and must
+// outlive the group. Each rank drives its own ShmGroup from one thread.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "gyre/types.h"
+
+namespace gyre::collectives {
+
+inline constexpr int kShmMaxRanks = 64;
+
+// A POSIX shared-memory segment private to one job: created exclusively with
+// mode 0600 under a name unique to the job, mapped, and unlinked by its
+// creator as soon as every rank has mapped it (unlink()), so that a crash
+// leaves nothing in /dev/shm. Unmapped on destruction.
+class ShmSegment {
+ public:
+  // Creates and maps `bytes` zero-filled bytes; throws TransportError naming
+  // the segment and errno's text.
+  static ShmSegment create(const std::string& name, std::size_t bytes);
+  // Maps an existing segment of `bytes` bytes.
+  static ShmSegment open(const std::string& name, std::size_t bytes);
+  ShmSegment() = default;  // maps nothing
+  ShmSegment(ShmSegment&& o) noexcept;
+  ShmSegment& operator=(ShmSegment&& o) noexcept;
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+  ~ShmSegment();
+
+  void* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  const std::string& name() const { return name_; }
+  // Removes the name (the mapping stays valid); idempotent.
+  void unlink();
+
+ private:
+  ShmSegment(std::string name, void* data, std::size_t size, bool owner)
+      : name_(std::move(name)), data_(data), size_(size), owner_(owner) {}
+  std::string name_;
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+  bool owner_ = false;  // the creator unlinks
+};
+
+struct ShmOptions {
+  // Bytes of each rank's slot: the chunk of a pipelined collective. Small
+  // enough that a chunk stays in cache between being written and read.
+  std::size_t slot_bytes = 256u << 10;
+  // A wait for a peer longer than this throws TimeoutError naming the ranks
+  // waited for (zero: forever).
+  std::chrono::milliseconds timeout{0};
+  // Polls without pause for `spin`, then naps between polls, doubling up to
+  // `max_nap` (zero: spin forever).
+  std::chrono::microseconds spin{100};
+  std::chrono::microseconds max_nap{200};
+};
+
+class ShmGroup {
+ public:
+  // Bytes a region must have for `size` ranks with the given slot size.
+  static std::size_t region_bytes(int size, std::size_t slot_bytes);
+
+  // `region`: region_bytes(size, opt.slot_bytes) bytes, zero-filled before
+  // any rank uses it, 64-byte aligned, mapped by every rank of the group.
+  ShmGroup(void* region, int rank, int size, const ShmOptions& opt);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  std::size_t slot_bytes() const { return opt_.slot_bytes; }
+  std::byte* slot(int r) const;
+
+  // Barrier: publishes that this rank reached the next point, waits until
+  // every rank has. Throws TimeoutError after opt.timeout, TransportError if
+  // another rank marked the group failed.
+  void barrier();
+  // Marks the group failed, so peers blocked in barrier() throw instead of
+  // waiting for this rank. Called when a rank leaves a collective early.
+  void fail() noexcept;
+
+ private:
+  struct Header;
+  Header* header_;
+  std::byte* slots_;
+  int rank_, size_;
+  ShmOptions opt_;
+  std::uint64_t epoch_ = 0;  // barriers this rank has passed
+};
+
+// Allreduce of `count` elements over the group: out = op over ranks of in
+// (in == out allowed). Pipelined through the slots one chunk at a time: each
+// rank copies its chunk into its slot, reduces its share of the chunk
+// straight from every rank's slot, writes the reduced share into every
+// rank's slot, and copies the whole reduced chunk out. Every element is
+// reduced by one rank, in rank order, so every rank holds the same bits.
+// `prescale` scales each input and `postscale` the result (floating types);
+// kAverage is the sum with 1/size folded into the postscale.
+void shm_allreduce(ShmGroup& g, const void* in, void* out, std::size_t count, DataType dt,
+                   ReduceOp op, double prescale = 1.0, double postscale = 1.0);
+
+}  // namespace gyre::collectives

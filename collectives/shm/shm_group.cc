@@ -1,0 +1,98 @@
+// ShmGroup: the layout of a shared region (counters, then slots) and the
+// counter barrier.
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "gyre/collectives/shm.h"
+#include "gyre/error.h"
+
+namespace gyre::collectives {
+
+namespace {
+constexpr std::size_t kLine = 64;
+std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+}  // namespace
+
+// Each counter on a cache line of its own: a rank's release store must not
+// invalidate the line its peers are polling for another rank.
+struct ShmGroup::Header {
+  struct alignas(kLine) Counter {
+    std::atomic<std::uint64_t> value;
+  };
+  Counter arrived[kShmMaxRanks];  // barriers passed by each rank
+  Counter failed;                 // nonzero: 1 + the rank that failed
+};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
+              "counters in shared memory need lock-free 64-bit atomics");
+
+std::size_t ShmGroup::region_bytes(int size, std::size_t slot_bytes) {
+  return round_up(sizeof(Header), kLine) +
+         static_cast<std::size_t>(size) * round_up(slot_bytes, kLine);
+}
+
+ShmGroup::ShmGroup(void* region, int rank, int size, const ShmOptions& opt)
+    : header_(static_cast<Header*>(region)),
+      slots_(static_cast<std::byte*>(region) + round_up(sizeof(Header), kLine)),
+      rank_(rank), size_(size), opt_(opt) {
+  if (size < 1 || size > kShmMaxRanks || rank < 0 || rank >= size) {
+    throw InvalidArgument(fmt::format("shared memory group: rank {} of {} (at most {} ranks)",
+                                      rank, size, kShmMaxRanks));
+  }
+  if (opt.slot_bytes < kLine || reinterpret_cast<std::uintptr_t>(region) % kLine != 0) {
+    throw InvalidArgument(fmt::format(
+        "shared memory group: slot of {} bytes (at least {}) in a region at {} (64-byte aligned)",
+        opt.slot_bytes, kLine, region));
+  }
+  opt_.slot_bytes = round_up(opt.slot_bytes, kLine);
+  epoch_ = header_->arrived[rank].value.load(std::memory_order_acquire);
+}
+
+std::byte* ShmGroup::slot(int r) const {
+  return slots_ + static_cast<std::size_t>(r) * opt_.slot_bytes;
+}
+
+void ShmGroup::fail() noexcept {
+  std::uint64_t none = 0;
+  header_->failed.value.compare_exchange_strong(none, static_cast<std::uint64_t>(rank_) + 1,
+                                                std::memory_order_acq_rel);
+}
+
+void ShmGroup::barrier() {
+  ++epoch_;
+  header_->arrived[rank_].value.store(epoch_, std::memory_order_release);
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto nap = std::chrono::microseconds(5);
+  for (int q = 0; q < size_;) {
+    if (header_->arrived[q].value.load(std::memory_order_acquire) >= epoch_) {
+      ++q;
+      continue;
+    }
+    if (auto f = header_->failed.value.load(std::memory_order_acquire)) {
+      throw TransportError(fmt::format(
+          "shared memory group: local rank {} failed inside a collective; rank {} stops waiting",
+          f - 1, rank_));
+    }
+    const auto waited = Clock::now() - start;
+    if (opt_.timeout.count() > 0 && waited > opt_.timeout) {
+      std::vector<int> late;
+      for (int r = 0; r < size_; ++r) {
+        if (header_->arrived[r].value.load(std::memory_order_acquire) < epoch_) late.push_back(r);
+      }
+      fail();
+      throw TimeoutError(fmt::format(
+          "shared memory group: rank {} waited {} ms for local rank(s) {} to reach barrier {}",
+          rank_, opt_.timeout.count(), fmt::join(late, ", "), epoch_));
+    }
+    if (opt_.max_nap.count() > 0 && waited > opt_.spin) {
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, opt_.max_nap);
+    }
+  }
+}
+
+}  // namespace gyre::collectives

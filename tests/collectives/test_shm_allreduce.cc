@@ -1,0 +1,194 @@
+// shm_allreduce with ranks as threads over one shared region: every dtype
+// and op, 1..8 ranks, awkward counts, chunks down to one cache line, in place
+// and out of place, scale factors; bit-identical results on every rank; a
+// rank that stops coming is a TimeoutError, a rank that fails wakes the rest.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gyre/collectives/reduce_kernels.h"
+#include "gyre/collectives/shm.h"
+#include "gyre/error.h"
+#include "test_support.h"
+
+using namespace gyre;
+using namespace gyre::collectives;
+
+namespace {
+
+struct Region {
+  explicit Region(std::size_t bytes)
+      : p(static_cast<std::byte*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64))) {
+    std::memset(p, 0, bytes);
+  }
+  ~Region() { std::free(p); }
+  std::byte* p;
+};
+
+// Runs fn(group) on n threads over one region; rethrows the first exception.
+template <class Fn>
+void run_group(int n, const ShmOptions& opt, Fn fn) {
+  Region region(ShmGroup::region_bytes(n, opt.slot_bytes));
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(n);
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ShmGroup g(region.p, r, n, opt);
+        fn(g);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+struct Case {
+  int n;
+  std::size_t count;
+  DataType dt;
+  ReduceOp op;
+  bool in_place;
+  std::size_t slot_bytes = 4096;
+  double prescale = 1.0, postscale = 1.0;
+};
+
+std::string run_case(const Case& c) {
+  const std::size_t esz = dtype_size(c.dt);
+  std::vector<std::vector<std::byte>> in(c.n), out(c.n);
+  for (int r = 0; r < c.n; ++r) {
+    in[r].resize(c.count * esz);
+    for (std::size_t i = 0; i < c.count; ++i) {
+      test::store(c.dt, in[r].data(), i, test::contribution(c.op, r, i));
+    }
+    out[r] = c.in_place ? in[r] : std::vector<std::byte>(c.count * esz, std::byte{0x5a});
+  }
+  ShmOptions opt;
+  opt.slot_bytes = c.slot_bytes;
+  opt.timeout = std::chrono::milliseconds(60000);
+  run_group(c.n, opt, [&](ShmGroup& g) {
+    auto& o = out[g.rank()];
+    const void* src = c.in_place ? o.data() : in[g.rank()].data();
+    shm_allreduce(g, src, o.data(), c.count, c.dt, c.op, c.prescale, c.postscale);
+  });
+  const bool scaled = c.op == ReduceOp::kAverage || c.prescale != 1.0 || c.postscale != 1.0;
+  const double tol = scaled ? test::scaled_tolerance(c.dt) : 0.0;
+  double factor = c.postscale;
+  if (c.op != ReduceOp::kProduct) factor *= c.prescale;
+  for (int r = 0; r < c.n; ++r) {
+    for (std::size_t i = 0; i < c.count; ++i) {
+      const double want = test::expected(c.op, c.n, i) * factor;
+      const double got = test::load(c.dt, out[r].data(), i);
+      if (!test::close_enough(got, want, tol)) {
+        return "rank " + std::to_string(r) + " element " + std::to_string(i) + ": got " +
+               std::to_string(got) + ", want " + std::to_string(want);
+      }
+    }
+    if (out[r] != out[0]) return "rank " + std::to_string(r) + " differs from rank 0 in some bits";
+  }
+  return "";
+}
+
+std::string describe(const Case& c) {
+  return "n=" + std::to_string(c.n) + " count=" + std::to_string(c.count) + " dtype=" +
+         std::string(dtype_name(c.dt)) + " op=" + std::string(op_name(c.op)) +
+         (c.in_place ? " in-place" : " out-of-place") + " slot=" + std::to_string(c.slot_bytes);
+}
+
+}  // namespace
+
+TEST_CASE("shm_allreduce: every dtype and op, 1..8 ranks, awkward counts", "[shm]") {
+  for (int n = 1; n <= 8; ++n) {
+    // Counts below, at and above one chunk (4096-byte slots), and a prime.
+    const std::size_t counts[] = {0, 1, static_cast<std::size_t>(n + 1), 1009, 5003};
+    for (DataType dt : test::kAllTypes) {
+      for (ReduceOp op : test::kAllOps) {
+        if (!op_defined(dt, op)) continue;
+        for (std::size_t count : counts) {
+          for (bool in_place : {false, true}) {
+            Case c{n, count, dt, op, in_place};
+            INFO(describe(c));
+            CHECK(run_case(c) == "");
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("shm_allreduce: slots of one cache line, large buffers, scale factors", "[shm]") {
+  for (int n : {2, 3, 4}) {
+    Case tiny{n, 777, DataType::kFloat32, ReduceOp::kSum, false, 64};
+    INFO(describe(tiny));
+    CHECK(run_case(tiny) == "");
+    Case large{n, 3'000'001, DataType::kFloat32, ReduceOp::kSum, true, 256u << 10};
+    INFO(describe(large));
+    CHECK(run_case(large) == "");
+    Case scaled{n, 10'007, DataType::kFloat64, ReduceOp::kAverage, false, 8192, 0.5, 3.0};
+    INFO(describe(scaled));
+    CHECK(run_case(scaled) == "");
+  }
+}
+
+TEST_CASE("shm_allreduce: integer scale factors are refused on every rank before any wait",
+          "[shm]") {
+  ShmOptions opt;
+  opt.timeout = std::chrono::milliseconds(10000);
+  std::vector<std::int32_t> buf(10, 1);
+  CHECK_THROWS_AS(run_group(2, opt, [&](ShmGroup& g) {
+    std::vector<std::int32_t> mine = buf;
+    shm_allreduce(g, mine.data(), mine.data(), mine.size(), DataType::kInt32, ReduceOp::kSum,
+                  2.0, 1.0);
+  }), InvalidArgument);
+}
+
+TEST_CASE("shm group: a rank that never arrives is a TimeoutError naming it", "[shm]") {
+  ShmOptions opt;
+  opt.timeout = std::chrono::milliseconds(200);
+  try {
+    run_group(3, opt, [&](ShmGroup& g) {
+      if (g.rank() == 2) return;  // never takes part
+      std::vector<float> v(100, 1.0f);
+      shm_allreduce(g, v.data(), v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+    });
+    FAIL("expected an error");
+  } catch (const TimeoutError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("local rank(s) 2"));
+  } catch (const TransportError& e) {
+    // The other waiting rank may see the first one's failure instead.
+    CHECK_THAT(e.what(), Catch::Contains("failed inside a collective"));
+  }
+}
+
+TEST_CASE("shm group: a rank that fails wakes the ranks waiting for it", "[shm]") {
+  ShmOptions opt;
+  opt.timeout = std::chrono::milliseconds(0);  // no deadline: only fail() can end the wait
+  CHECK_THROWS_WITH(run_group(2, opt, [&](ShmGroup& g) {
+    if (g.rank() == 1) {
+      g.fail();
+      throw TransportError("rank 1 gave up");
+    }
+    g.barrier();
+  }), Catch::Contains("local rank 1 failed"));
+}
+
+TEST_CASE("shm segment: created exclusively, mapped by name, gone after unlink", "[shm]") {
+  const std::string name = "/gyre-test-" + std::to_string(::getpid());
+  ShmSegment a = ShmSegment::create(name, 1 << 16);
+  CHECK_THROWS_AS(ShmSegment::create(name, 1 << 16), TransportError);
+  ShmSegment b = ShmSegment::open(name, 1 << 16);
+  static_cast<char*>(a.data())[100] = 42;
+  CHECK(static_cast<char*>(b.data())[100] == 42);
+  a.unlink();
+  CHECK_THROWS_AS(ShmSegment::open(name, 1 << 16), TransportError);
+  CHECK(static_cast<char*>(b.data())[100] == 42);  // mappings outlive the name
+}
