@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "gyre/types.h"
@@ -111,5 +112,28 @@ class ShmGroup {
 // kAverage is the sum with 1/size folded into the postscale.
 void shm_allreduce(ShmGroup& g, const void* in, void* out, std::size_t count, DataType dt,
                    ReduceOp op, double prescale = 1.0, double postscale = 1.0);
+
+// The other collectives, staged through the slots with the same barriers;
+// their arguments mean what they mean for the ring algorithms of
+// algorithms.h, and every rank passes the same sizes.
+//
+// Allgather of blocks that may differ in size: block_bytes[r] from rank r,
+// in rank order in `out`; in place when `in` is this rank's block in `out`.
+void shm_allgather(ShmGroup& g, const void* in, void* out,
+                   std::span<const std::size_t> block_bytes);
+// Broadcast of `bytes` bytes from `root`.
+void shm_broadcast(ShmGroup& g, void* buf, std::size_t bytes, int root);
+// Reduce-scatter: every rank holds sum(counts) elements; rank r receives the
+// reduction of block r. In place when `out` is block r inside `in`.
+void shm_reduce_scatter(ShmGroup& g, const void* in, void* out,
+                        std::span<const std::size_t> counts, DataType dt, ReduceOp op,
+                        double prescale = 1.0, double postscale = 1.0);
+// All-to-all: send_bytes[q] consecutive bytes of `in` go to rank q;
+// recv_bytes[q] bytes from rank q land consecutively in `out`.
+// `max_pair_bytes`: the largest amount any rank sends any rank (every rank
+// must pass the same value: it sets the number of rounds).
+void shm_alltoall(ShmGroup& g, const void* in, std::span<const std::size_t> send_bytes,
+                  void* out, std::span<const std::size_t> recv_bytes,
+                  std::size_t max_pair_bytes);
 
 }  // namespace gyre::collectives

@@ -1,7 +1,9 @@
-// shm_allreduce with ranks as threads over one shared region: every dtype
-// and op, 1..8 ranks, awkward counts, chunks down to one cache line, in place
-// and out of place, scale factors; bit-identical results on every rank; a
-// rank that stops coming is a TimeoutError, a rank that fails wakes the rest.
+// The shared-memory collectives with ranks as threads over one region.
+// shm_allreduce: every dtype and op, 1..8 ranks, awkward counts, chunks down
+// to one cache line, in place and out of place, scale factors, bit-identical
+// results on every rank; allgather, broadcast, reduce-scatter and all-to-all
+// with uneven sizes; a rank that stops coming is a TimeoutError naming it,
+// a rank that fails wakes the rest.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -191,4 +193,145 @@ TEST_CASE("shm segment: created exclusively, mapped by name, gone after unlink",
   a.unlink();
   CHECK_THROWS_AS(ShmSegment::open(name, 1 << 16), TransportError);
   CHECK(static_cast<char*>(b.data())[100] == 42);  // mappings outlive the name
+}
+
+namespace {
+
+std::byte pattern(int rank, std::size_t i) {
+  return static_cast<std::byte>((rank * 31 + i * 7 + 1) & 0xff);
+}
+
+ShmOptions small_slots(std::size_t bytes) {
+  ShmOptions opt;
+  opt.slot_bytes = bytes;
+  opt.timeout = std::chrono::milliseconds(60000);
+  return opt;
+}
+
+}  // namespace
+
+TEST_CASE("shm_allgather: blocks of different sizes, zero-sized ones, in place", "[shm]") {
+  for (int n = 1; n <= 5; ++n) {
+    for (bool in_place : {false, true}) {
+      std::vector<std::size_t> blocks(n);
+      for (int r = 0; r < n; ++r) blocks[r] = (r * 997 + 13) % 3001 * (r % 3 != 1);
+      std::size_t total = 0;
+      for (auto b : blocks) total += b;
+      std::vector<std::vector<std::byte>> out(n, std::vector<std::byte>(total, std::byte{0}));
+      run_group(n, small_slots(256), [&](ShmGroup& g) {
+        const int r = g.rank();
+        std::size_t off = 0;
+        for (int q = 0; q < r; ++q) off += blocks[q];
+        std::vector<std::byte> mine(blocks[r]);
+        for (std::size_t i = 0; i < blocks[r]; ++i) mine[i] = pattern(r, i);
+        if (in_place) std::copy(mine.begin(), mine.end(), out[r].begin() + off);
+        shm_allgather(g, in_place ? out[r].data() + off : mine.data(), out[r].data(), blocks);
+      });
+      for (int r = 0; r < n; ++r) {
+        std::size_t at = 0;
+        for (int q = 0; q < n; ++q) {
+          for (std::size_t i = 0; i < blocks[q]; ++i, ++at) {
+            INFO("n=" << n << " rank " << r << " block " << q << " byte " << i);
+            REQUIRE(out[r][at] == pattern(q, i));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("shm_broadcast: every root, sizes around the slot", "[shm]") {
+  for (int n : {1, 2, 3, 4}) {
+    for (int root = 0; root < n; ++root) {
+      for (std::size_t bytes : {0u, 1u, 255u, 256u, 257u, 10000u}) {
+        std::vector<std::vector<std::byte>> buf(n, std::vector<std::byte>(bytes));
+        for (int r = 0; r < n; ++r) {
+          for (std::size_t i = 0; i < bytes; ++i) buf[r][i] = pattern(r, i);
+        }
+        run_group(n, small_slots(256), [&](ShmGroup& g) {
+          shm_broadcast(g, buf[g.rank()].data(), bytes, root);
+        });
+        for (int r = 0; r < n; ++r) {
+          INFO("n=" << n << " root " << root << " bytes " << bytes << " rank " << r);
+          CHECK(buf[r] == buf[root]);
+          for (std::size_t i = 0; i < bytes; ++i) REQUIRE(buf[r][i] == pattern(root, i));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("shm_reduce_scatter: every dtype and op, uneven blocks, in place", "[shm]") {
+  for (int n = 1; n <= 4; ++n) {
+    std::vector<std::size_t> counts(n);
+    for (int r = 0; r < n; ++r) counts[r] = 100 + 37 * r + (r == 1 ? 0 : 1);
+    std::size_t total = 0;
+    for (auto c : counts) total += c;
+    for (DataType dt : test::kAllTypes) {
+      for (ReduceOp op : test::kAllOps) {
+        if (!op_defined(dt, op)) continue;
+        for (bool in_place : {false, true}) {
+          const std::size_t esz = dtype_size(dt);
+          std::vector<std::vector<std::byte>> in(n, std::vector<std::byte>(total * esz));
+          std::vector<std::vector<std::byte>> out(n);
+          std::vector<std::size_t> first(n + 1, 0);
+          for (int r = 0; r < n; ++r) {
+            first[r + 1] = first[r] + counts[r];
+            out[r].assign(counts[r] * esz, std::byte{0x5a});
+            for (std::size_t i = 0; i < total; ++i) test::store(dt, in[r].data(), i, test::contribution(op, r, i));
+          }
+          run_group(n, small_slots(512), [&](ShmGroup& g) {
+            const int r = g.rank();
+            void* o = in_place ? in[r].data() + first[r] * esz : out[r].data();
+            shm_reduce_scatter(g, in[r].data(), o, counts, dt, op);
+          });
+          const double tol = op == ReduceOp::kAverage ? test::scaled_tolerance(dt) : 0.0;
+          for (int r = 0; r < n; ++r) {
+            const std::byte* got = in_place ? in[r].data() + first[r] * esz : out[r].data();
+            for (std::size_t i = 0; i < counts[r]; ++i) {
+              INFO("n=" << n << " " << dtype_name(dt) << " " << op_name(op) << " rank " << r
+                        << " element " << i << (in_place ? " in place" : ""));
+              REQUIRE(test::close_enough(test::load(dt, got, i),
+                                         test::expected(op, n, first[r] + i), tol));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("shm_alltoall: uneven splits, zero-sized pairs, sub-slots smaller than a message",
+          "[shm]") {
+  for (int n = 1; n <= 4; ++n) {
+    // Rank p sends (p * 3 + q * 5) % 11 * 40 bytes to rank q.
+    auto amount = [](int p, int q) { return static_cast<std::size_t>((p * 3 + q * 5) % 11 * 40); };
+    std::size_t max_pair = 0;
+    for (int p = 0; p < n; ++p)
+      for (int q = 0; q < n; ++q) max_pair = std::max(max_pair, amount(p, q));
+    std::vector<std::vector<std::byte>> out(n);
+    run_group(n, small_slots(64 * 4), [&](ShmGroup& g) {
+      const int r = g.rank();
+      std::vector<std::size_t> send(n), recv(n);
+      std::vector<std::byte> in;
+      for (int q = 0; q < n; ++q) {
+        send[q] = amount(r, q);
+        recv[q] = amount(q, r);
+        for (std::size_t i = 0; i < send[q]; ++i) in.push_back(pattern(r * 16 + q, i));
+      }
+      std::size_t total = 0;
+      for (auto b : recv) total += b;
+      out[r].assign(total, std::byte{0});
+      shm_alltoall(g, in.data(), send, out[r].data(), recv, max_pair);
+    });
+    for (int r = 0; r < n; ++r) {
+      std::size_t at = 0;
+      for (int q = 0; q < n; ++q) {
+        for (std::size_t i = 0; i < amount(q, r); ++i, ++at) {
+          INFO("n=" << n << " rank " << r << " from " << q << " byte " << i);
+          REQUIRE(out[r][at] == pattern(q * 16 + r, i));
+        }
+      }
+    }
+  }
 }
