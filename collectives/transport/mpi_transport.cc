@@ -315,6 +315,14 @@ MpiWorld::MpiWorld() {
   check_mpi(MPI_Comm_rank(local, &local_rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(local, &local_size_), "MPI_Comm_size");
   MPI_Comm_free(&local);
+  // Ranks with this rank's local rank on the other hosts, in world order:
+  // taken from where the launcher placed the ranks, not assumed from a
+  // regular layout (hosts may hold different numbers of ranks).
+  MPI_Comm cross;
+  check_mpi(MPI_Comm_split(MPI_COMM_WORLD, local_rank_, rank_, &cross), "MPI_Comm_split");
+  check_mpi(MPI_Comm_rank(cross, &cross_rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(cross, &cross_size_), "MPI_Comm_size");
+  MPI_Comm_free(&cross);
 }
 
 std::unique_ptr<Transport> MpiWorld::make_transport() { return make_transport(kDefaultPieceBytes); }

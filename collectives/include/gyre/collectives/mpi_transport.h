@@ -27,6 +27,10 @@ class MpiWorld {
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }  // from MPI_COMM_TYPE_SHARED split
   int local_size() const { return local_size_; }
+  // Among the ranks with this rank's local rank (one per host that has that
+  // many ranks), ordered by world rank.
+  int cross_rank() const { return cross_rank_; }
+  int cross_size() const { return cross_size_; }
 
   // A transport on a fresh duplicate of MPI_COMM_WORLD, so gyre's messages
   // never match the job's own.
@@ -44,7 +48,7 @@ class MpiWorld {
 
  private:
   MpiWorld();
-  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, cross_rank_ = 0, cross_size_ = 1;
   bool owns_mpi_ = false;
   bool finalized_ = false;
 };

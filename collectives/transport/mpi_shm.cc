@@ -1,0 +1,111 @@
+// ShmHost::create: the host's segment, named, mapped and unlinked over MPI.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "gyre/collectives/shm_host.h"
+#include "gyre/error.h"
+
+namespace gyre::transport {
+
+namespace {
+
+constexpr int kNameBytes = 128;
+constexpr int kReasonBytes = 512;
+
+void check(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) {
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    throw TransportError(fmt::format("{} failed: {}", what, std::string(text, len)));
+  }
+}
+
+// A name no other job (or earlier group of this one) uses: the creator's pid,
+// a per-process counter and 64 random bits. O_EXCL makes a collision an
+// error rather than a shared segment.
+std::string fresh_name() {
+  static std::atomic<unsigned> counter{0};
+  std::random_device rd;
+  const unsigned long long r = (static_cast<unsigned long long>(rd()) << 32) ^ rd();
+  return fmt::format("/gyre-{}-{}-{:016x}", ::getpid(), counter++, r);
+}
+
+// Every local rank's outcome: throws on every rank the first failure's reason.
+void agree(MPI_Comm local, const std::string& my_error) {
+  std::array<char, kReasonBytes> mine{};
+  std::strncpy(mine.data(), my_error.c_str(), kReasonBytes - 1);
+  int size = 0;
+  MPI_Comm_size(local, &size);
+  std::string all(static_cast<std::size_t>(size) * kReasonBytes, '\0');
+  check(MPI_Allgather(mine.data(), kReasonBytes, MPI_CHAR, all.data(), kReasonBytes, MPI_CHAR,
+                      local),
+        "MPI_Allgather (shared memory set-up)");
+  for (int r = 0; r < size; ++r) {
+    const char* why = all.data() + static_cast<std::size_t>(r) * kReasonBytes;
+    if (why[0] != '\0') {
+      throw TransportError(fmt::format("shared memory set-up failed on local rank {}: {}", r,
+                                       std::string(why)));
+    }
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<ShmHost> ShmHost::create(const collectives::ShmOptions& opt) {
+  int world_rank = 0, world_size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  MPI_Comm local;
+  check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL,
+                            &local),
+        "MPI_Comm_split_type");
+  struct Free {
+    MPI_Comm* c;
+    ~Free() { MPI_Comm_free(c); }
+  } free_local{&local};
+  int rank = 0, size = 0;
+  MPI_Comm_rank(local, &rank);
+  MPI_Comm_size(local, &size);
+
+  std::unique_ptr<ShmHost> host(new ShmHost());
+  host->whole_world_ = size == world_size;
+  const std::size_t bytes = collectives::ShmGroup::region_bytes(size, opt.slot_bytes);
+  std::array<char, kNameBytes> name{};
+  std::string error;
+  if (rank == 0) {
+    try {
+      const std::string n = fresh_name();
+      host->segment_ = collectives::ShmSegment::create(n, bytes);
+      std::strncpy(name.data(), n.c_str(), kNameBytes - 1);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  check(MPI_Bcast(name.data(), kNameBytes, MPI_CHAR, 0, local), "MPI_Bcast (shared memory name)");
+  if (rank != 0 && name[0] != '\0') {
+    try {
+      host->segment_ = collectives::ShmSegment::open(name.data(), bytes);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  } else if (rank != 0) {
+    error = "local rank 0 could not create the segment";
+  }
+  // Everyone has mapped it (or failed): the name can go either way.
+  agree(local, error);
+  host->segment_.unlink();
+  host->group_.emplace(host->segment_.data(), rank, size, opt);
+  return host;
+}
+
+}  // namespace gyre::transport
