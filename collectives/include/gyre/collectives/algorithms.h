@@ -10,8 +10,9 @@
 // What is checked locally, on each rank: known dtype and op, op defined on
 // the dtype (average only on floating types), prescale/postscale finite and
 // equal to 1 on integer types (gyre does not define integer scaling),
-// chunk_bytes > 0, 0 <= tag < INT_MAX, null buffers with a non-zero size, per-rank
-// spans with exactly one entry per rank, sizes whose byte count overflows,
+// chunk_bytes > 0 where an algorithm has it, 0 <= tag < INT_MAX, null
+// buffers with a non-zero size, per-rank spans with exactly one entry per
+// rank, sizes whose byte count overflows,
 // input/output overlap other than the documented in-place forms, root in
 // [0, size), and for alltoall that what a rank sends itself matches what it
 // expects from itself.
