@@ -16,13 +16,6 @@
 
 namespace gyre::core {
 
-namespace {
-
-// How messages name an operation of this backend.
-std::string describe(const OpLabel& what) { return what.str() + " (CUDA)"; }
-
-}  // namespace
-
 NcclBackend::NcclBackend(transport::Transport& t, const Options& opt, const Logger& log,
                          int device, int local_rank)
     : impl_(std::make_unique<Impl>(t, opt, log)) {

@@ -44,11 +44,9 @@
 #pragma once
 
 #include <cstddef>
-#include <cstdint>
 #include <memory>
-#include <optional>
+#include <span>
 #include <string>
-#include <vector>
 
 #include "backends/backend.h"
 #include "gyre/collectives/transport.h"

@@ -27,6 +27,9 @@ inline constexpr std::size_t kNcclAlign = 64;
 // spin that takes a core from the training process.
 inline constexpr auto kNcclPollPause = std::chrono::microseconds(20);
 
+// How messages name an operation of this backend.
+inline std::string describe(const OpLabel& what) { return what.str() + " (CUDA)"; }
+
 // Integer pre/postscale is undefined in gyre (collectives::scale refuses it
 // too); refused before anything is enqueued, from agreed arguments.
 inline void check_scale(const std::string& what, DataType dt, double prescale,

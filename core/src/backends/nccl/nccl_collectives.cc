@@ -10,12 +10,6 @@
 
 namespace gyre::core {
 
-namespace {
-
-std::string describe(const OpLabel& what) { return what.str() + " (CUDA)"; }
-
-}  // namespace
-
 void NcclBackend::allgather(const void* in, std::span<const std::size_t> blocks, void* out,
                             const OpLabel& what) {
   Impl& m = *impl_;
