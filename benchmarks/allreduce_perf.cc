@@ -22,7 +22,7 @@ namespace gyre::bench {
 
 System make_bare_system(const PerfOptions& o) {
   std::shared_ptr<transport::Transport> t = transport::MpiWorld::instance().make_transport();
-  collectives::RingOptions opt;
+  collectives::AllreduceOptions opt;
   opt.chunk_bytes = o.chunk_bytes;
   opt.small_bytes = o.small_bytes;
   return {"gyre bare", [t, opt](const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) {

@@ -225,11 +225,7 @@ PYBIND11_MODULE(_gyre, m) {
       .def("received_splits",
            [](const PendingOp& op) { return op.handle().received_splits(); });
 
-#ifdef GYRE_HAVE_NCCL
-  m.attr("built_with_nccl") = true;
-#else
-  m.attr("built_with_nccl") = false;
-#endif
+  m.attr("built_with_nccl") = gyre::nccl_built();
   m.def("init", [] { blocking([] { gyre::init(); }); });
   m.def("shutdown", [] {
     blocking([] { gyre::shutdown(); });

@@ -94,21 +94,19 @@ std::unique_ptr<ImportedTensor> ImportedTensor::from_object(py::handle obj, cons
     // The device first: a CUDA tensor is refused before it is exported.
     py::tuple dev = obj.attr("__dlpack_device__")();
     const int dev_type = dev[0].cast<int>();
-#ifdef GYRE_HAVE_NCCL
+    const bool cuda_backend = gyre::nccl_built();
     // The runtime checks the device index and the memory (operations.cc).
-    if (dev_type == kDLCUDA) {
+    if (dev_type == kDLCUDA && cuda_backend) {
       t->import_dlpack(obj, name, true);
       return t;
     }
-#endif
     if (dev_type == kDLCUDA || dev_type == kDLCUDAManaged || dev_type == kDLROCM) {
-#ifdef GYRE_HAVE_NCCL
-      refuse(name, "is on a GPU (DLPack device type " + std::to_string(dev_type) +
-                       ") that is not CUDA; gyre takes CPU and CUDA tensors");
-#else
+      if (cuda_backend) {
+        refuse(name, "is on a GPU (DLPack device type " + std::to_string(dev_type) +
+                         ") that is not CUDA; gyre takes CPU and CUDA tensors");
+      }
       refuse(name, "is on a GPU (DLPack device type " + std::to_string(dev_type) +
                        "), but this build of gyre has no NCCL support; move it to the CPU");
-#endif
     }
     if (dev_type != kDLCPU && dev_type != kDLCUDAHost) {
       refuse(name, "is on DLPack device type " + std::to_string(dev_type) +

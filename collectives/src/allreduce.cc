@@ -14,12 +14,15 @@ namespace {
 
 enum class Algorithm { kBySize, kRing, kRecursiveDoubling };
 
+// Every entry point's options as allreduce()'s; `small_bytes` decides only
+// for Algorithm::kBySize, `chunk_bytes` matters only to the ring.
 void allreduce_with(Algorithm algo, const char* name, Transport& t, const void* in, void* out,
-                    std::size_t count, DataType dt, ReduceOp op, const RingOptions& opt) {
+                    std::size_t count, DataType dt, ReduceOp op, const AllreduceOptions& opt) {
   detail::check_world(t, name);
   detail::check_reduction(dt, op, name);
-  detail::check_options(opt, name);
-  detail::check_scaling(dt, opt, name);
+  detail::check_chunk(opt.chunk_bytes, name);
+  detail::check_tag(opt.tag, name);
+  detail::check_scaling(dt, opt.prescale, opt.postscale, name);
   const std::size_t bytes = detail::checked_bytes(count, dtype_size(dt), name);
   detail::check_buffer(in, bytes, "input buffer", name);
   detail::check_buffer(out, bytes, "output buffer", name);
@@ -46,26 +49,35 @@ void allreduce_with(Algorithm algo, const char* name, Transport& t, const void* 
       (algo == Algorithm::kBySize && bytes <= opt.small_bytes)) {
     detail::run_recursive_doubling(t, src, dst, count, dt, op, postscale, opt.tag);
   } else {
-    detail::run_ring_allreduce(t, src, dst, count, dt, op, postscale, opt);
+    detail::run_ring_allreduce(t, src, dst, count, dt, op, postscale, opt.chunk_bytes, opt.tag);
   }
 }
 
 }  // namespace
 
 void allreduce(Transport& t, const void* in, void* out, std::size_t count, DataType dt,
-               ReduceOp op, const RingOptions& opt) {
+               ReduceOp op, const AllreduceOptions& opt) {
   allreduce_with(Algorithm::kBySize, "allreduce", t, in, out, count, dt, op, opt);
 }
 
 void ring_allreduce(Transport& t, const void* in, void* out, std::size_t count, DataType dt,
-                    ReduceOp op, const RingOptions& opt) {
-  allreduce_with(Algorithm::kRing, "ring_allreduce", t, in, out, count, dt, op, opt);
+                    ReduceOp op, const RingAllreduceOptions& opt) {
+  AllreduceOptions o;
+  o.chunk_bytes = opt.chunk_bytes;
+  o.tag = opt.tag;
+  o.prescale = opt.prescale;
+  o.postscale = opt.postscale;
+  allreduce_with(Algorithm::kRing, "ring_allreduce", t, in, out, count, dt, op, o);
 }
 
 void recursive_doubling_allreduce(Transport& t, const void* in, void* out, std::size_t count,
-                                  DataType dt, ReduceOp op, const RingOptions& opt) {
+                                  DataType dt, ReduceOp op, const RecursiveDoublingOptions& opt) {
+  AllreduceOptions o;
+  o.tag = opt.tag;
+  o.prescale = opt.prescale;
+  o.postscale = opt.postscale;
   allreduce_with(Algorithm::kRecursiveDoubling, "recursive_doubling_allreduce", t, in, out, count,
-                 dt, op, opt);
+                 dt, op, o);
 }
 
 }  // namespace gyre::collectives

@@ -18,10 +18,10 @@
 namespace gyre::collectives {
 
 void alltoall(Transport& t, const void* in, std::span<const std::size_t> send_bytes, void* out,
-              std::span<const std::size_t> recv_bytes, const RingOptions& opt) {
+              std::span<const std::size_t> recv_bytes, const AlltoallOptions& opt) {
   constexpr const char* kAlgo = "alltoall";
   detail::check_world(t, kAlgo);
-  detail::check_options(opt, kAlgo);
+  detail::check_tag(opt.tag, kAlgo);
   const int n = t.size(), r = t.rank();
   detail::check_per_rank(send_bytes, n, "send_bytes", kAlgo);
   detail::check_per_rank(recv_bytes, n, "recv_bytes", kAlgo);
@@ -67,10 +67,10 @@ void alltoall(Transport& t, const void* in, std::span<const std::size_t> send_by
   for (auto& q : reqs) t.wait(q);
 }
 
-void barrier(Transport& t, const RingOptions& opt) {
+void barrier(Transport& t, const BarrierOptions& opt) {
   constexpr const char* kAlgo = "barrier";
   detail::check_world(t, kAlgo);
-  detail::check_options(opt, kAlgo);
+  detail::check_tag(opt.tag, kAlgo);
   const int n = t.size(), r = t.rank();
   for (int dist = 1; dist < n; dist *= 2) {
     transport::Request recv = t.irecv((r - dist + n) % n, opt.tag, {});

@@ -20,40 +20,22 @@ class RingAllgather {
   RingAllgather(Transport& t, const std::byte* in, std::byte* out, const SegmentPlan& plan, int tag)
       : pipe_(t, plan, t.size() - 1, t.rank(), tag), in_(in), out_(out) {}
 
+  // Step 0 sends this rank's block from `in`; every unit is received
+  // straight into its place in `out` and forwarded from there at the next
+  // step.
   void run() {
-    // Step 0 sends this rank's block from `in`, kRecvWindow chunks ahead
-    // (see ring_allreduce.cc); later steps forward what arrived in `out` at
-    // the step before.
-    for (std::size_t j = 0; j < std::min(pipe_.chunks(), kRecvWindow); ++j) send_own_chunk(j);
-    for (std::size_t u = 0; u < kRecvWindow; ++u) post_receive(u);
-    for (int k = 0; k < pipe_.steps(); ++k) {
-      for (std::size_t j = 0; j < pipe_.chunks(); ++j) {
-        pipe_.wait_recv(k, j);
-        if (k + 1 < pipe_.steps()) {
-          pipe_.post_send(k + 1, j, out_ + pipe_.chunk_byte_offset(pipe_.send_segment(k + 1), j));
-        }
-        const std::size_t u = static_cast<std::size_t>(k) * pipe_.chunks() + j;
-        if (k == 0) send_own_chunk(j + kRecvWindow);
-        post_receive(u + kRecvWindow);
+    auto recv_buffer = [&](int k, std::size_t j) {
+      return out_ + pipe_.chunk_byte_offset(pipe_.recv_segment(k), j);
+    };
+    auto forward = [&](int k, std::size_t j) {
+      if (k + 1 < pipe_.steps()) {
+        pipe_.post_send(k + 1, j, out_ + pipe_.chunk_byte_offset(pipe_.send_segment(k + 1), j));
       }
-    }
-    pipe_.finish();
+    };
+    pipe_.run_in_order(in_, recv_buffer, forward);
   }
 
  private:
-  void send_own_chunk(std::size_t j) {
-    if (j >= pipe_.chunks()) return;
-    const int own = pipe_.send_segment(0);
-    pipe_.post_send(0, j, in_ + pipe_.chunk_byte_offset(own, j) - pipe_.chunk_byte_offset(own, 0));
-  }
-
-  void post_receive(std::size_t u) {
-    if (u >= pipe_.units()) return;
-    const int k = static_cast<int>(u / pipe_.chunks());
-    const std::size_t j = u % pipe_.chunks();
-    pipe_.post_recv(k, j, out_ + pipe_.chunk_byte_offset(pipe_.recv_segment(k), j));
-  }
-
   RingPipeline pipe_;
   const std::byte* in_;
   std::byte* out_;
@@ -62,10 +44,11 @@ class RingAllgather {
 }  // namespace
 
 void ring_allgather(Transport& t, const void* in, void* out,
-                    std::span<const std::size_t> block_bytes, const RingOptions& opt) {
+                    std::span<const std::size_t> block_bytes, const AllgatherOptions& opt) {
   constexpr const char* kAlgo = "ring_allgather";
   detail::check_world(t, kAlgo);
-  detail::check_options(opt, kAlgo);
+  detail::check_chunk(opt.chunk_bytes, kAlgo);
+  detail::check_tag(opt.tag, kAlgo);
   detail::check_per_rank(block_bytes, t.size(), "block_bytes", kAlgo);
   const std::size_t total = detail::checked_sum(block_bytes, 1, "block_bytes", kAlgo);
   const int r = t.rank();

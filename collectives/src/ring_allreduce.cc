@@ -67,14 +67,8 @@ class RingAllreduce {
   // its own tag, see RingPipeline, so these sends need not be ordered with
   // the forwarded ones.)
   void start() {
-    for (std::size_t j = 0; j < std::min(pipe_.chunks(), kRecvWindow); ++j) send_own_chunk(j);
+    pipe_.start_own_sends(src_ + pipe_.chunk_byte_offset(pipe_.send_segment(0), 0));
     top_up(kRecvWindow);
-  }
-
-  void send_own_chunk(std::size_t j) {
-    if (j < pipe_.chunks()) {
-      pipe_.post_send(0, j, src_ + pipe_.chunk_byte_offset(pipe_.send_segment(0), j));
-    }
   }
 
   // Reduce-scatter step k (0 <= k < n-1): receive a partial sum of chunk j
@@ -86,7 +80,7 @@ class RingAllreduce {
     const std::size_t count = pipe_.chunk_count(seg, j);
     combine_(out_ + off, src_ + off, staging(k, j), count);
     if (k == n_ - 2) scale(out_ + off, count, dt_, postscale_);  // average's 1/n included
-    if (k == 0) send_own_chunk(j + kRecvWindow);
+    if (k == 0) pipe_.pace_own_send(j);
     forward(k, j);
   }
 
@@ -241,9 +235,10 @@ class RingAllreduce {
 namespace detail {
 
 void run_ring_allreduce(Transport& t, const std::byte* src, std::byte* out, std::size_t count,
-                        DataType dt, ReduceOp op, double postscale, const RingOptions& opt) {
-  const SegmentPlan plan = plan_ring(count, dtype_size(dt), t.size(), opt.chunk_bytes);
-  RingAllreduce(t, src, out, plan, combine_kernel(dt, op), dt, postscale, opt.tag).run();
+                        DataType dt, ReduceOp op, double postscale, std::size_t chunk_bytes,
+                        int tag) {
+  const SegmentPlan plan = plan_ring(count, dtype_size(dt), t.size(), chunk_bytes);
+  RingAllreduce(t, src, out, plan, combine_kernel(dt, op), dt, postscale, tag).run();
 }
 
 }  // namespace detail

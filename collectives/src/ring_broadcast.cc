@@ -13,10 +13,12 @@
 
 namespace gyre::collectives {
 
-void ring_broadcast(Transport& t, void* buf, std::size_t bytes, int root, const RingOptions& opt) {
+void ring_broadcast(Transport& t, void* buf, std::size_t bytes, int root,
+                    const BroadcastOptions& opt) {
   constexpr const char* kAlgo = "ring_broadcast";
   detail::check_world(t, kAlgo);
-  detail::check_options(opt, kAlgo);
+  detail::check_chunk(opt.chunk_bytes, kAlgo);
+  detail::check_tag(opt.tag, kAlgo);
   const int n = t.size();
   if (root < 0 || root >= n) {
     throw InvalidArgument(fmt::format("{}: root {} is outside the world of {} ranks", kAlgo, root, n));

@@ -39,6 +39,17 @@ void RingPipeline::finish() {
   for (auto& r : sends_) t_.wait(r);
 }
 
+void RingPipeline::start_own_sends(const std::byte* own_segment) {
+  own_segment_ = own_segment;
+  for (std::size_t j = 0; j < kRecvWindow; ++j) send_own_chunk(j);
+}
+
+void RingPipeline::send_own_chunk(std::size_t j) {
+  if (j >= plan_.chunks) return;
+  const int own = send_segment(0);
+  post_send(0, j, own_segment_ + chunk_byte_offset(own, j) - chunk_byte_offset(own, 0));
+}
+
 namespace {
 
 struct AlignedFree {

@@ -42,38 +42,33 @@ class RingReduceScatter {
     partial_[1] = partial_[0] + block_bytes_;
   }
 
+  // Step 0 sends this rank's input for block r-1; each arriving partial
+  // result is combined with this rank's input for its block and passed on,
+  // the last step's straight into `out`.
   void run() {
-    // Step 0 sends this rank's input for block r-1, kRecvWindow chunks ahead
-    // of the reduction (see ring_allreduce.cc).
-    for (std::size_t j = 0; j < std::min(pipe_.chunks(), kRecvWindow); ++j) send_own_chunk(j);
-    for (std::size_t u = 0; u < kRecvWindow; ++u) post_receive(u);
     const int last = pipe_.steps() - 1;
-    for (int k = 0; k <= last; ++k) {
+    auto recv_buffer = [&](int k, std::size_t j) { return staging(k, j); };
+    auto reduce = [&](int k, std::size_t j) {
       const int block = pipe_.recv_segment(k);
-      for (std::size_t j = 0; j < pipe_.chunks(); ++j) {
-        pipe_.wait_recv(k, j);
-        const std::size_t off = pipe_.chunk_byte_offset(block, j);
-        const std::size_t in_block = off - plan_.segment_offset(block) * plan_.elem_size;
-        const std::size_t count = pipe_.chunk_count(block, j);
-        std::byte* dst;
-        if (k == last) {
-          dst = out_ + in_block;  // block == rank_
-        } else {
-          if (k >= 2) pipe_.wait_send(k - 1, j);  // it sent this half's chunk j
-          dst = partial_[k % 2] + in_block;
-        }
-        combine_(dst, in_ + off, staging(k, j), count);
-        if (k == last) {
-          scale(dst, count, dt_, postscale_);
-        } else {
-          pipe_.post_send(k + 1, j, dst);
-        }
-        const std::size_t u = static_cast<std::size_t>(k) * pipe_.chunks() + j;
-        if (k == 0) send_own_chunk(j + kRecvWindow);
-        post_receive(u + kRecvWindow);
+      const std::size_t off = pipe_.chunk_byte_offset(block, j);
+      const std::size_t in_block = off - plan_.segment_offset(block) * plan_.elem_size;
+      const std::size_t count = pipe_.chunk_count(block, j);
+      std::byte* dst;
+      if (k == last) {
+        dst = out_ + in_block;  // block == rank_
+      } else {
+        if (k >= 2) pipe_.wait_send(k - 1, j);  // it sent this half's chunk j
+        dst = partial_[k % 2] + in_block;
       }
-    }
-    pipe_.finish();
+      combine_(dst, in_ + off, staging(k, j), count);
+      if (k == last) {
+        scale(dst, count, dt_, postscale_);
+      } else {
+        pipe_.post_send(k + 1, j, dst);
+      }
+    };
+    pipe_.run_in_order(in_ + plan_.segment_offset(pipe_.send_segment(0)) * plan_.elem_size,
+                       recv_buffer, reduce);
   }
 
  private:
@@ -81,16 +76,6 @@ class RingReduceScatter {
     std::size_t m = 0;
     for (int s = 0; s < p.world(); ++s) m = std::max(m, p.segment_count(s));
     return m * p.elem_size;
-  }
-
-  void send_own_chunk(std::size_t j) {
-    if (j < pipe_.chunks()) pipe_.post_send(0, j, in_ + pipe_.chunk_byte_offset(pipe_.send_segment(0), j));
-  }
-
-  void post_receive(std::size_t u) {
-    if (u >= pipe_.units()) return;
-    const int k = static_cast<int>(u / pipe_.chunks());
-    pipe_.post_recv(k, u % pipe_.chunks(), staging(k, u % pipe_.chunks()));
   }
 
   std::byte* staging(int k, std::size_t j) {
@@ -114,12 +99,13 @@ class RingReduceScatter {
 
 void ring_reduce_scatter(Transport& t, const void* in, void* out,
                          std::span<const std::size_t> counts, DataType dt, ReduceOp op,
-                         const RingOptions& opt) {
+                         const ReduceScatterOptions& opt) {
   constexpr const char* kAlgo = "ring_reduce_scatter";
   detail::check_world(t, kAlgo);
   detail::check_reduction(dt, op, kAlgo);
-  detail::check_options(opt, kAlgo);
-  detail::check_scaling(dt, opt, kAlgo);
+  detail::check_chunk(opt.chunk_bytes, kAlgo);
+  detail::check_tag(opt.tag, kAlgo);
+  detail::check_scaling(dt, opt.prescale, opt.postscale, kAlgo);
   detail::check_per_rank(counts, t.size(), "counts", kAlgo);
   const std::size_t esz = dtype_size(dt);
   const std::size_t total = detail::checked_sum(counts, esz, "counts", kAlgo);

@@ -33,24 +33,27 @@ void check_reduction(DataType dt, ReduceOp op, const char* algo) {
   }
 }
 
-void check_options(const RingOptions& opt, const char* algo) {
-  if (opt.chunk_bytes == 0) throw InvalidArgument(fmt::format("{}: chunk_bytes must be > 0", algo));
+void check_chunk(std::size_t chunk_bytes, const char* algo) {
+  if (chunk_bytes == 0) throw InvalidArgument(fmt::format("{}: chunk_bytes must be > 0", algo));
+}
+
+void check_tag(int tag, const char* algo) {
   // The ring algorithms use tag and tag + 1 (see ring_pipeline.h).
-  if (opt.tag < 0 || opt.tag == std::numeric_limits<int>::max()) {
-    throw InvalidArgument(fmt::format("{}: tag must be in [0, INT_MAX), got {}", algo, opt.tag));
+  if (tag < 0 || tag == std::numeric_limits<int>::max()) {
+    throw InvalidArgument(fmt::format("{}: tag must be in [0, INT_MAX), got {}", algo, tag));
   }
 }
 
-void check_scaling(DataType dt, const RingOptions& opt, const char* algo) {
-  if (!std::isfinite(opt.prescale) || !std::isfinite(opt.postscale)) {
+void check_scaling(DataType dt, double prescale, double postscale, const char* algo) {
+  if (!std::isfinite(prescale) || !std::isfinite(postscale)) {
     throw InvalidArgument(fmt::format("{}: prescale ({}) and postscale ({}) must be finite", algo,
-                                      opt.prescale, opt.postscale));
+                                      prescale, postscale));
   }
-  if (!is_floating(dt) && (opt.prescale != 1.0 || opt.postscale != 1.0)) {
+  if (!is_floating(dt) && (prescale != 1.0 || postscale != 1.0)) {
     throw InvalidArgument(fmt::format(
         "{}: prescale {} / postscale {} on integer dtype {}: scaling is defined for floating "
         "types only",
-        algo, opt.prescale, opt.postscale, dtype_name(dt)));
+        algo, prescale, postscale, dtype_name(dt)));
   }
 }
 

@@ -17,10 +17,13 @@ void check_world(const Transport& t, const char* algo);
 void check_reduction(DataType dt, ReduceOp op, const char* algo);
 // A known dtype.
 void check_dtype(DataType dt, const char* algo);
-// chunk_bytes > 0; prescale/postscale finite, and 1 on integer types
-// (integer scaling is not defined by gyre).
-void check_options(const RingOptions& opt, const char* algo);
-void check_scaling(DataType dt, const RingOptions& opt, const char* algo);
+// chunk_bytes > 0.
+void check_chunk(std::size_t chunk_bytes, const char* algo);
+// 0 <= tag < INT_MAX (the ring algorithms use tag and tag + 1).
+void check_tag(int tag, const char* algo);
+// prescale/postscale finite, and 1 on integer types (integer scaling is not
+// defined by gyre).
+void check_scaling(DataType dt, double prescale, double postscale, const char* algo);
 // `p` is not null when `bytes` > 0.
 void check_buffer(const void* p, std::size_t bytes, const char* name, const char* algo);
 // [a, a+abytes) and [b, b+bbytes) are either the same start or disjoint.

@@ -115,7 +115,7 @@ void check_allreduce(transport::Transport& t, std::size_t count, ReduceOp op, bo
   }
   std::vector<T> got = in;
   if (!in_place) got.assign(count, T(0));
-  RingOptions opt;
+  AllreduceOptions opt;
   opt.chunk_bytes = chunk_bytes;
   opt.small_bytes = small_bytes;
   allreduce(t, in_place ? got.data() : in.data(), got.data(), count, gyre_type<T>(), op, opt);
@@ -160,7 +160,7 @@ void allgather_suite(transport::Transport& t) {
       std::vector<std::uint8_t> want(total), got(total, 0xee);
       MPI_Allgatherv(in.data(), counts[g_rank], MPI_UINT8_T, want.data(), counts.data(), displs.data(),
                      MPI_UINT8_T, MPI_COMM_WORLD);
-      RingOptions opt;
+      AllgatherOptions opt;
       opt.chunk_bytes = chunk;
       ring_allgather(t, in.data(), got.data(), blocks, opt);
       std::vector<std::uint8_t> none;
@@ -183,7 +183,7 @@ void broadcast_suite(transport::Transport& t) {
       }
       got = want;
       MPI_Bcast(want.data(), static_cast<int>(bytes), MPI_UINT8_T, root, MPI_COMM_WORLD);
-      RingOptions opt;
+      BroadcastOptions opt;
       opt.chunk_bytes = 64 * 1024;
       ring_broadcast(t, got.data(), bytes, root, opt);
       std::vector<std::uint8_t> none;
@@ -213,7 +213,7 @@ void reduce_scatter_suite(transport::Transport& t, ReduceOp op) {
       if (op == ReduceOp::kSum || op == ReduceOp::kProduct) tol = std::is_same_v<T, float> ? 1e-6 : 1e-14;
       if (op == ReduceOp::kProduct) abs_sum.assign(counts[g_rank], T(1));  // |product| <= 1 here
     }
-    RingOptions opt;
+    ReduceScatterOptions opt;
     opt.chunk_bytes = 4096;
     ring_reduce_scatter(t, in.data(), got.data(), counts, gyre_type<T>(), op, opt);
     compare(got, want, abs_sum, tol, "ring_reduce_scatter " + std::string(dtype_name(gyre_type<T>())) + " " +

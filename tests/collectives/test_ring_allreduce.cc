@@ -66,19 +66,33 @@ std::string run_case(const Case& c) {
   }
   const std::vector<std::vector<std::byte>> original = in;
   run_local_world(c.n, [&](transport::Transport& t) {
-    RingOptions opt;
-    opt.chunk_bytes = c.chunk_bytes;
-    opt.prescale = c.prescale;
-    opt.postscale = c.postscale;
-    opt.small_bytes = c.small_bytes;
     auto& o = out[t.rank()];
     const void* src = c.in_place ? o.data() : in[t.rank()].data();
     switch (c.algo) {
-      case Algo::kRing: ring_allreduce(t, src, o.data(), c.count, c.dt, c.op, opt); break;
-      case Algo::kRecursiveDoubling:
+      case Algo::kRing: {
+        RingAllreduceOptions opt;
+        opt.chunk_bytes = c.chunk_bytes;
+        opt.prescale = c.prescale;
+        opt.postscale = c.postscale;
+        ring_allreduce(t, src, o.data(), c.count, c.dt, c.op, opt);
+        break;
+      }
+      case Algo::kRecursiveDoubling: {
+        RecursiveDoublingOptions opt;
+        opt.prescale = c.prescale;
+        opt.postscale = c.postscale;
         recursive_doubling_allreduce(t, src, o.data(), c.count, c.dt, c.op, opt);
         break;
-      case Algo::kBySize: allreduce(t, src, o.data(), c.count, c.dt, c.op, opt); break;
+      }
+      case Algo::kBySize: {
+        AllreduceOptions opt;
+        opt.chunk_bytes = c.chunk_bytes;
+        opt.prescale = c.prescale;
+        opt.postscale = c.postscale;
+        opt.small_bytes = c.small_bytes;
+        allreduce(t, src, o.data(), c.count, c.dt, c.op, opt);
+        break;
+      }
     }
   }, kTimeout);
   const bool scaled = c.op == ReduceOp::kAverage || c.prescale != 1.0 || c.postscale != 1.0;

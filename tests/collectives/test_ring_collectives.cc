@@ -47,7 +47,7 @@ TEST_CASE("ring_allgather: uneven blocks, in place and out of place", "[allgathe
             if (in_place) std::copy(in[r].begin(), in[r].end(), out[r].begin() + off[r]);
           }
           run_local_world(n, [&](transport::Transport& t) {
-            RingOptions opt;
+            AllgatherOptions opt;
             opt.chunk_bytes = chunk;
             const int r = t.rank();
             const void* src = in_place ? static_cast<const void*>(out[r].data() + off[r]) : in[r].data();
@@ -79,7 +79,7 @@ TEST_CASE("ring_broadcast: every root, several chunk counts", "[broadcast]") {
             for (std::size_t i = 0; i < bytes; ++i) buf[r][i] = pattern(r, i);
           }
           run_local_world(n, [&](transport::Transport& t) {
-            RingOptions opt;
+            BroadcastOptions opt;
             opt.chunk_bytes = chunk;
             ring_broadcast(t, buf[t.rank()].data(), bytes, root, opt);
           }, kTimeout);
@@ -143,7 +143,7 @@ TEST_CASE("ring_reduce_scatter and ring_allreduce agree with prescale/postscale"
     for (std::size_t i = 0; i < 300; ++i) in[r][i] = static_cast<float>(test::contribution(ReduceOp::kSum, r, i));
   }
   run_local_world(n, [&](transport::Transport& t) {
-    RingOptions opt;
+    ReduceScatterOptions opt;
     opt.prescale = 2.0;
     opt.postscale = 0.5;
     opt.chunk_bytes = 64;

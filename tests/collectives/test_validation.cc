@@ -45,13 +45,13 @@ TEST_CASE("ring_allreduce rejects bad arguments", "[validation]") {
   CHECK_THAT(invalid([&](auto& t) { ring_allreduce(t, buf.data(), buf.data(), 10, DataType::kFloat32, static_cast<ReduceOp>(9)); }),
              Contains("unknown reduce op"));
   CHECK_THAT(invalid([&](auto& t) {
-               RingOptions o;
+               RingAllreduceOptions o;
                o.chunk_bytes = 0;
                ring_allreduce(t, buf.data(), buf.data(), 10, DataType::kFloat32, ReduceOp::kSum, o);
              }),
              Contains("chunk_bytes"));
   CHECK_THAT(invalid([&](auto& t) {
-               RingOptions o;
+               RingAllreduceOptions o;
                o.postscale = 2.0;
                ring_allreduce(t, ints.data(), ints.data(), 10, DataType::kInt32, ReduceOp::kSum, o);
              }),

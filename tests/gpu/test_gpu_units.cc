@@ -2,6 +2,8 @@
 // refuses for CUDA tensors, the device check at negotiation, fusion by
 // device, and (in NCCL builds) the dtype and reduce-op tables. Runs in every
 // build; the NCCL-only cases are compiled when GYRE_HAVE_NCCL is defined.
+// (The padding of allgather blocks for NCCL is planned by execution/plan.h
+// and tested with the other plans in tests/core/test_plan.cc.)
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -211,42 +213,6 @@ TEST_CASE("every gyre dtype maps to the NCCL type of the same representation", "
       CHECK(*nccl_dtype(static_cast<DataType>(a)) != *nccl_dtype(static_cast<DataType>(b)));
     }
   }
-}
-
-TEST_CASE("allgather on CUDA pads every block to the largest and compacts the result",
-          "[gpu][nccl]") {
-  using namespace gyre::core;
-  Response resp;
-  resp.name = "feats";
-  resp.collective = Collective::kAllgather;
-  resp.per_rank.resize(4);
-  // Rank 0: 3 rows, rank 1: joined (no request), rank 2: 0 rows, rank 3: 5 rows; rows of 2 x 4
-  // float16 elements (16 bytes).
-  const std::vector<std::int64_t> rows = {3, -1, 0, 5};
-  for (std::size_t r = 0; r < rows.size(); ++r) {
-    if (rows[r] < 0) continue;
-    Request q;
-    q.name = "feats";
-    q.collective = Collective::kAllgather;
-    q.dtype = gyre::DataType::kFloat16;
-    q.shape = {rows[r], 2, 4};
-    resp.per_rank[r] = q;
-  }
-  resp.agreed = *resp.per_rank[0];
-  PaddedGather g = plan_padded_gather(resp);
-  CHECK(g.row_bytes == 16);
-  CHECK(g.blocks == std::vector<std::size_t>{48, 0, 0, 80});
-  CHECK(g.padded_block == 80);
-  CHECK(g.total_bytes == 128);
-  CHECK(g.rows == 8);
-
-  // Every rank empty: nothing to gather (the backend then skips NCCL on all ranks alike).
-  for (auto& q : resp.per_rank) {
-    if (q) q->shape[0] = 0;
-  }
-  g = plan_padded_gather(resp);
-  CHECK(g.padded_block == 0);
-  CHECK(g.total_bytes == 0);
 }
 
 TEST_CASE("reduce ops map to NCCL's; average is left to the executor", "[gpu][nccl]") {

@@ -18,6 +18,7 @@
 
 #include "gyre/error.h"
 #include "gyre/options.h"
+#include "gyre/sizes.h"
 #include "gyre/types.h"
 
 namespace gyre {
@@ -29,11 +30,7 @@ struct TensorView {
   std::vector<std::int64_t> shape;
   Device device{};
 
-  std::int64_t numel() const {
-    std::int64_t n = 1;
-    for (auto d : shape) n *= d;
-    return n;
-  }
+  std::int64_t numel() const { return gyre::numel(shape); }
   std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype); }
 };
 
@@ -90,6 +87,9 @@ int rank();
 int size();
 int local_rank();  // rank among the ranks on this host
 int local_size();
+// Whether this build takes CUDA tensors (the NCCL backend). Any time, also
+// before init().
+bool nccl_built();
 
 // out may be the same view as in (in-place). Average divides by the number of
 // ranks that contributed (joined ranks excluded).

@@ -14,7 +14,7 @@
 #include <fmt/ranges.h>
 
 #include "api/fingerprint.h"
-#include "backends/nccl/nccl_backend.h"
+#include "backends/registry.h"
 
 namespace gyre::core {
 
@@ -22,42 +22,17 @@ namespace {
 
 constexpr std::string_view kReserved = "__gyre.";
 
-// A CUDA tensor: accepted when gyre was built with NCCL and its device
-// exists and is the one this rank's earlier CUDA tensors used.
+// A CUDA tensor: accepted when this build has a backend for it, its device
+// exists, and it is the one this rank's earlier CUDA tensors used.
 void check_cuda_device(Runtime& rt, const std::string& what, const char* which,
                        const TensorView& t) {
-#ifdef GYRE_HAVE_NCCL
-  std::string why;
-  const int count = cuda_device_count(&why);
-  if (count < 0) {
-    throw InvalidArgument(fmt::format("{}: {} is on cuda:{}, but no CUDA device is usable: {}",
-                                      what, which, t.device.index, why));
-  }
-  if (t.device.index < 0 || t.device.index >= count) {
-    throw InvalidArgument(fmt::format("{}: {} is on cuda:{}, but this process sees {} CUDA "
-                                      "device{}", what, which, t.device.index, count,
-                                      count == 1 ? "" : "s"));
-  }
-  if (t.data != nullptr) {
-    // NCCL given a host pointer would fault on the device, far from here.
-    std::string other = describe_foreign_pointer(t.data, t.device.index);
-    if (!other.empty()) {
-      throw InvalidArgument(fmt::format("{}: {} claims cuda:{}, but its buffer is {}", what,
-                                        which, t.device.index, other));
-    }
-  }
+  backends::check_cuda_tensor(what, which, t);
   const int bound = rt.claim_cuda_device(t.device.index);
   if (bound != t.device.index) {
     throw InvalidArgument(fmt::format(
         "{}: {} is on cuda:{}, but this rank's CUDA tensors are on cuda:{} (gyre uses one GPU "
         "per rank)", what, which, t.device.index, bound));
   }
-#else
-  (void)rt;
-  throw InvalidArgument(fmt::format(
-      "{}: {} is on cuda:{}, but this build of gyre was built without NCCL and moves CPU "
-      "tensors only", what, which, t.device.index));
-#endif
 }
 
 void check_view(Runtime& rt, const std::string& what, const char* which, const TensorView& t) {

@@ -3,13 +3,8 @@
 
 #include "execution/executor.h"
 #include "api/fingerprint.h"
-#include "gyre/collectives/algorithms.h"
 
 namespace gyre::core {
-
-namespace {
-constexpr int kTagData = 2;
-}
 
 void Executor::run_fingerprint(Response& resp, Entry& entry) {
   // The digests travelled in the requests (digests[0] hashes the names,
@@ -35,14 +30,16 @@ void Executor::run_resync(Response& resp, Entry& entry) {
       root = static_cast<int>(r);
     }
   }
-  collectives::RingOptions ro = ring_options();
+  // Host buffers only (CUDA ones are refused at enqueue).
+  Backend& cpu = backends_.cpu();
+  const std::string_view name = resp.name;
+  const OpLabel what{"resync", std::span(&name, 1)};
+  const Reduction mean = effective_reduction(ReduceOp::kAverage, 1.0, 1.0, resp.contributors);
   for (const TensorView& b : entry->buffers) {
     if (average) {
-      ro.postscale = 1.0 / resp.contributors;
-      collectives::allreduce(t_, b.data, b.data, static_cast<std::size_t>(b.numel()),
-                             b.dtype, ReduceOp::kSum, ro);
+      cpu.allreduce(b.data, b.data, static_cast<std::size_t>(b.numel()), b.dtype, mean, what);
     } else {
-      collectives::ring_broadcast(t_, b.data, b.nbytes(), root, ro);
+      cpu.broadcast(b.data, b.nbytes(), root, what);
     }
   }
   vv_.set_all(newest);

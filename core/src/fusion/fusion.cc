@@ -1,5 +1,6 @@
 #include "fusion/fusion.h"
 
+#include "gyre/sizes.h"
 #include "negotiation/coordinator.h"
 
 #include <cstdlib>
@@ -14,7 +15,6 @@ namespace gyre::core {
 namespace {
 constexpr std::size_t kAlign = 64;
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
-std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
 std::vector<Bucket> plan_buckets(const std::vector<FusionItem>& items, std::size_t threshold) {
@@ -25,11 +25,11 @@ std::vector<Bucket> plan_buckets(const std::vector<FusionItem>& items, std::size
     taken[i] = true;
     Bucket b;
     b.members.push_back(i);
-    b.bytes = align_up(items[i].bytes);
+    b.bytes = gyre::align_up(items[i].bytes, kAlign);
     if (items[i].fusable && b.bytes < threshold) {
       for (std::size_t j = i + 1; j < items.size(); ++j) {
         if (taken[j] || !items[i].same_kind(items[j])) continue;
-        std::size_t grown = b.bytes + align_up(items[j].bytes);
+        std::size_t grown = b.bytes + gyre::align_up(items[j].bytes, kAlign);
         if (grown > threshold) continue;  // may still fit a smaller later one
         b.bytes = grown;
         b.members.push_back(j);
@@ -47,7 +47,7 @@ FusedLayout fused_layout(std::span<const std::size_t> member_bytes) {
   for (std::size_t bytes : member_bytes) {
     l.offsets.push_back(l.total);
     l.sizes.push_back(bytes);
-    l.total += align_up(bytes);
+    l.total += gyre::align_up(bytes, kAlign);
   }
   return l;
 }
@@ -78,7 +78,7 @@ std::byte* FusionBuffer::get(std::size_t bytes) {
     // quarter of a large ring allreduce's time (docs/benchmarks.md).
     const bool huge = bytes >= kHugePage / 4;
     const std::size_t align = huge ? kHugePage : kAlign;
-    const std::size_t want = (bytes + align - 1) / align * align;
+    const std::size_t want = gyre::align_up(bytes, align);
     auto* p = static_cast<std::byte*>(std::aligned_alloc(align, want));
     if (!p) throw std::bad_alloc();
 #ifdef MADV_HUGEPAGE

@@ -92,7 +92,7 @@ void Runtime::check_options_agree() {
   const auto n = static_cast<std::size_t>(size_);
   std::vector<std::uint64_t> mine(k), all(k * n);
   for (std::size_t i = 0; i < k; ++i) mine[i] = fields[i].bits;
-  collectives::RingOptions ro;
+  collectives::AllgatherOptions ro;
   ro.chunk_bytes = opt_.ring_chunk_bytes;
   ro.tag = kTagNegotiate;
   if (opt_.op_timeout_s > 0) {
@@ -301,7 +301,7 @@ std::vector<RoundMessage> Runtime::exchange(const RoundMessage& mine) {
     return out;
   }
   const std::size_t n = static_cast<std::size_t>(size_);
-  collectives::RingOptions ro;
+  collectives::AllgatherOptions ro;
   ro.chunk_bytes = opt_.ring_chunk_bytes;
   ro.tag = kTagNegotiate;
 

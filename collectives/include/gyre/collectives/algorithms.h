@@ -10,8 +10,9 @@
 // What is checked locally, on each rank: known dtype and op, op defined on
 // the dtype (average only on floating types), prescale/postscale finite and
 // equal to 1 on integer types (gyre does not define integer scaling),
-// chunk_bytes > 0, 0 <= tag < INT_MAX, null buffers with a non-zero size, per-rank
-// spans with exactly one entry per rank, sizes whose byte count overflows,
+// chunk_bytes > 0 where an algorithm has it, 0 <= tag < INT_MAX, null
+// buffers with a non-zero size, per-rank spans with exactly one entry per
+// rank, sizes whose byte count overflows,
 // input/output overlap other than the documented in-place forms, root in
 // [0, size), and for alltoall that what a rank sends itself matches what it
 // expects from itself.
@@ -27,7 +28,7 @@
 // (kept between calls). After a TransportError or TimeoutError the transport
 // may still have transfers in flight; it must not be used again.
 //
-// Messages of one call use opt.tag (and opt.tag + 1, see RingOptions);
+// Messages of one call use opt.tag (and opt.tag + 1, see the options below);
 // calls on one transport must not overlap (they cannot: every call
 // completes its transfers before returning).
 #pragma once
@@ -56,30 +57,75 @@ inline constexpr std::size_t kDefaultChunkBytes = 256 * 1024;
 // the ring, so the crossover only falls: 64 KiB errs on the ring's side.
 inline constexpr std::size_t kDefaultSmallBytes = 64 * 1024;
 
-struct RingOptions {
-  // Largest single transfer; a segment larger than this is pipelined in
-  // chunks so that sending chunk k+1 overlaps reducing chunk k.
+// Options: one plain struct per algorithm, holding only the fields that
+// algorithm reads. `chunk_bytes` is the largest single transfer (a segment
+// larger than this is pipelined in chunks so that sending chunk k+1 overlaps
+// reducing chunk k). `prescale` / `postscale` multiply the input before the
+// reduction and the result after it, as Horovod's prescale_factor and
+// postscale_factor do; average applies its 1/n on top of postscale, once, at
+// the end. `tag` is the message tag of the call: the ring algorithms
+// (allreduce, reduce-scatter, allgather) use `tag` and `tag + 1`; broadcast,
+// alltoall, barrier and recursive doubling use `tag` only.
+
+// allreduce(): the ring's options plus the size below which recursive
+// doubling runs instead.
+struct AllreduceOptions {
   std::size_t chunk_bytes = kDefaultChunkBytes;
-  // Multiplies the input before reduction / the result after it, as
-  // Horovod's prescale_factor and postscale_factor do. Average applies its
-  // 1/n on top of postscale, once, at the end.
+  int tag = 0;
   double prescale = 1.0;
   double postscale = 1.0;
-  // Message tags of this collective: the ring algorithms (allreduce,
-  // reduce-scatter, allgather) use `tag` and `tag + 1`; broadcast, alltoall
-  // and barrier use `tag` only.
-  int tag = 0;
-  // allreduce() only: a buffer of at most this many bytes is reduced by
-  // recursive doubling, larger ones by the ring; 0: always the ring.
+  // A buffer of at most this many bytes is reduced by recursive doubling,
+  // larger ones by the ring; 0: always the ring.
   std::size_t small_bytes = kDefaultSmallBytes;
 };
+
+struct RingAllreduceOptions {
+  std::size_t chunk_bytes = kDefaultChunkBytes;
+  int tag = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+};
+
+// Recursive doubling moves whole buffers: no chunking.
+struct RecursiveDoublingOptions {
+  int tag = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+};
+
+struct ReduceScatterOptions {
+  std::size_t chunk_bytes = kDefaultChunkBytes;
+  int tag = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+};
+
+struct AllgatherOptions {
+  std::size_t chunk_bytes = kDefaultChunkBytes;
+  int tag = 0;
+};
+
+struct BroadcastOptions {
+  std::size_t chunk_bytes = kDefaultChunkBytes;
+  int tag = 0;
+};
+
+// One message per pair (the transport cuts huge ones): no chunking.
+struct AlltoallOptions {
+  int tag = 0;
+};
+
+struct BarrierOptions {
+  int tag = 0;
+};
+
 
 // Allreduce, the algorithm chosen by size: recursive_doubling_allreduce for
 // buffers of at most opt.small_bytes, ring_allreduce above. Arguments and
 // results as for ring_allreduce. Every rank must pass the same small_bytes
 // (the choice must agree, like the count).
 void allreduce(Transport& t, const void* in, void* out, std::size_t count, DataType dt,
-               ReduceOp op, const RingOptions& opt = {});
+               ReduceOp op, const AllreduceOptions& opt = {});
 
 // Ring allreduce: reduce-scatter then all-gather around rank r -> r+1.
 // `in == out` is the in-place form; otherwise `in` is left unchanged and the
@@ -88,7 +134,7 @@ void allreduce(Transport& t, const void* in, void* out, std::size_t count, DataT
 // once per ring hop. kAverage divides by the world size once, at the end,
 // together with postscale.
 void ring_allreduce(Transport& t, const void* in, void* out, std::size_t count,
-                    DataType dt, ReduceOp op, const RingOptions& opt = {});
+                    DataType dt, ReduceOp op, const RingAllreduceOptions& opt = {});
 
 // Recursive-doubling allreduce, for small buffers, where the number of
 // sequential steps matters more than the bytes moved: ceil(log2 n) exchanges
@@ -97,10 +143,10 @@ void ring_allreduce(Transport& t, const void* in, void* out, std::size_t count,
 // at the end), against 2(n-1) steps for the ring, which moves less data per
 // rank (2(n-1)/n of the buffer against log2 n of it). Arguments and results
 // as for ring_allreduce; every rank gets bit-identical results (each
-// combination takes the lower rank's operand first, on both partners). Uses
-// opt.tag only; chunk_bytes and small_bytes are not used.
+// combination takes the lower rank's operand first, on both partners).
 void recursive_doubling_allreduce(Transport& t, const void* in, void* out, std::size_t count,
-                                  DataType dt, ReduceOp op, const RingOptions& opt = {});
+                                  DataType dt, ReduceOp op,
+                                  const RecursiveDoublingOptions& opt = {});
 
 // Ring allgather of rank-contributed byte blocks, which may differ in size.
 // `block_bytes[r]` is rank r's contribution; `out` receives the blocks in
@@ -108,11 +154,11 @@ void recursive_doubling_allreduce(Transport& t, const void* in, void* out, std::
 // in place when `in` points at this rank's block inside `out`.
 void ring_allgather(Transport& t, const void* in, void* out,
                     std::span<const std::size_t> block_bytes,
-                    const RingOptions& opt = {});
+                    const AllgatherOptions& opt = {});
 
 // Broadcast of `bytes` bytes from `root`, pipelined along the ring.
 void ring_broadcast(Transport& t, void* buf, std::size_t bytes, int root,
-                    const RingOptions& opt = {});
+                    const BroadcastOptions& opt = {});
 
 // Ring reduce-scatter: every rank holds the full input (sum of `counts`
 // elements); rank r receives the reduction of block r (counts[r] elements).
@@ -120,18 +166,17 @@ void ring_broadcast(Transport& t, void* buf, std::size_t bytes, int root,
 // 1 makes a scaled copy of the whole input (in is never written).
 void ring_reduce_scatter(Transport& t, const void* in, void* out,
                          std::span<const std::size_t> counts, DataType dt,
-                         ReduceOp op, const RingOptions& opt = {});
+                         ReduceOp op, const ReduceScatterOptions& opt = {});
 
 // Personalised all-to-all: send_bytes[p] bytes (consecutive in `in`) go to
 // rank p; recv_bytes[p] bytes arrive from rank p, consecutive in `out`.
-// `in` and `out` must not overlap. opt.chunk_bytes is not used (one message
-// per pair; the transport cuts huge ones).
+// `in` and `out` must not overlap.
 void alltoall(Transport& t, const void* in, std::span<const std::size_t> send_bytes,
               void* out, std::span<const std::size_t> recv_bytes,
-              const RingOptions& opt = {});
+              const AlltoallOptions& opt = {});
 
 // Returns once every rank has entered the barrier (dissemination barrier,
 // ceil(log2 n) rounds of empty messages).
-void barrier(Transport& t, const RingOptions& opt = {});
+void barrier(Transport& t, const BarrierOptions& opt = {});
 
 }  // namespace gyre::collectives

@@ -1,6 +1,6 @@
-// NcclBackend (see nccl_backend.h): communicator set-up and teardown,
-// allreduce and broadcast. The deadline-bounded waits are in
-// nccl_backend_impl.h, the other collectives in nccl_collectives.cc.
+// NcclBackend (see nccl_backend.h): communicator set-up and teardown, the
+// device memory calls, allreduce and broadcast. The deadline-bounded waits
+// are in nccl_backend_impl.h, the other collectives in nccl_collectives.cc.
 #include "backends/nccl/nccl_backend.h"
 
 #include <algorithm>
@@ -12,29 +12,9 @@
 #include <fmt/ranges.h>
 
 #include "gyre/collectives/algorithms.h"
-#include "fusion/fusion.h"
 #include "backends/nccl/nccl_backend_impl.h"
 
 namespace gyre::core {
-
-namespace {
-
-// Tag of the unique-id broadcast: apart from negotiation (1) and data (2).
-constexpr int kTagNcclId = 3;
-
-std::string names_of(const std::vector<Response*>& resps) {
-  std::vector<std::string> names;
-  for (const Response* r : resps) names.push_back("'" + r->name + "'");
-  return fmt::format("{}", fmt::join(names, ", "));
-}
-
-std::size_t numel(const std::vector<std::int64_t>& shape) {
-  std::int64_t n = 1;
-  for (auto d : shape) n *= d;
-  return static_cast<std::size_t>(n);
-}
-
-}  // namespace
 
 NcclBackend::NcclBackend(transport::Transport& t, const Options& opt, const Logger& log,
                          int device, int local_rank)
@@ -61,10 +41,10 @@ NcclBackend::NcclBackend(transport::Transport& t, const Options& opt, const Logg
   ncclUniqueId id;
   std::memset(&id, 0, sizeof id);
   if (t.rank() == 0) check_nccl(ncclGetUniqueId(&id), what + ": ncclGetUniqueId");
-  collectives::RingOptions ro;
-  ro.tag = kTagNcclId;
-  ro.chunk_bytes = opt.ring_chunk_bytes;
-  collectives::ring_broadcast(t, &id, sizeof id, 0, ro);
+  collectives::BroadcastOptions bo;
+  bo.tag = kTagNcclId;
+  bo.chunk_bytes = opt.ring_chunk_bytes;
+  collectives::ring_broadcast(t, &id, sizeof id, 0, bo);
 
   // Non-blocking initialisation, so a rank that never joins costs a
   // TimeoutError after the deadline instead of a hang.
@@ -79,80 +59,67 @@ NcclBackend::~NcclBackend() = default;  // Impl releases everything
 
 int NcclBackend::device() const { return impl_->device; }
 
-void NcclBackend::allreduce(const std::vector<Response*>& resps, std::vector<Entry>& entries,
-                            ReduceOp op, double prescale, double postscale) {
+std::byte* NcclBackend::fusion_buffer(std::size_t bytes, const OpLabel& what) {
   Impl& m = *impl_;
-  const Response& head = *resps.front();
-  const DataType dt = head.agreed.dtype;
-  const std::string what = fmt::format("allreduce of CUDA tensors [{}]", names_of(resps));
-  check_scale(what, dt, prescale, postscale);
-  if (!nccl_dtype(dt) || !nccl_op(op)) {
-    throw InvalidArgument(fmt::format("{}: no NCCL reduction for {} on {}", what, op_name(op),
-                                      dtype_name(dt)));
-  }
-  check_cuda(cudaSetDevice(m.device), what + ": cudaSetDevice");
-  const std::size_t esize = dtype_size(dt);
-
-  if (resps.size() == 1) {
-    // Alone: reduce the caller's buffers directly, no fusion copy.
-    const std::size_t count = numel(head.agreed.shape);
-    const std::size_t bytes = count * esize;
-    if (count == 0) return;
-    const void* in;
-    void* out;
-    if (entries[0]) {
-      in = entries[0]->in.data;
-      out = entries[0]->out.data;
-    } else {  // joined: zeros
-      out = m.scratch.get(bytes, what);
-      check_cuda(cudaMemsetAsync(out, 0, bytes, m.stream), what + ": cudaMemsetAsync");
-      in = out;
-    }
-    if (prescale != 1.0) {
-      // Scale a copy (the output), never the caller's input.
-      m.copy(out, in, bytes, cudaMemcpyDeviceToDevice, what);
-      m.scale(out, count, dt, prescale, what);
-      in = out;
-    }
-    m.all_reduce(in, out, count, dt, op, what);
-    m.scale(out, count, dt, postscale, what);
-    m.synchronize(what);
-    return;
-  }
-
-  // Fused: members at 64-byte aligned offsets in the device fusion buffer,
-  // zeroed padding (and zeros for joined members) between them.
-  const FusedLayout layout = fused_layout(resps);
-  const std::vector<std::size_t>& offsets = layout.offsets;
-  const std::vector<std::size_t>& sizes = layout.sizes;
-  const std::size_t total = layout.total;
-  auto* buf = static_cast<std::byte*>(m.fusion.get(total, what));
-  check_cuda(cudaMemsetAsync(buf, 0, total, m.stream), what + ": cudaMemsetAsync");
-  for (std::size_t i = 0; i < resps.size(); ++i) {
-    if (entries[i]) m.copy(buf + offsets[i], entries[i]->in.data, sizes[i],
-                           cudaMemcpyDeviceToDevice, what);
-  }
-  const std::size_t count = total / esize;
-  m.scale(buf, count, dt, prescale, what);
-  m.all_reduce(buf, buf, count, dt, op, what);
-  m.scale(buf, count, dt, postscale, what);
-  for (std::size_t i = 0; i < resps.size(); ++i) {
-    if (entries[i]) m.copy(entries[i]->out.data, buf + offsets[i], sizes[i],
-                           cudaMemcpyDeviceToDevice, what);
-  }
-  m.synchronize(what);
+  const std::string w = describe(what);
+  check_cuda(cudaSetDevice(m.device), w + ": cudaSetDevice");
+  return static_cast<std::byte*>(m.fusion.get(bytes, w));
 }
 
-void NcclBackend::broadcast(const Response& resp, Entry& entry) {
+std::byte* NcclBackend::zeros(std::size_t bytes, const OpLabel& what) {
   Impl& m = *impl_;
-  const std::string what = fmt::format("broadcast of CUDA tensor '{}'", resp.name);
-  const std::size_t bytes = resp.agreed.nbytes();
+  const std::string w = describe(what);
+  check_cuda(cudaSetDevice(m.device), w + ": cudaSetDevice");
+  auto* z = static_cast<std::byte*>(m.zeros.get(bytes, w));
+  if (bytes > 0) check_cuda(cudaMemsetAsync(z, 0, bytes, m.stream), w + ": cudaMemsetAsync");
+  return z;
+}
+
+void NcclBackend::copy(void* dst, const void* src, std::size_t bytes, const OpLabel& what) {
+  impl_->copy(dst, src, bytes, cudaMemcpyDeviceToDevice, describe(what));
+}
+
+void NcclBackend::zero_ranges(std::byte* buf, std::span<const ByteRange> ranges,
+                              const OpLabel& what) {
+  if (ranges.empty()) return;
+  // One kernel over the whole extent rather than one per gap: the members
+  // are copied in afterwards (backend.h).
+  const std::size_t begin = ranges.front().offset;
+  const std::size_t end = ranges.back().offset + ranges.back().bytes;
+  check_cuda(cudaMemsetAsync(buf + begin, 0, end - begin, impl_->stream),
+             describe(what) + ": cudaMemsetAsync");
+}
+
+void NcclBackend::synchronize(const OpLabel& what) { impl_->synchronize(describe(what)); }
+
+void NcclBackend::allreduce(const void* in, void* out, std::size_t count, DataType dt,
+                            const Reduction& red, const OpLabel& what) {
+  Impl& m = *impl_;
+  const std::string w = describe(what);
+  check_scale(w, dt, red.prescale, red.postscale);
+  if (!nccl_dtype(dt) || !nccl_op(red.op)) {
+    throw InvalidArgument(fmt::format("{}: no NCCL reduction for {} on {}", w, op_name(red.op),
+                                      dtype_name(dt)));
+  }
+  if (count == 0) return;
+  check_cuda(cudaSetDevice(m.device), w + ": cudaSetDevice");
+  if (red.prescale != 1.0) {
+    // Scale a copy (the output), never the caller's input.
+    m.copy(out, in, count * dtype_size(dt), cudaMemcpyDeviceToDevice, w);
+    m.scale(out, count, dt, red.prescale, w);
+    in = out;
+  }
+  m.all_reduce(in, out, count, dt, red.op, w);
+  m.scale(out, count, dt, red.postscale, w);
+}
+
+void NcclBackend::broadcast(void* buf, std::size_t bytes, int root, const OpLabel& what) {
+  Impl& m = *impl_;
   if (bytes == 0) return;
-  check_cuda(cudaSetDevice(m.device), what + ": cudaSetDevice");
-  void* buf = entry ? entry->in.data : m.scratch.get(bytes, what);
-  m.settle(ncclBroadcast(buf, buf, bytes, ncclUint8, resp.agreed.root, m.comm, m.stream),
-           what + ": ncclBroadcast");
-  m.synchronize(what);
+  const std::string w = describe(what);
+  check_cuda(cudaSetDevice(m.device), w + ": cudaSetDevice");
+  m.settle(ncclBroadcast(buf, buf, bytes, ncclUint8, root, m.comm, m.stream),
+           w + ": ncclBroadcast");
 }
 
 }  // namespace gyre::core

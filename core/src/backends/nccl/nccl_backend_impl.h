@@ -1,5 +1,5 @@
 // NcclBackend's internals, shared by its two source files: nccl_backend.cc
-// (set-up, allreduce, broadcast) and nccl_collectives.cc (allgather,
+// (set-up, memory, allreduce, broadcast) and nccl_collectives.cc (allgather,
 // reducescatter, alltoall: the collectives whose result is delivered in host
 // memory). Includes nccl.h and cuda_runtime.h: only nccl_*.cc include it.
 //
@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "gyre/error.h"
+#include "gyre/sizes.h"
 #include "backends/nccl/nccl_backend.h"
 #include "backends/nccl/nccl_device.h"
 #include "backends/nccl/nccl_scale.h"
@@ -26,9 +27,8 @@ inline constexpr std::size_t kNcclAlign = 64;
 // spin that takes a core from the training process.
 inline constexpr auto kNcclPollPause = std::chrono::microseconds(20);
 
-inline std::size_t nccl_align_up(std::size_t n) {
-  return (n + kNcclAlign - 1) / kNcclAlign * kNcclAlign;
-}
+// How messages name an operation of this backend.
+inline std::string describe(const OpLabel& what) { return what.str() + " (CUDA)"; }
 
 // Integer pre/postscale is undefined in gyre (collectives::scale refuses it
 // too); refused before anything is enqueued, from agreed arguments.
@@ -51,7 +51,7 @@ struct DeviceBuffer {
     if (ptr) check_cuda(cudaFree(ptr), what + ": cudaFree");
     ptr = nullptr;
     bytes = 0;
-    want = nccl_align_up(want);
+    want = align_up(want, kNcclAlign);
     check_cuda(cudaMalloc(&ptr, want), fmt::format("{}: cudaMalloc of {} bytes", what, want));
     bytes = want;
     ++allocations;
@@ -73,7 +73,8 @@ struct NcclBackend::Impl {
   cudaStream_t stream = nullptr;
   cudaEvent_t done = nullptr;
   DeviceBuffer fusion;   // packed allreduce buckets
-  DeviceBuffer scratch;  // joined ranks' stand-ins, allgather staging
+  DeviceBuffer zeros;    // joined ranks' contributions
+  DeviceBuffer staging;  // padded blocks of allgather, reducescatter, alltoall
 
   Impl(transport::Transport& tr, const Options& o, const Logger& l)
       : t(tr), opt(o), log(l) {}
@@ -87,7 +88,8 @@ struct NcclBackend::Impl {
     // still waiting for a peer, so freeing the buffers cannot block on it.
     abandon();
     fusion.release();
-    scratch.release();
+    zeros.release();
+    staging.release();
     if (done) cudaEventDestroy(done);
     if (stream) cudaStreamDestroy(stream);
   }

@@ -1,0 +1,113 @@
+// Backend: runs planned collectives on the buffers of one device kind. One
+// object per device kind (and, with process sets, per set); the executor
+// plans every collective (execution/plan.h, fusion/fusion.h), packs fused
+// buckets with the backend's memory calls, calls the collective and
+// completes the handles. A backend never sees a Response: it gets buffers,
+// byte or element counts, the dtype and the effective reduction.
+//
+// Implementations: CpuRingBackend (backends/cpu/: the ring algorithms of
+// collectives/ over the runtime's Transport) and NcclBackend
+// (backends/nccl/: CUDA tensors through NCCL). A shared-memory or
+// hierarchical backend is a further implementation registered in
+// backends/registry.cc; nothing else changes.
+//
+// Buffers: `in`/`out`/`buf` of allreduce and broadcast, and `in` of the
+// others, are memory of the backend's device. The result of allgather,
+// alltoall and reducescatter is written to `out` in host memory (the
+// handle's OwnedTensor); `out == nullptr` means the rank has no entry (it
+// joined) and the result is discarded. Every rank calls the same collectives
+// with the same sizes in the same order (they come from agreed metadata).
+//
+// Ordering: a backend may run its work asynchronously on its device, in
+// call order (a CUDA stream). Results are visible to the host, and the
+// caller's buffers free, only once synchronize() returns; the executor
+// calls it before completing a handle. synchronous() backends (the CPU ring)
+// finish every call before returning.
+//
+// Errors: InvalidArgument before anything is sent (from agreed arguments,
+// so every rank throws it alike: the executor fails that operation only);
+// TransportError / TimeoutError otherwise (the runtime ends the job).
+// `what` names the operation and its tensors for error messages; it is
+// formatted only when a message is (the CPU path stays allocation-free).
+//
+// Thread: the runtime's background thread only.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "execution/plan.h"
+#include "gyre/types.h"
+
+namespace gyre::core {
+
+// Message tags on the runtime's transport: negotiation uses 1 (runtime.cc).
+inline constexpr int kTagData = 2;     // the CPU backend's collectives
+inline constexpr int kTagNcclId = 3;   // the NCCL communicator's set-up
+
+// The operation and tensors a call is for, as error messages name them:
+// "allreduce of 'a', 'b'". Views: valid for the duration of the call.
+struct OpLabel {
+  std::string_view op;
+  std::span<const std::string_view> tensors;
+  std::string str() const {
+    std::string s = fmt::format("{} of ", op);
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      s += fmt::format("{}'{}'", i ? ", " : "", tensors[i]);
+    }
+    return s;
+  }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu", "nccl": for logs and messages.
+  virtual const char* name() const = 0;
+  // Whether every call has finished when it returns (synchronize() is then
+  // a no-op).
+  virtual bool synchronous() const = 0;
+
+  // --- memory of the backend's device ---
+  // A reusable buffer of at least `bytes` for fused buckets, grown as
+  // needed; valid until the next call.
+  virtual std::byte* fusion_buffer(std::size_t bytes, const OpLabel& what) = 0;
+  // `bytes` of zeros, the contribution of a rank with no entry (it joined);
+  // valid until the next call of zeros().
+  virtual std::byte* zeros(std::size_t bytes, const OpLabel& what) = 0;
+  // Device-to-device copy of `bytes` (in call order with the collectives).
+  virtual void copy(void* dst, const void* src, std::size_t bytes, const OpLabel& what) = 0;
+  // Sets `ranges` of `buf` to zero. Called before members are copied into
+  // a fused buffer, so an implementation may zero the whole extent of the
+  // ranges at once where one device call is cheaper than one per range.
+  virtual void zero_ranges(std::byte* buf, std::span<const ByteRange> ranges,
+                           const OpLabel& what) = 0;
+  // Waits until everything called so far has finished.
+  virtual void synchronize(const OpLabel& what) = 0;
+
+  // --- collectives ---
+  // `count` elements of `dt`; in == out is in place. `red.op` is never
+  // kAverage (see effective_reduction).
+  virtual void allreduce(const void* in, void* out, std::size_t count, DataType dt,
+                         const Reduction& red, const OpLabel& what) = 0;
+  virtual void broadcast(void* buf, std::size_t bytes, int root, const OpLabel& what) = 0;
+  // Rank r contributes block_bytes[r] bytes from `in`; `out` receives the
+  // blocks in rank order, compacted.
+  virtual void allgather(const void* in, std::span<const std::size_t> block_bytes, void* out,
+                         const OpLabel& what) = 0;
+  // send_bytes[p] consecutive bytes of `in` go to rank p; recv_bytes[p]
+  // bytes from rank p land consecutively in `out`.
+  virtual void alltoall(const void* in, std::span<const std::size_t> send_bytes, void* out,
+                        std::span<const std::size_t> recv_bytes, const OpLabel& what) = 0;
+  // `in` holds the sum of `counts` elements; `out` receives the reduction
+  // of block `rank` (counts[rank] elements).
+  virtual void reducescatter(const void* in, std::span<const std::size_t> counts, void* out,
+                             DataType dt, const Reduction& red, const OpLabel& what) = 0;
+};
+
+}  // namespace gyre::core

@@ -1,0 +1,85 @@
+// CpuRingBackend (cpu_ring_backend.h): the collectives of collectives/ on
+// host buffers, with the runtime's chunk size and small-allreduce threshold.
+#include "backends/cpu/cpu_ring_backend.h"
+
+#include <cstring>
+
+#include "gyre/collectives/algorithms.h"
+
+namespace gyre::core {
+
+std::byte* CpuRingBackend::zeros(std::size_t bytes, const OpLabel&) {
+  if (zeros_.size() < bytes) zeros_.resize(bytes);
+  std::memset(zeros_.data(), 0, bytes);  // the previous call's user may have written to it
+  return zeros_.data();
+}
+
+std::byte* CpuRingBackend::discard(std::size_t bytes) {
+  if (discard_.size() < bytes) discard_.resize(bytes);
+  return discard_.data();
+}
+
+void CpuRingBackend::copy(void* dst, const void* src, std::size_t bytes, const OpLabel&) {
+  if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
+}
+
+void CpuRingBackend::zero_ranges(std::byte* buf, std::span<const ByteRange> ranges,
+                                 const OpLabel&) {
+  for (const ByteRange& r : ranges) std::memset(buf + r.offset, 0, r.bytes);
+}
+
+void CpuRingBackend::allreduce(const void* in, void* out, std::size_t count, DataType dt,
+                               const Reduction& red, const OpLabel&) {
+  collectives::AllreduceOptions o;
+  o.chunk_bytes = opt_.ring_chunk_bytes;
+  o.small_bytes = opt_.allreduce_small_bytes;
+  o.tag = kTagData;
+  o.prescale = red.prescale;
+  o.postscale = red.postscale;
+  collectives::allreduce(t_, in, out, count, dt, red.op, o);
+}
+
+void CpuRingBackend::broadcast(void* buf, std::size_t bytes, int root, const OpLabel&) {
+  collectives::BroadcastOptions o;
+  o.chunk_bytes = opt_.ring_chunk_bytes;
+  o.tag = kTagData;
+  collectives::ring_broadcast(t_, buf, bytes, root, o);
+}
+
+void CpuRingBackend::allgather(const void* in, std::span<const std::size_t> block_bytes,
+                               void* out, const OpLabel&) {
+  collectives::AllgatherOptions o;
+  o.chunk_bytes = opt_.ring_chunk_bytes;
+  o.tag = kTagData;
+  if (out == nullptr) {
+    std::size_t total = 0;
+    for (auto b : block_bytes) total += b;
+    out = discard(total);
+  }
+  collectives::ring_allgather(t_, in, out, block_bytes, o);
+}
+
+void CpuRingBackend::alltoall(const void* in, std::span<const std::size_t> send_bytes,
+                              void* out, std::span<const std::size_t> recv_bytes,
+                              const OpLabel&) {
+  collectives::AlltoallOptions o;
+  o.tag = kTagData;
+  collectives::alltoall(t_, in, send_bytes, out, recv_bytes, o);
+}
+
+void CpuRingBackend::reducescatter(const void* in, std::span<const std::size_t> counts,
+                                   void* out, DataType dt, const Reduction& red,
+                                   const OpLabel&) {
+  collectives::ReduceScatterOptions o;
+  o.chunk_bytes = opt_.ring_chunk_bytes;
+  o.tag = kTagData;
+  o.prescale = red.prescale;
+  o.postscale = red.postscale;
+  if (out == nullptr) {
+    const auto me = static_cast<std::size_t>(t_.rank());
+    out = discard(me < counts.size() ? counts[me] * dtype_size(dt) : 0);
+  }
+  collectives::ring_reduce_scatter(t_, in, out, counts, dt, red.op, o);
+}
+
+}  // namespace gyre::core

@@ -1,0 +1,60 @@
+// CpuRingBackend: the Backend for host memory. Each collective is one call
+// of its algorithm in collectives/ (ring allreduce or recursive doubling by
+// size, ring allgather, broadcast and reduce-scatter, pairwise alltoall)
+// over the runtime's Transport, on the data tag. Owns the host fusion
+// buffer and the scratch memory of joined ranks.
+//
+// Thread: the runtime's background thread only (as every transport call).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "backends/backend.h"
+#include "fusion/fusion.h"
+#include "gyre/collectives/transport.h"
+#include "gyre/options.h"
+
+namespace gyre::core {
+
+class CpuRingBackend final : public Backend {
+ public:
+  CpuRingBackend(transport::Transport& t, const Options& opt) : t_(t), opt_(opt) {}
+
+  const char* name() const override { return "cpu"; }
+  bool synchronous() const override { return true; }
+
+  std::byte* fusion_buffer(std::size_t bytes, const OpLabel&) override {
+    return fusion_.get(bytes);
+  }
+  std::byte* zeros(std::size_t bytes, const OpLabel& what) override;
+  void copy(void* dst, const void* src, std::size_t bytes, const OpLabel& what) override;
+  void zero_ranges(std::byte* buf, std::span<const ByteRange> ranges,
+                   const OpLabel& what) override;
+  void synchronize(const OpLabel&) override {}
+
+  void allreduce(const void* in, void* out, std::size_t count, DataType dt, const Reduction& red,
+                 const OpLabel& what) override;
+  void broadcast(void* buf, std::size_t bytes, int root, const OpLabel& what) override;
+  void allgather(const void* in, std::span<const std::size_t> block_bytes, void* out,
+                 const OpLabel& what) override;
+  void alltoall(const void* in, std::span<const std::size_t> send_bytes, void* out,
+                std::span<const std::size_t> recv_bytes, const OpLabel& what) override;
+  void reducescatter(const void* in, std::span<const std::size_t> counts, void* out, DataType dt,
+                     const Reduction& red, const OpLabel& what) override;
+
+  // The host fusion buffer (its allocation count is a runtime statistic).
+  const FusionBuffer& host_fusion_buffer() const { return fusion_; }
+
+ private:
+  // Where a discarded result goes (a rank with no entry).
+  std::byte* discard(std::size_t bytes);
+
+  transport::Transport& t_;
+  const Options& opt_;
+  FusionBuffer fusion_;
+  std::vector<std::byte> zeros_;    // joined ranks' contributions
+  std::vector<std::byte> discard_;  // joined ranks' results
+};
+
+}  // namespace gyre::core
