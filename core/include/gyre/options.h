@@ -1,6 +1,8 @@
 // Runtime options. Every field has a default and an environment variable;
-// Options::from_env() is the only place gyre reads the environment. The table
-// of variables is in docs/environment.md.
+// Options::from_env() is the only place gyre reads the environment. One table
+// (core/src/runtime/options_table.h) names each variable with its field,
+// parser, bounds, default, whether every rank must share it and its doc line;
+// docs/environment.md shows it, and a test keeps the two equal.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +22,7 @@ struct Options {
   std::size_t fusion_max_tensor_bytes = 1u << 20;
   // GYRE_CYCLE_TIME_MS: longest the background thread sleeps between
   // negotiation rounds when no work is enqueued (it wakes at once on enqueue).
+  // Values below 0.1 (0 included) count as 0.1.
   double cycle_time_ms = 1.0;
   // GYRE_SPIN_WAIT_US: how long the background thread polls a pending
   // transfer before it sleeps between polls (naps of 5 us doubling up to
@@ -27,7 +30,7 @@ struct Options {
   double spin_wait_us = 100.0;
   // GYRE_CACHE_CAPACITY: entries of the response cache; 0 disables it.
   std::size_t cache_capacity = 1024;
-  // GYRE_RING_CHUNK_BYTES: pipelined chunk size of the ring algorithms.
+  // GYRE_RING_CHUNK_BYTES: pipelined chunk size of the ring algorithms (> 0).
   std::size_t ring_chunk_bytes = 256u << 10;
   // GYRE_ALLREDUCE_SMALL_BYTES: allreduces (single tensors or fused buckets)
   // of at most this many bytes use recursive doubling, larger ones the ring;
@@ -51,8 +54,9 @@ struct Options {
   // between the ranks taking part in one operation.
   long max_version_lag = 0;
 
-  // Reads every GYRE_* variable; throws InvalidArgument naming a variable
-  // whose value does not parse.
+  // Reads every GYRE_* variable of the table; throws InvalidArgument naming
+  // a variable whose value does not parse or is out of range. init() checks
+  // Options set in code against the same bounds.
   static Options from_env();
 };
 

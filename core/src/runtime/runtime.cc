@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <iterator>
 #include <cstring>
 
@@ -10,6 +11,7 @@
 
 #include "gyre/collectives/algorithms.h"
 #include "gyre/error.h"
+#include "runtime/options_table.h"
 
 namespace gyre::core {
 
@@ -68,58 +70,35 @@ Runtime::~Runtime() { shutdown(); }
 // Each rank plans fusion buckets, ring chunks, the allreduce algorithm and
 // cache slots, and judges version lag and stalls, from its own options; a
 // difference would pair mismatched transfers or split the ranks' decisions.
-// One allgather at start-up compares them, so a job with a GYRE_* variable
-// set on some ranks only fails in init() on every rank, naming the variable.
-// It is also the first contact between the ranks: it waits as long as the
-// first negotiation round would (see loop()).
+// One allgather at start-up compares them (the options table says which),
+// so a job with a GYRE_* variable set on some ranks only fails in init() on
+// every rank, naming the variable. The same words carry every option, so a
+// value out of range on one rank (Options set in code bypass the parser)
+// fails every rank too, rather than that rank alone. It is also the first
+// contact between the ranks: it waits as long as the first negotiation
+// round would (see loop()).
 void Runtime::check_options_agree() {
-  if (size_ == 1) return;
-  struct Field {
-    const char* env;
-    std::uint64_t bits;
-    bool is_double;
-  };
-  const Field fields[] = {
-      {"GYRE_FUSION_THRESHOLD", opt_.fusion_threshold_bytes, false},
-      {"GYRE_FUSION_MAX_TENSOR", opt_.fusion_max_tensor_bytes, false},
-      {"GYRE_RING_CHUNK_BYTES", opt_.ring_chunk_bytes, false},
-      {"GYRE_ALLREDUCE_SMALL_BYTES", opt_.allreduce_small_bytes, false},
-      {"GYRE_CACHE_CAPACITY", opt_.cache_capacity, false},
-      {"GYRE_MAX_VERSION_LAG", static_cast<std::uint64_t>(opt_.max_version_lag), false},
-      {"GYRE_STALL_SHUTDOWN_S", std::bit_cast<std::uint64_t>(opt_.stall_shutdown_s), true},
-  };
-  constexpr std::size_t k = std::size(fields);
-  const auto n = static_cast<std::size_t>(size_);
-  std::vector<std::uint64_t> mine(k), all(k * n);
-  for (std::size_t i = 0; i < k; ++i) mine[i] = fields[i].bits;
-  collectives::AllgatherOptions ro;
-  ro.chunk_bytes = opt_.ring_chunk_bytes;
-  ro.tag = kTagNegotiate;
-  if (opt_.op_timeout_s > 0) {
-    t_->set_timeout(std::chrono::milliseconds(
-        static_cast<long>(std::max(opt_.op_timeout_s, kStartupTimeoutS) * 1000.0)));
-  }
-  collectives::ring_allgather(*t_, mine.data(), all.data(),
-                              std::vector<std::size_t>(n, k * sizeof(std::uint64_t)), ro);
-  std::vector<std::string> differ;
-  for (std::size_t i = 0; i < k; ++i) {
-    bool same = true;
-    for (std::size_t r = 1; r < n; ++r) same = same && all[r * k + i] == all[i];
-    if (same) continue;
-    std::vector<std::string> values;
-    for (std::size_t r = 0; r < n; ++r) {
-      const std::uint64_t v = all[r * k + i];
-      values.push_back(fmt::format("rank {}: {}", r,
-                                   fields[i].is_double ? fmt::format("{}", std::bit_cast<double>(v))
-                                                       : fmt::format("{}", v)));
+  const std::vector<std::uint64_t> mine = option_words(opt_);
+  std::vector<std::uint64_t> all = mine;
+  if (size_ > 1) {
+    const std::size_t k = mine.size();
+    const auto n = static_cast<std::size_t>(size_);
+    all.assign(k * n, 0);
+    // The options under test may differ or be out of range: the exchange
+    // depends on none of them. One chunk carries the few words.
+    collectives::AllgatherOptions ro;
+    ro.chunk_bytes = 64 << 10;
+    ro.tag = kTagNegotiate;
+    if (opt_.op_timeout_s != 0) {  // 0: wait forever; NaN, negative or huge: the least
+      const double s = std::isfinite(opt_.op_timeout_s) && opt_.op_timeout_s > 0
+                           ? std::clamp(opt_.op_timeout_s, kStartupTimeoutS, 1e7)
+                           : kStartupTimeoutS;
+      t_->set_timeout(std::chrono::milliseconds(static_cast<long>(s * 1000.0)));
     }
-    differ.push_back(fmt::format("{} ({})", fields[i].env, fmt::join(values, ", ")));
+    collectives::ring_allgather(*t_, mine.data(), all.data(),
+                                std::vector<std::size_t>(n, k * sizeof(std::uint64_t)), ro);
   }
-  if (!differ.empty()) {
-    throw InvalidArgument(fmt::format(
-        "gyre::init(): options differ between ranks, and every rank must use the same: {}",
-        fmt::join(differ, "; ")));
-  }
+  if (auto why = options_problems(all, size_)) throw InvalidArgument(*why);
 }
 
 std::string Runtime::internal_name(const char* what) {
@@ -173,7 +152,9 @@ void Runtime::fail_all(ErrorKind kind, const std::string& why) {
 }
 
 void Runtime::loop() {
-  const auto cycle = std::chrono::microseconds(static_cast<long>(opt_.cycle_time_ms * 1000.0));
+  // Floored (options_table.h): a cycle of 0 would run rounds back to back.
+  const auto cycle = std::chrono::microseconds(
+      static_cast<long>(std::max(opt_.cycle_time_ms, kMinCycleTimeMs) * 1000.0));
   auto deadline = [](double seconds) {
     return std::chrono::milliseconds(std::max<long>(1, static_cast<long>(seconds * 1000.0)));
   };

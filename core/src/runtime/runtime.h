@@ -85,7 +85,8 @@ class Runtime {
  private:
   void loop();
   // Throws InvalidArgument on every rank when the options that every rank
-  // must share differ between ranks (see runtime.cc).
+  // must share differ between ranks, or any rank's option is out of range
+  // (see runtime.cc and options_table.h).
   void check_options_agree();
   bool round();  // false: leave the loop
   std::vector<RoundMessage> exchange(const RoundMessage& mine);
