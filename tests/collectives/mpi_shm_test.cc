@@ -29,10 +29,15 @@ void expect(bool ok, const std::string& what) {
   }
 }
 
+// Segments of this job: their names start with the creator's (local rank 0,
+// here world rank 0) pid. Other jobs (tests running beside this one) may
+// have their own.
+std::string g_prefix;
+
 int count_gyre_segments() {
   int n = 0;
   if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d)) n += std::strncmp(e->d_name, "gyre-", 5) == 0;
+    while (dirent* e = ::readdir(d)) n += std::strncmp(e->d_name, g_prefix.c_str(), g_prefix.size()) == 0;
     ::closedir(d);
   }
   return n;
@@ -48,6 +53,9 @@ int main(int argc, char** argv) {
   int rank = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
+  int pid = ::getpid();
+  MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  g_prefix = "gyre-" + std::to_string(pid) + "-";
   const int before = count_gyre_segments();
   MPI_Barrier(MPI_COMM_WORLD);
 
