@@ -61,10 +61,17 @@ void agree(MPI_Comm local, const std::string& my_error) {
 
 }  // namespace
 
-std::unique_ptr<ShmHost> ShmHost::create(const collectives::ShmOptions& opt) {
+std::unique_ptr<ShmHost> ShmHost::create(const collectives::ShmOptions& opt, bool wanted) {
   int world_rank = 0, world_size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  // Every rank wants it, with the same slot size (a difference is reported
+  // by the runtime's options check; here it only means "no").
+  long votes[2] = {wanted ? 1L : 0L, static_cast<long>(opt.slot_bytes)};
+  long lowest[2] = {0, 0}, highest[2] = {0, 0};
+  check(MPI_Allreduce(votes, lowest, 2, MPI_LONG, MPI_MIN, MPI_COMM_WORLD), "MPI_Allreduce");
+  check(MPI_Allreduce(votes, highest, 2, MPI_LONG, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+  if (lowest[0] == 0 || lowest[1] != highest[1]) return nullptr;
   MPI_Comm local;
   check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL,
                             &local),
@@ -77,8 +84,11 @@ std::unique_ptr<ShmHost> ShmHost::create(const collectives::ShmOptions& opt) {
   MPI_Comm_rank(local, &rank);
   MPI_Comm_size(local, &size);
 
+  int all_local = size == world_size, everywhere = 0;
+  check(MPI_Allreduce(&all_local, &everywhere, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD),
+        "MPI_Allreduce");
+  if (!everywhere) return nullptr;
   std::unique_ptr<ShmHost> host(new ShmHost());
-  host->whole_world_ = size == world_size;
   const std::size_t bytes = collectives::ShmGroup::region_bytes(size, opt.slot_bytes);
   std::array<char, kNameBytes> name{};
   std::string error;

@@ -63,8 +63,11 @@ int main(int argc, char** argv) {
   opt.slot_bytes = 4096;  // many chunks with small buffers
   opt.timeout = std::chrono::milliseconds(60000);
   auto host = transport::ShmHost::create(opt);
+  expect(host != nullptr, "every rank of this test is on one host and wants the group");
+  if (!host) MPI_Abort(MPI_COMM_WORLD, 1);
   ShmGroup& g = host->group();
-  expect(host->whole_world(), "every rank of this test is on one host");
+  expect(transport::ShmHost::create(opt, rank != 0) == nullptr,
+         "no group unless every rank wants it");
   expect(g.size() == n && g.rank() == rank, "the group is the world, in world order");
   MPI_Barrier(MPI_COMM_WORLD);
   expect(count_gyre_segments() == before, "no segment name left in /dev/shm after set-up");

@@ -36,6 +36,12 @@ struct Options {
   // of at most this many bytes use recursive doubling, larger ones the ring;
   // 0: always the ring.
   std::size_t allreduce_small_bytes = 64u << 10;
+  // GYRE_SHM: 1 runs the collectives of CPU tensors over shared memory when
+  // every rank of the job is on one host; 0 keeps the ring over MPI.
+  long shared_memory = 1;
+  // GYRE_SHM_SLOT_BYTES: each rank's slot in the shared segment, the chunk
+  // of the shared-memory collectives.
+  std::size_t shm_slot_bytes = 256u << 10;
   // GYRE_TIMELINE: path of a Chrome trace-event JSON file; empty: off.
   std::string timeline_path;
   // GYRE_LOG_LEVEL: trace, debug, info, warning, error, fatal.

@@ -1,11 +1,14 @@
 // The public API of gyre.h: the process's one Runtime (over MPI), its
 // lifecycle, and forwarding to the operations of operations.h.
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <mutex>
 
 #include <fmt/format.h>
 
 #include "gyre/collectives/mpi_transport.h"
+#include "gyre/collectives/shm_host.h"
 #include "gyre/gyre.h"
 #include "api/operations.h"
 #include "runtime/runtime.h"
@@ -57,6 +60,17 @@ void init(const Options& options) {
   info.local_rank = world.local_rank();
   info.local_size = world.local_size();
   info.abort = [&world](int code) { world.abort(code); };
+  if (world.size() > 1) {
+    // Collective: every rank takes part, and all get a group or none do.
+    collectives::ShmOptions so;
+    so.slot_bytes = options.shm_slot_bytes;
+    so.timeout = std::chrono::milliseconds(static_cast<long>(
+        std::isfinite(options.op_timeout_s) ? std::clamp(options.op_timeout_s, 0.0, 1e7) * 1000.0
+                                            : 0.0));
+    so.spin = std::chrono::microseconds(static_cast<long>(
+        std::isfinite(options.spin_wait_us) ? std::clamp(options.spin_wait_us, 0.0, 1e7) : 0.0));
+    info.shm = transport::ShmHost::create(so, options.shared_memory != 0);
+  }
   g_runtime = std::make_shared<core::Runtime>(options, world.make_transport(), std::move(info));
 }
 

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "backends/shm/shm_backend.h"
+
 #ifdef GYRE_HAVE_NCCL
 #include "backends/nccl/nccl_backend.h"
 #endif
@@ -83,6 +85,11 @@ BackendRegistry::BackendRegistry(transport::Transport& t, const Options& opt, co
     : t_(t), opt_(opt), log_(log), cpu_(std::make_unique<CpuRingBackend>(t, opt)) {}
 
 BackendRegistry::~BackendRegistry() = default;
+
+void BackendRegistry::use_shared_memory(std::shared_ptr<transport::ShmHost> host) {
+  cpu_ = std::make_unique<ShmBackend>(t_, opt_, std::move(host));
+  log_.debug("host tensors over shared memory");
+}
 
 Backend* BackendRegistry::get(Device device) {
   if (device.type == DeviceType::kCPU) return cpu_.get();

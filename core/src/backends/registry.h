@@ -17,6 +17,7 @@
 
 #include "backends/backend.h"
 #include "backends/cpu/cpu_ring_backend.h"
+#include "gyre/collectives/shm_host.h"
 #include "gyre/collectives/transport.h"
 #include "gyre/gyre.h"
 #include "gyre/options.h"
@@ -74,6 +75,9 @@ class BackendRegistry {
   const CpuRingBackend& cpu() const { return *cpu_; }
 
   void set_local_rank(int r) { local_rank_ = r; }
+  // Host tensors go over the host's shared-memory group (ShmBackend) from
+  // now on. Before the background thread starts.
+  void use_shared_memory(std::shared_ptr<transport::ShmHost> host);
 
  private:
   transport::Transport& t_;

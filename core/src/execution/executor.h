@@ -53,6 +53,11 @@ class Executor {
   // that joined before enqueueing any CUDA tensor uses. Set before the
   // background thread starts.
   void set_local_rank(int r) { backends_.set_local_rank(r); }
+  // See BackendRegistry::use_shared_memory.
+  void use_shared_memory(std::shared_ptr<transport::ShmHost> host) {
+    backends_.use_shared_memory(std::move(host));
+  }
+  const char* host_backend() const { return backends_.cpu().name(); }
 
  private:
   using Entry = std::optional<LocalEntry>;

@@ -60,6 +60,14 @@ const OptionSpec kTable[] = {
    SizeOption{&O::allreduce_small_bytes, 0, kMaxBytes}, "64K", true,
    "An allreduce (one tensor, or one fused bucket) of at most this many bytes uses recursive "
    "doubling, a larger one the ring."},
+  {"GYRE_SHM", "shared_memory",
+   IntegerOption{&O::shared_memory, 0, 1}, "1", true,
+   "1 runs the collectives of CPU tensors over shared memory when every rank of the job is on "
+   "one host; 0 keeps the ring over MPI."},
+  {"GYRE_SHM_SLOT_BYTES", "shm_slot_bytes",
+   SizeOption{&O::shm_slot_bytes, 4096, kMaxChunkBytes}, "256K", true,
+   "Bytes of each rank's slot in the shared-memory segment: the chunk of the shared-memory "
+   "collectives."},
   {"GYRE_TIMELINE", "timeline_path",
    TextOption{&O::timeline_path}, "", false,
    "Path of a Chrome trace-event JSON file (open in Perfetto or `chrome://tracing`)."},

@@ -25,6 +25,7 @@
 
 #include "negotiation/coordinator.h"
 #include "execution/executor.h"
+#include "gyre/collectives/shm_host.h"
 #include "gyre/collectives/transport.h"
 #include "gyre/options.h"
 #include "runtime/logging.h"
@@ -43,6 +44,10 @@ struct RuntimeInfo {
   // failed): MpiWorld::abort for MPI. If it returns (tests), the runtime
   // fails every pending operation and stops.
   std::function<void(int code)> abort;
+  // The host's shared-memory group when every rank is on one host and
+  // GYRE_SHM is on (api.cc sets it up over MPI); host tensors then go over
+  // shared memory instead of the transport.
+  std::shared_ptr<transport::ShmHost> shm;
 };
 
 class Runtime {
@@ -80,6 +85,7 @@ class Runtime {
 
   // Statistics for tests and benchmarks (background-thread counters).
   std::uint64_t rounds() const { return rounds_.load(); }
+  const char* host_backend() const { return executor_.host_backend(); }
   int fusion_allocations() const { return executor_.fusion_buffer().allocations(); }
 
  private:

@@ -4,8 +4,10 @@
 // all have, so that nothing is left in /dev/shm whatever happens later.
 //
 // Collective over MPI_COMM_WORLD: every rank calls create() at the same
-// point. Failure on any local rank (segment cannot be created or mapped) is
-// a TransportError on every rank of the host, with the failing rank's reason.
+// point. It returns nullptr on every rank unless every rank `wanted` it with
+// the same slot size and all ranks are on this one host (several hosts need
+// a hierarchical backend). Failure on any rank (segment cannot be created or
+// mapped) is a TransportError on every rank, with the failing rank's reason.
 #pragma once
 
 #include <memory>
@@ -17,16 +19,13 @@ namespace gyre::transport {
 
 class ShmHost {
  public:
-  static std::unique_ptr<ShmHost> create(const collectives::ShmOptions& opt);
+  static std::unique_ptr<ShmHost> create(const collectives::ShmOptions& opt, bool wanted = true);
   collectives::ShmGroup& group() { return *group_; }
-  // True when every rank of MPI_COMM_WORLD is on this host.
-  bool whole_world() const { return whole_world_; }
 
  private:
   ShmHost() = default;
   collectives::ShmSegment segment_;
   std::optional<collectives::ShmGroup> group_;
-  bool whole_world_ = false;
 };
 
 }  // namespace gyre::transport

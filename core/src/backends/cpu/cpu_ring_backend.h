@@ -17,7 +17,7 @@
 
 namespace gyre::core {
 
-class CpuRingBackend final : public Backend {
+class CpuRingBackend : public Backend {
  public:
   CpuRingBackend(transport::Transport& t, const Options& opt) : t_(t), opt_(opt) {}
 
@@ -46,12 +46,14 @@ class CpuRingBackend final : public Backend {
   // The host fusion buffer (its allocation count is a runtime statistic).
   const FusionBuffer& host_fusion_buffer() const { return fusion_; }
 
- private:
+ protected:
   // Where a discarded result goes (a rank with no entry).
   std::byte* discard(std::size_t bytes);
 
   transport::Transport& t_;
   const Options& opt_;
+
+ private:
   FusionBuffer fusion_;
   std::vector<std::byte> zeros_;    // joined ranks' contributions
   std::vector<std::byte> discard_;  // joined ranks' results
