@@ -73,7 +73,7 @@ def _op_name(kind, name):
             _name_counters[kind] = n + 1
 
 
-def _reduce_op(average: Optional[bool], op: Optional[Op]) -> "ReduceOp":
+def _reduce_op(average: Optional[bool], op: Optional[Op]) -> ReduceOp:
     """Horovod's average= and op= as one ReduceOp; raises InvalidArgumentError."""
     if average is not None and op is not None:
         raise InvalidArgumentError("pass either average= or op=, not both")
@@ -256,12 +256,13 @@ def allreduce_(tensor: Tensor, average: Optional[bool] = None, name: Optional[st
 
 
 def _grouped(tensors, average, name, op, prescale_factor, postscale_factor, in_place):
-    c = _t.Conversion()
     try:
         tensors = list(tensors)
     except TypeError:
-        c.refuse(f"grouped_allreduce takes a sequence of tensors, got {type(tensors).__name__}")
-        tensors = []
+        # Raised here: without tensors there are no names to announce it under.
+        raise InvalidArgumentError(
+            f"grouped_allreduce takes a sequence of tensors, got {type(tensors).__name__}") from None
+    c = _t.Conversion()
     rop = _op(c, average, op)
     pre, post = _scales(c, prescale_factor, postscale_factor)
     if in_place:
@@ -363,6 +364,9 @@ def alltoall_async(tensor: Tensor, splits: Optional[Sequence[int]] = None,
     c = _t.Conversion()
     x = c.array(_t.prepare(tensor))
     split_list = c.ints(splits, "splits")
+    if split_list == [] and not c.refusal:
+        # The extension reads no splits as an even split.
+        c.refuse("splits is empty: pass one entry per rank, or splits=None for an even split")
     with _op_name("alltoall", name) as name:
         pending = _gyre.alltoall(name, x, split_list or [], c.refusal)
 
