@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <future>
 #include <limits>
 
 #include "local_job.h"
@@ -104,5 +105,31 @@ TEST_CASE("local: a refusal on one rank fails the operation on every rank at onc
     wait_for(core::allreduce_async(rt, "after.refusals", view(after), view(after),
                                    ReduceOp::kSum));
     GYRE_EXPECT(r, after == std::vector<float>(4, 3.0f));
+  }));
+}
+
+TEST_CASE("local: a refused call of a name already pending leaves that operation valid",
+          "[runtime][refusal]") {
+  std::promise<void> refused_promise;
+  auto refused = refused_promise.get_future().share();
+  REQUIRE_NOTHROW(LocalJob::run(3, options(), [&](int r, Runtime& rt) {
+    std::vector<float> x(4, 1.0f);
+    Handle h;
+    if (r == 0) {
+      h = core::allreduce_async(rt, "pending", view(x), view(x), ReduceOp::kSum);
+      TensorView null_view{nullptr, DataType::kFloat32, {4}};
+      auto msg = expect_throw<InvalidArgument>(r, [&] {
+        core::allreduce_async(rt, "pending", null_view, null_view, ReduceOp::kSum);
+      });
+      GYRE_EXPECT(r, contains(msg, "null"));
+      refused_promise.set_value();
+    } else {
+      // Enqueued after rank 0's refusal: the first "pending" is certainly
+      // still pending there when the refusal happens.
+      GYRE_EXPECT(r, refused.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+      h = core::allreduce_async(rt, "pending", view(x), view(x), ReduceOp::kSum);
+    }
+    wait_for(h, kBoundSeconds);
+    GYRE_EXPECT(r, x == std::vector<float>(4, 3.0f));
   }));
 }

@@ -13,6 +13,7 @@
 // name is still valid.
 #include "api/operations.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -130,6 +131,11 @@ Request base_request(Runtime& rt, const std::string& name, Collective c,
 // to match) nor a reserved one (gyre's own operations are never refused).
 void announce(Runtime& rt, Request req, std::string why) {
   if (req.name.empty() || req.name.rfind(kReserved, 0) == 0) return;
+  // An operation of this name is pending here and still valid: announcing
+  // would replace its request at negotiation and leave it waiting forever.
+  // The refused call is this rank's alone (as a duplicate name would be).
+  const auto pending = rt.queue().pending_names();
+  if (std::binary_search(pending.begin(), pending.end(), req.name)) return;
   // The receivers' decoder refuses enum values out of range as a malformed
   // message, and a failed request's fields are not compared: the unknown
   // value that caused the refusal must not travel.
