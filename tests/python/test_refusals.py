@@ -96,3 +96,18 @@ def test_refusal_under_a_generated_name(size, rank, multi_rank):
         gyre.allreduce(bad, op=gyre.Sum)
     assert time.monotonic() - start < BOUND_S
     assert gyre.allreduce(torch.ones(2), op=gyre.Sum).tolist() == [size] * 2
+
+
+def test_refused_call_of_a_pending_name_leaves_it_valid(size, rank, multi_rank):
+    """A second call of a name still pending here, refused, is this rank's
+    alone: announcing it would fail the pending operation everywhere."""
+    t = torch.ones(2)
+    if rank == 0:
+        handle = gyre.allreduce_async_(t, name="pending.twice", op=gyre.Sum)
+        with pytest.raises(gyre.InvalidArgumentError, match="unsupported dtype int16"):
+            gyre.allreduce_(torch.ones(2, dtype=torch.int16), name="pending.twice")
+        gyre.barrier()  # the others enqueue only now: rank 0's is certainly pending
+    else:
+        gyre.barrier()
+        handle = gyre.allreduce_async_(t, name="pending.twice", op=gyre.Sum)
+    assert gyre.synchronize(handle).tolist() == [size] * 2
