@@ -9,8 +9,8 @@
 // the caller's thread; the failed request is also announced to the other
 // ranks (with the reason) so that their matching operation fails with this
 // rank's reason within one negotiation round instead of stalling. A
-// duplicate pending name is not announced: the first operation of that
-// name is still valid.
+// refused call of a name already pending on this rank (a duplicate, or any
+// other refusal) is not announced: the pending operation is still valid.
 #include "api/operations.h"
 
 #include <algorithm>
