@@ -1,12 +1,16 @@
 // The extension module gyre._gyre: type conversion and GIL handling around
 // the C++ API, nothing more. Argument defaults, generated names, framework
-// conversions and the Horovod-style API live in the Python package.
+// conversions and the Horovod-style API live in the Python package; every
+// argument check is the runtime's (core/src/api/operations.cc), which
+// announces a refusal to the other ranks.
 //
 // Threads: every function is called from Python threads with the GIL held;
 // each releases it around any call that can block on the runtime.
+#include <dlpack/dlpack.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,26 +26,38 @@ namespace py = pybind11;
 namespace gyre::python {
 namespace {
 
-ReduceOp to_op(int op) {
-  if (op < 0 || op >= kNumReduceOps) {
-    throw InvalidArgument("unknown reduction op " + std::to_string(op) +
-                          " (expected gyre.Average, Sum, Min, Max or Product)");
-  }
-  return static_cast<ReduceOp>(op);
-}
+// The tensors of one call, converted: imported views, or, when the Python
+// layer could not convert an argument (`refusal` non-empty), views that
+// carry its reason. Either way the runtime sees the call, so a refusal is
+// decided and announced to the other ranks in one place (operations.cc).
+class Call {
+ public:
+  explicit Call(std::string refusal) : refusal_(std::move(refusal)) { drain_graveyard(); }
 
-std::unique_ptr<ImportedTensor> import(py::handle obj, const std::string& name, Access access) {
-  return ImportedTensor::from_object(obj, name, access);
-}
-
-// Refused here, before enqueueing, so that no other rank waits on it.
-void check_op_defined(const std::string& name, const TensorView& v, ReduceOp op) {
-  if (!op_defined(v.dtype, op)) {
-    throw InvalidArgument("tensor '" + name + "': reduce op " + std::string(op_name(op)) +
-                          " is not defined for " + std::string(dtype_name(v.dtype)) +
-                          " (average needs a floating type; use gyre.Sum)");
+  TensorView view(py::handle obj, const std::string& role, Access access) {
+    keep_.push_back(refusal_.empty() ? ImportedTensor::convert(obj, role, access)
+                                     : ImportedTensor::refused(refusal_));
+    return keep_.back()->view();
   }
-}
+
+  // The Python op as a ReduceOp; the runtime judges values it does not know.
+  ReduceOp op(int value) {
+    if (value < 0 || value > 255) {
+      if (refusal_.empty()) refusal_ = "unknown reduction op " + std::to_string(value);
+      return ReduceOp::kSum;
+    }
+    return static_cast<ReduceOp>(value);
+  }
+
+  // Enqueues with the GIL released; the views stay alive until completion.
+  std::shared_ptr<PendingOp> start(const std::function<Handle()>& enqueue) {
+    return PendingOp::start(std::move(keep_), enqueue);
+  }
+
+ private:
+  std::string refusal_;
+  Imports keep_;
+};
 
 // Runs f with the GIL released after destroying finished operations' tensors.
 template <typename F>
@@ -52,114 +68,91 @@ auto blocking(F&& f) {
 }
 
 std::shared_ptr<PendingOp> allreduce(const std::string& name, py::handle in, py::handle out, int op,
-                                     double pre, double post) {
-  drain_graveyard();
-  const ReduceOp rop = to_op(op);
-  Imports keep;
-  keep.push_back(import(in, name, out.is_none() ? Access::kWrite : Access::kRead));
-  TensorView vin = keep.back()->view();
-  check_op_defined(name, vin, rop);
-  TensorView vout = vin;
-  if (!out.is_none()) {
-    keep.push_back(import(out, name, Access::kWrite));
-    vout = keep.back()->view();
-  }
-  return PendingOp::start(std::move(keep),
-                          [&] { return allreduce_async(name, vin, vout, rop, pre, post); });
+                                     double pre, double post, const std::string& refusal) {
+  Call call(refusal);
+  const ReduceOp rop = call.op(op);
+  TensorView vin = call.view(in, "input", out.is_none() ? Access::kWrite : Access::kRead);
+  TensorView vout = out.is_none() ? vin : call.view(out, "output", Access::kWrite);
+  return call.start([&] { return allreduce_async(name, vin, vout, rop, pre, post); });
 }
 
 std::shared_ptr<PendingOp> grouped_allreduce(const std::vector<std::string>& names,
                                              const py::sequence& ins, py::handle outs, int op,
-                                             double pre, double post) {
-  drain_graveyard();
-  const ReduceOp rop = to_op(op);
-  if (names.size() != static_cast<std::size_t>(py::len(ins))) {
-    throw InvalidArgument("grouped_allreduce: " + std::to_string(names.size()) + " names for " +
-                          std::to_string(py::len(ins)) + " tensors");
-  }
+                                             double pre, double post, const std::string& refusal) {
+  Call call(refusal);
+  const ReduceOp rop = call.op(op);
   const bool in_place = outs.is_none();
-  if (!in_place && py::len(outs) != py::len(ins)) {
-    throw InvalidArgument("grouped_allreduce: as many outputs as inputs are needed");
-  }
-  const auto out_seq = in_place ? py::sequence() : py::reinterpret_borrow<py::sequence>(outs);
-  Imports keep;
   std::vector<TensorView> vins, vouts;
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    keep.push_back(import(ins[i], names[i], in_place ? Access::kWrite : Access::kRead));
-    vins.push_back(keep.back()->view());
-    check_op_defined(names[i], vins.back(), rop);
-    if (!in_place) {
-      keep.push_back(import(out_seq[i], names[i], Access::kWrite));
-    }
-    vouts.push_back(keep.back()->view());
+  for (std::size_t i = 0; i < py::len(ins); ++i) {
+    vins.push_back(call.view(ins[i], "input", in_place ? Access::kWrite : Access::kRead));
   }
-  return PendingOp::start(std::move(keep), [&] {
-    return grouped_allreduce_async(names, vins, vouts, rop, pre, post);
-  });
+  if (in_place) {
+    vouts = vins;
+  } else {
+    const auto out_seq = py::reinterpret_borrow<py::sequence>(outs);
+    for (std::size_t i = 0; i < py::len(out_seq); ++i) {
+      vouts.push_back(call.view(out_seq[i], "output", Access::kWrite));
+    }
+  }
+  // Counts that differ are the runtime's to refuse (and announce).
+  return call.start([&] { return grouped_allreduce_async(names, vins, vouts, rop, pre, post); });
 }
 
 std::vector<NamedBuffer> import_named(const std::vector<std::pair<std::string, py::object>>& items,
                                       Access access, Imports& keep) {
   std::vector<NamedBuffer> buffers;
   for (const auto& [name, obj] : items) {
-    keep.push_back(import(obj, name, access));
+    keep.push_back(ImportedTensor::convert(obj, "buffer '" + name + "'", access));
     buffers.push_back(NamedBuffer{name, keep.back()->view()});
   }
   return buffers;
 }
 
 void bind_operations(py::module_& m) {
+  // Every operation takes `refusal`: why the Python layer could not convert
+  // an argument (empty: it could). The runtime then refuses the call.
   m.def("allreduce", &allreduce, py::arg("name"), py::arg("input"), py::arg("output"),
-        py::arg("op"), py::arg("prescale"), py::arg("postscale"),
+        py::arg("op"), py::arg("prescale"), py::arg("postscale"), py::arg("refusal") = "",
         "Enqueues an allreduce; output=None reduces in place.");
   m.def("grouped_allreduce", &grouped_allreduce, py::arg("names"), py::arg("inputs"),
-        py::arg("outputs"), py::arg("op"), py::arg("prescale"), py::arg("postscale"));
+        py::arg("outputs"), py::arg("op"), py::arg("prescale"), py::arg("postscale"),
+        py::arg("refusal") = "");
   m.def(
       "allgather",
-      [](const std::string& name, py::handle in) {
-        drain_graveyard();
-        Imports keep;
-        keep.push_back(import(in, name, Access::kRead));
-        TensorView v = keep.back()->view();
-        return PendingOp::start(std::move(keep), [&] { return allgather_async(name, v); });
+      [](const std::string& name, py::handle in, const std::string& refusal) {
+        Call call(refusal);
+        TensorView v = call.view(in, "input", Access::kRead);
+        return call.start([&] { return allgather_async(name, v); });
       },
-      py::arg("name"), py::arg("input"));
+      py::arg("name"), py::arg("input"), py::arg("refusal") = "");
   m.def(
       "broadcast",
-      [](const std::string& name, py::handle buf, int root) {
-        drain_graveyard();
-        Imports keep;
-        keep.push_back(import(buf, name, Access::kWrite));
-        TensorView v = keep.back()->view();
-        return PendingOp::start(std::move(keep), [&] { return broadcast_async(name, v, root); });
+      [](const std::string& name, py::handle buf, int root, const std::string& refusal) {
+        Call call(refusal);
+        TensorView v = call.view(buf, "buffer", Access::kWrite);
+        return call.start([&] { return broadcast_async(name, v, root); });
       },
-      py::arg("name"), py::arg("buffer"), py::arg("root"));
+      py::arg("name"), py::arg("buffer"), py::arg("root"), py::arg("refusal") = "");
   m.def(
       "alltoall",
-      [](const std::string& name, py::handle in, const std::vector<std::int64_t>& splits) {
-        drain_graveyard();
-        Imports keep;
-        keep.push_back(import(in, name, Access::kRead));
-        TensorView v = keep.back()->view();
-        return PendingOp::start(std::move(keep),
-                                [&] { return alltoall_async(name, v, splits); });
+      [](const std::string& name, py::handle in, const std::vector<std::int64_t>& splits,
+         const std::string& refusal) {
+        Call call(refusal);
+        TensorView v = call.view(in, "input", Access::kRead);
+        return call.start([&] { return alltoall_async(name, v, splits); });
       },
-      py::arg("name"), py::arg("input"), py::arg("splits"));
+      py::arg("name"), py::arg("input"), py::arg("splits"), py::arg("refusal") = "");
   m.def(
       "reducescatter",
-      [](const std::string& name, py::handle in, int op, double pre, double post) {
-        drain_graveyard();
-        const ReduceOp rop = to_op(op);
-        Imports keep;
-        keep.push_back(import(in, name, Access::kRead));
-        TensorView v = keep.back()->view();
-        check_op_defined(name, v, rop);
-        return PendingOp::start(std::move(keep), [&] {
-          return reducescatter_async(name, v, rop, pre, post);
-        });
+      [](const std::string& name, py::handle in, int op, double pre, double post,
+         const std::string& refusal) {
+        Call call(refusal);
+        const ReduceOp rop = call.op(op);
+        TensorView v = call.view(in, "input", Access::kRead);
+        return call.start([&] { return reducescatter_async(name, v, rop, pre, post); });
       },
       py::arg("name"), py::arg("input"), py::arg("op"), py::arg("prescale"),
-      py::arg("postscale"));
+      py::arg("postscale"), py::arg("refusal") = "");
 }
 
 void bind_divergence(py::module_& m) {
@@ -226,6 +219,12 @@ PYBIND11_MODULE(_gyre, m) {
            [](const PendingOp& op) { return op.handle().received_splits(); });
 
   m.attr("built_with_nccl") = gyre::nccl_built();
+  // DLPack device types, for the Python package (gyre/_tensors.py).
+  m.attr("DLPACK_CPU") = static_cast<int>(kDLCPU);
+  m.attr("DLPACK_CUDA") = static_cast<int>(kDLCUDA);
+  m.attr("DLPACK_CUDA_HOST") = static_cast<int>(kDLCUDAHost);
+  m.attr("DLPACK_CUDA_MANAGED") = static_cast<int>(kDLCUDAManaged);
+  m.attr("DLPACK_ROCM") = static_cast<int>(kDLROCM);
   m.def("init", [] { blocking([] { gyre::init(); }); });
   m.def("shutdown", [] {
     blocking([] { gyre::shutdown(); });

@@ -1,3 +1,5 @@
+// Python objects to gyre::TensorView: DLPack and the buffer protocol, and
+// what could not be converted as a refusal for the runtime (tensor_import.h).
 #include "tensor_import.h"
 
 #include <dlpack/dlpack.h>
@@ -81,8 +83,10 @@ std::optional<DataType> from_buffer_format(const char* format, Py_ssize_t itemsi
   return std::nullopt;
 }
 
+// Ends a conversion: convert() turns this into the view's refusal, a clause
+// naming the tensor ("input is not contiguous ...").
 [[noreturn]] void refuse(const std::string& name, const std::string& why) {
-  throw InvalidArgument("tensor '" + name + "': " + why);
+  throw InvalidArgument(name + " " + why);
 }
 
 }  // namespace
@@ -124,8 +128,31 @@ std::unique_ptr<ImportedTensor> ImportedTensor::from_object(py::handle obj, cons
     }
   }
   if (t->import_buffer(obj, name, access)) return t;
-  refuse(name, "expected a tensor (an object with __dlpack__ or the buffer protocol), got " +
+  refuse(name, "is not a tensor: expected a tensor (an object with __dlpack__ or the buffer "
+               "protocol), got " +
                    std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
+}
+
+std::unique_ptr<ImportedTensor> ImportedTensor::convert(py::handle obj, const std::string& name,
+                                                        Access access) {
+  try {
+    return from_object(obj, name, access);
+  } catch (const InvalidArgument& e) {
+    return refused(e.what());
+  } catch (py::error_already_set& e) {
+    // The producer raised (e.g. in __dlpack_device__): it could not be
+    // converted. KeyboardInterrupt and SystemExit are not conversion failures.
+    if (!e.matches(PyExc_Exception)) throw;
+    return refused(name + " could not be converted: " + e.what());
+  } catch (const py::cast_error& e) {
+    return refused(name + " could not be converted: " + e.what());
+  }
+}
+
+std::unique_ptr<ImportedTensor> ImportedTensor::refused(std::string refusal) {
+  std::unique_ptr<ImportedTensor> t(new ImportedTensor());
+  t->view_.refusal = std::move(refusal);
+  return t;
 }
 
 void ImportedTensor::import_dlpack(py::handle obj, const std::string& name, bool cuda) {
@@ -137,7 +164,7 @@ void ImportedTensor::import_dlpack(py::handle obj, const std::string& name, bool
                             : obj.attr("__dlpack__")();
   PyObject* cap = capsule.ptr();
   if (!PyCapsule_IsValid(cap, "dltensor")) {
-    refuse(name, "__dlpack__() did not return an unused 'dltensor' capsule");
+    refuse(name, "is not exportable: __dlpack__() did not return an unused 'dltensor' capsule");
   }
   auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
   if (managed == nullptr) throw py::error_already_set();

@@ -33,11 +33,17 @@ enum class Access { kRead, kWrite };
 
 class ImportedTensor {
  public:
-  // Throws gyre::InvalidArgument, naming `name`, for anything gyre cannot
-  // use: not a tensor, not on the CPU (this build has no NCCL), not
-  // contiguous, vector lanes, an unsupported dtype, read-only for kWrite.
-  static std::unique_ptr<ImportedTensor> from_object(py::handle obj, const std::string& name,
-                                                     Access access);
+  // Converts `obj`. Anything gyre cannot convert (not a tensor, a device it
+  // cannot reach, not contiguous, vector lanes, a dtype gyre has no DataType
+  // for, read-only for kWrite, a producer that raises) does not throw: the
+  // view carries the reason as TensorView::refusal, a clause starting with
+  // `name` (what messages call the tensor: "input", "buffer 'w'"), and the
+  // runtime refuses the operation with it and announces the refusal to the
+  // other ranks. Python errors other than Exception subclasses propagate.
+  static std::unique_ptr<ImportedTensor> convert(py::handle obj, const std::string& name,
+                                                 Access access);
+  // A tensor that was not converted: the view holds only `refusal`.
+  static std::unique_ptr<ImportedTensor> refused(std::string refusal);
 
   ImportedTensor(const ImportedTensor&) = delete;
   ImportedTensor& operator=(const ImportedTensor&) = delete;
@@ -47,6 +53,9 @@ class ImportedTensor {
 
  private:
   ImportedTensor() = default;
+  // convert() without the catching: throws gyre::InvalidArgument.
+  static std::unique_ptr<ImportedTensor> from_object(py::handle obj, const std::string& name,
+                                                     Access access);
   // cuda: the producer is on a CUDA device (builds with NCCL only).
   void import_dlpack(py::handle obj, const std::string& name, bool cuda);
   // Returns false (and sets nothing) if obj does not support the protocol.

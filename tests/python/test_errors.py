@@ -1,6 +1,7 @@
 """Bad arguments raise the documented exceptions on the calling rank, before
-anything is enqueued (so no other rank waits for an operation that never
-comes); the runtime's errors surface as gyre exceptions."""
+anything is enqueued (the refusal is announced to the other ranks, so none
+waits for an operation that never comes: test_refusals.py); the runtime's
+errors surface as gyre exceptions."""
 
 import subprocess
 import sys
@@ -29,7 +30,8 @@ class FakeCudaTensor:
 
 def assert_nothing_enqueued(size):
     """A collective right after a refused call still matches across ranks:
-    the refused call neither enqueued anything nor consumed a generated name."""
+    the refused call enqueued nothing, and consumed its generated name on
+    every rank alike."""
     out = gyre.allreduce(torch.ones(2), op=gyre.Sum)
     assert out.tolist() == [size, size]
 
@@ -76,10 +78,12 @@ def test_bad_arguments(size):
         gyre.allreduce(t, average=True, op=gyre.Sum)
     with pytest.raises(gyre.InvalidArgumentError):
         gyre.allreduce(torch.ones(2, dtype=torch.int32), op=gyre.Average)  # would truncate
-    with pytest.raises(gyre.InvalidArgumentError, match="root_rank"):
+    with pytest.raises(gyre.InvalidArgumentError, match="root rank"):
         gyre.broadcast(t, root_rank=size)
-    with pytest.raises(gyre.InvalidArgumentError, match="root_rank"):
+    with pytest.raises(gyre.InvalidArgumentError, match="root rank"):
         gyre.broadcast_(t, root_rank=-1)
+    with pytest.raises(gyre.InvalidArgumentError, match="root_rank must be an integer"):
+        gyre.broadcast_(t, root_rank=0.5)
     with pytest.raises(gyre.InvalidArgumentError, match="splits"):
         gyre.alltoall(t, splits=[1] * (size + 1))
     with pytest.raises(gyre.InvalidArgumentError, match="add up to"):

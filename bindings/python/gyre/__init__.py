@@ -2,7 +2,8 @@
 
 ``import gyre`` gives Horovod's collective API on numpy arrays, torch tensors
 and any DLPack producer; ``import gyre.torch`` adds DistributedOptimizer,
-parameter broadcast and divergence checks for PyTorch. Run under mpirun::
+parameter broadcast and divergence checks for PyTorch. The public API carries
+type hints (the package ships ``py.typed``). Run under mpirun::
 
     import gyre
     gyre.init()
@@ -30,10 +31,10 @@ from .objects import allgather_object, broadcast_object  # noqa: E402
 from .ops import *  # noqa: E402,F401,F403
 from .ops import __all__ as _ops_all  # noqa: E402
 
-__version__ = "0.1.0"
+__version__: str = "0.1.0"
 
 
-def _shutdown_at_exit():
+def _shutdown_at_exit() -> None:
     # The background thread must stop (and MPI finalise) before the
     # interpreter tears down.
     if _gyre.is_initialized():

@@ -1,4 +1,5 @@
-"""Framework glue without importing any framework.
+"""Framework glue without importing any framework, and the conversion of a
+call's arguments for the extension (Conversion).
 
 gyre takes torch tensors, numpy arrays and any other DLPack producer. Results
 gyre allocates come back in the caller's framework: a torch tensor for a torch
@@ -6,10 +7,13 @@ input, a numpy array otherwise. torch is only touched if the caller already
 imported it (a torch tensor cannot exist otherwise).
 """
 
+import operator
 import sys
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
+from . import _gyre
 from .exceptions import InvalidArgumentError
 
 
@@ -31,47 +35,35 @@ def prepare(x):
     return x
 
 
-def as_framework_array(x):
+def as_framework_array(x: Any) -> Any:
     """x itself for torch tensors and numpy arrays; any other DLPack producer
-    becomes a numpy view of the same memory (so outputs can be allocated
-    like it)."""
+    in host memory becomes a numpy view of the same memory (so outputs can be
+    allocated like it). Raises InvalidArgumentError for what it cannot
+    convert (Conversion.array passes that on to the runtime)."""
     if is_torch(x) or isinstance(x, np.ndarray):
         return x
     if hasattr(x, "__dlpack__"):
-        check_cpu_device(x)
-        if _dlpack_device_type(x) == 2:
+        # The device first: a GPU tensor must not be exported to numpy.
+        device_type = _dlpack_device_type(x)
+        if device_type in _GPU_DEVICES:
             raise InvalidArgumentError(
-                f"{type(x).__name__} is a CUDA tensor; gyre takes CUDA tensors from torch only")
+                f"input is on a GPU (DLPack device type {device_type}): a {type(x).__name__} "
+                "cannot be converted; gyre takes GPU tensors from torch only")
+        if device_type is not None and device_type not in _HOST_DEVICES:
+            raise InvalidArgumentError(
+                f"input is on DLPack device type {device_type}: a {type(x).__name__} there "
+                "cannot be converted; gyre takes CPU tensors")
         try:
             return np.from_dlpack(x)
         except (TypeError, BufferError, RuntimeError) as e:
-            raise InvalidArgumentError(f"cannot import {type(x).__name__} through DLPack: {e}") from e
+            raise InvalidArgumentError(
+                f"input could not be converted: {type(x).__name__} through DLPack: {e}") from e
     try:
         return np.asarray(memoryview(x))
     except TypeError:
         raise InvalidArgumentError(
-            f"expected a tensor (torch, numpy or a DLPack producer), got {type(x).__name__}"
-        ) from None
-
-
-def check_cpu_device(x):
-    """Refuses a DLPack producer on a GPU before anything is exported (the
-    extension does the same for tensors it takes directly)."""
-    try:
-        device_type = int(x.__dlpack_device__()[0])
-    except (AttributeError, TypeError, ValueError, IndexError):
-        return
-    with_nccl = _built_with_nccl()
-    if device_type == 2 and with_nccl:  # CUDA: the runtime takes it
-        return
-    if device_type in (2, 10, 13):  # CUDA, ROCm, CUDA managed
-        why = ("that is not CUDA; gyre takes CPU and CUDA tensors" if with_nccl else
-               "but this build of gyre has no NCCL support; move it to the CPU")
-        raise InvalidArgumentError(
-            f"{type(x).__name__} is on a GPU (DLPack device type {device_type}), {why}")
-    if device_type not in (1, 3):  # CPU, CUDA host (pinned) memory
-        raise InvalidArgumentError(
-            f"{type(x).__name__} is on DLPack device type {device_type}; gyre takes CPU tensors only")
+            f"input is not a tensor: expected a tensor (torch, numpy or a DLPack producer), "
+            f"got {type(x).__name__}") from None
 
 
 def empty_like(x):
@@ -89,16 +81,16 @@ def clone(x):
     return np.array(x, order="C", copy=True)
 
 
-def _dlpack_device_type(x):
+def _dlpack_device_type(x: Any) -> Optional[int]:
     try:
         return int(x.__dlpack_device__()[0])
     except (AttributeError, TypeError, ValueError, IndexError):
         return None
 
 
-def _built_with_nccl():
-    from . import _gyre
-    return bool(getattr(_gyre, "built_with_nccl", False))
+# DLPack device types, as the extension (and so dlpack.h) numbers them.
+_HOST_DEVICES = frozenset({_gyre.DLPACK_CPU, _gyre.DLPACK_CUDA_HOST})
+_GPU_DEVICES = frozenset({_gyre.DLPACK_CUDA, _gyre.DLPACK_CUDA_MANAGED, _gyre.DLPACK_ROCM})
 
 
 def from_output(out, like):
@@ -110,16 +102,72 @@ def from_output(out, like):
     return np.asarray(out)
 
 
-def int_list(values, what):
-    """A list of Python ints from a list, numpy array or torch tensor."""
-    if values is None:
-        return None
-    if is_torch(values) or isinstance(values, np.ndarray):
-        values = values.tolist()
-    try:
-        return [int(v) for v in values]
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"{what} must be a sequence of integers, got {values!r}") from None
+_INT64 = (-(2 ** 63), 2 ** 63 - 1)
+_INT32 = (-(2 ** 31), 2 ** 31 - 1)
+
+
+class Conversion:
+    """The arguments of one call, converted for the extension.
+
+    Nothing here judges a value (a root out of range, splits that do not add
+    up, an op a dtype cannot take: the runtime checks those, once). What
+    cannot be converted at all is not raised either: the first reason is kept
+    in ``refusal`` and passed to the extension, whose runtime refuses the
+    call and tells the other ranks, so that their operation of the same name
+    fails at once instead of waiting for this rank. The methods return a
+    placeholder (0, None, []) after a failure; the extension ignores the
+    arguments of a refused call.
+    """
+
+    __slots__ = ("refusal",)
+
+    def __init__(self) -> None:
+        self.refusal = ""
+
+    def refuse(self, why: str) -> None:
+        if not self.refusal:
+            self.refusal = why
+
+    def array(self, x: Any) -> Any:
+        """as_framework_array(x), or None if x cannot be converted."""
+        try:
+            return as_framework_array(x)
+        except InvalidArgumentError as e:
+            self.refuse(str(e))
+            return None
+
+    def number(self, value: Any, what: str) -> float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            self.refuse(f"{what} must be a number, got {value!r}")
+            return 1.0
+
+    def integer(self, value: Any, what: str, bounds: Tuple[int, int] = _INT32) -> int:
+        """An integral value (int, numpy or 0-d torch integer) as an int."""
+        try:
+            v = operator.index(value)
+        except TypeError:
+            self.refuse(f"{what} must be an integer, got {value!r}")
+            return 0
+        if not bounds[0] <= v <= bounds[1]:
+            self.refuse(f"{what} {v} is out of range")
+            return 0
+        return v
+
+    def ints(self, values: Any, what: str) -> Optional[List[int]]:
+        """A list of int64 values from a sequence, numpy array or torch tensor
+        (None stays None)."""
+        if values is None:
+            return None
+        if is_torch(values) or isinstance(values, np.ndarray):
+            values = values.tolist()
+        try:
+            items = list(values)
+        except TypeError:
+            self.refuse(f"{what} must be a sequence of integers, got {values!r}")
+            return []
+        return [self.integer(v, f"{what} entry", _INT64) for v in items]
 
 
 def like_ints(values, like):

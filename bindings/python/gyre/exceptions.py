@@ -13,9 +13,10 @@ class GyreError(RuntimeError):
 
 
 class InvalidArgumentError(GyreError, ValueError):
-    """A bad argument, detected on the calling rank before anything was enqueued
-    (a non-contiguous tensor, an unsupported dtype, a CUDA tensor without NCCL,
-    an unknown root rank, ...)."""
+    """A bad argument (a non-contiguous tensor, an unsupported dtype, a CUDA
+    tensor without NCCL, an unknown root rank, ...): raised by the call on the
+    rank that passed it, and by ``synchronize()`` on the other ranks, whose
+    operation of the same name fails with that rank's reason."""
 
 
 class MismatchError(GyreError):

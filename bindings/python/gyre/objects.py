@@ -16,8 +16,8 @@ def _to_bytes(obj):
 
 
 def broadcast_object(obj, root_rank=0, name=None):
-    """Returns root_rank's `obj` on every rank (a copy made by pickling)."""
-    ops._check_root(root_rank)
+    """Returns root_rank's `obj` on every rank (a copy made by pickling). A bad
+    root_rank is refused by the first broadcast_ below, on every rank."""
     with ops._op_name("broadcast_object", name) as base:
         name = base
     is_root = ops.rank() == root_rank

@@ -1,8 +1,11 @@
 """gyre's collectives with Horovod's names, for torch tensors, numpy arrays and
 any DLPack producer.
 
-Every ``*_async`` call validates its arguments on the calling thread, enqueues
-the operation and returns a :class:`Handle` at once; ``synchronize(handle)``
+Every ``*_async`` call converts its arguments, has the runtime check them on
+the calling thread, enqueues the operation and returns a :class:`Handle` at
+once. A call refused on one rank (a bad dtype, root, split, op, ...) raises
+InvalidArgumentError there and is announced to the other ranks: their
+operation of the same name raises it too, at once. ``synchronize(handle)``
 waits (with the GIL released) and returns the result, raising the operation's
 error as a :class:`gyre.GyreError` subclass. The memory of every tensor passed
 in is kept alive by gyre until the operation completes, even if the handle is
@@ -18,11 +21,17 @@ long as they issue unnamed operations of a kind in the same order.
 import contextlib
 import enum
 import threading
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Type, Union
 
 from . import _gyre
 from . import _tensors as _t
-from .compression import Compression
+from .compression import Compression, Compressor
 from .exceptions import InvalidArgumentError
+
+# A torch tensor, a numpy array or any other DLPack or buffer-protocol
+# producer; results come back in the caller's framework (see _tensors).
+Tensor = Any
+Op = Union["ReduceOp", int]
 
 
 class ReduceOp(enum.IntEnum):
@@ -47,9 +56,10 @@ _name_counters = {}
 
 @contextlib.contextmanager
 def _op_name(kind, name):
-    """Yields the operation's name. A generated name is consumed only if the
-    body (validation and enqueue) succeeds, so a call refused on one rank
-    does not shift the generated names of later calls against other ranks."""
+    """Yields the operation's name. A generated name is consumed even when
+    the body raises: a refused call is announced to the other ranks under
+    that name, so every rank's counter must move past it alike (a later call
+    reusing it could pair with a stale announcement)."""
     if name is not None:
         if not isinstance(name, str) or not name:
             raise InvalidArgumentError(f"{kind}: name must be a non-empty string, got {name!r}")
@@ -57,11 +67,14 @@ def _op_name(kind, name):
         return
     with _name_lock:
         n = _name_counters.get(kind, 0)
-        yield f"{kind}.noname.{n}"
-        _name_counters[kind] = n + 1
+        try:
+            yield f"{kind}.noname.{n}"
+        finally:
+            _name_counters[kind] = n + 1
 
 
-def _reduce_op(average, op):
+def _reduce_op(average: Optional[bool], op: Optional[Op]) -> ReduceOp:
+    """Horovod's average= and op= as one ReduceOp; raises InvalidArgumentError."""
     if average is not None and op is not None:
         raise InvalidArgumentError("pass either average= or op=, not both")
     if average is not None:
@@ -76,17 +89,18 @@ def _reduce_op(average, op):
         ) from None
 
 
-def _scale(value, what):
+def _op(c: _t.Conversion, average: Optional[bool], op: Optional[Op]) -> int:
+    """_reduce_op for a call: a failure becomes the call's refusal."""
     try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"{what} must be a number, got {value!r}") from None
+        return int(_reduce_op(average, op))
+    except InvalidArgumentError as e:
+        c.refuse(str(e))
+        return int(Average)
 
 
-def _check_root(root_rank):
-    n = size()
-    if not isinstance(root_rank, int) or not 0 <= root_rank < n:
-        raise InvalidArgumentError(f"root_rank {root_rank!r} is not a rank of this job (size {n})")
+def _scales(c: _t.Conversion, prescale_factor: Any, postscale_factor: Any) -> Tuple[float, float]:
+    return c.number(prescale_factor, "prescale_factor"), c.number(postscale_factor,
+                                                                  "postscale_factor")
 
 
 class Handle:
@@ -94,7 +108,8 @@ class Handle:
 
     __slots__ = ("name", "_op", "_finish", "_guards", "_result", "_done")
 
-    def __init__(self, name, op, finish, guards=()):
+    def __init__(self, name: str, op: Any, finish: Callable[[Any], Any],
+                 guards: Iterable[Any] = ()) -> None:
         self.name = name
         self._op = op
         self._finish = finish
@@ -102,22 +117,22 @@ class Handle:
         self._done = False
         self._result = None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<gyre.Handle {self.name!r} {'done' if self.poll() else 'pending'}>"
 
-    def poll(self):
+    def poll(self) -> bool:
         return self._done or self._op.poll()
 
-    def wait(self):
+    def wait(self) -> Any:
         return synchronize(self)
 
 
-def poll(handle):
+def poll(handle: Handle) -> bool:
     """True once the operation of `handle` has completed (successfully or not)."""
     return handle.poll()
 
 
-def synchronize(handle):
+def synchronize(handle: Handle) -> Any:
     """Waits for the operation and returns its result (raises its error)."""
     if not isinstance(handle, Handle):
         raise InvalidArgumentError(f"synchronize() takes a gyre handle, got {type(handle).__name__}")
@@ -135,43 +150,43 @@ def synchronize(handle):
 # Lifecycle and topology -------------------------------------------------------
 
 
-def init():
+def init() -> None:
     """Initialises MPI (if needed) and starts gyre's background thread."""
     _gyre.init()
 
 
-def shutdown():
+def shutdown() -> None:
     """Fails pending operations, stops the background thread, finalises MPI if
     gyre initialised it. Also run at interpreter exit."""
     _gyre.shutdown()
 
 
-def is_initialized():
+def is_initialized() -> bool:
     return _gyre.is_initialized()
 
 
-def rank():
+def rank() -> int:
     return _gyre.rank()
 
 
-def size():
+def size() -> int:
     return _gyre.size()
 
 
-def local_rank():
+def local_rank() -> int:
     return _gyre.local_rank()
 
 
-def local_size():
+def local_size() -> int:
     return _gyre.local_size()
 
 
-def barrier():
+def barrier() -> None:
     """Blocks until every rank has called barrier()."""
     _gyre.barrier()
 
 
-def join(device=-1):
+def join(device: int = -1) -> int:
     """This rank has no more data: it contributes zeros to other ranks'
     allreduces until every rank has joined. Returns the last rank to join.
     ``device`` is accepted for Horovod compatibility and ignored (CPU only)."""
@@ -179,17 +194,17 @@ def join(device=-1):
     return _gyre.join()
 
 
-def commit_step():
+def commit_step() -> None:
     """Counts one finished training step for the version vector
     (DistributedOptimizer.step() calls it)."""
     _gyre.commit_step()
 
 
-def committed_steps():
+def committed_steps() -> int:
     return _gyre.committed_steps()
 
 
-def version_vector():
+def version_vector() -> List[int]:
     """This rank's view of every rank's committed step count, by rank."""
     return list(_gyre.version_vector())
 
@@ -197,76 +212,93 @@ def version_vector():
 # Allreduce ---------------------------------------------------------------------
 
 
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                    postscale_factor=1.0):
+def allreduce_async(tensor: Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+                    op: Optional[Op] = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0) -> Handle:
     """Reduces `tensor` across ranks into a new tensor (see synchronize)."""
-    rop = _reduce_op(average, op)
-    pre, post = _scale(prescale_factor, "prescale_factor"), _scale(postscale_factor, "postscale_factor")
-    x = _t.as_framework_array(_t.prepare(tensor))
-    out = _t.empty_like(x)
+    c = _t.Conversion()
+    rop = _op(c, average, op)
+    pre, post = _scales(c, prescale_factor, postscale_factor)
+    x = c.array(_t.prepare(tensor))
+    out = None if x is None else _t.empty_like(x)
     with _op_name("allreduce", name) as name:
-        pending = _gyre.allreduce(name, x, out, int(rop), pre, post)
+        pending = _gyre.allreduce(name, x, out, rop, pre, post, c.refusal)
     return Handle(name, pending, lambda _: out, _t.guards_for(name, tensor))
 
 
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                     postscale_factor=1.0):
+def allreduce_async_(tensor: Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+                     op: Optional[Op] = None, prescale_factor: float = 1.0,
+                     postscale_factor: float = 1.0) -> Handle:
     """Reduces `tensor` across ranks in place; synchronize returns `tensor`."""
-    rop = _reduce_op(average, op)
-    pre, post = _scale(prescale_factor, "prescale_factor"), _scale(postscale_factor, "postscale_factor")
+    c = _t.Conversion()
+    rop = _op(c, average, op)
+    pre, post = _scales(c, prescale_factor, postscale_factor)
     with _op_name("allreduce", name) as name:
-        pending = _gyre.allreduce(name, _t.prepare(tensor), None, int(rop), pre, post)
+        pending = _gyre.allreduce(name, _t.prepare(tensor), None, rop, pre, post, c.refusal)
     return Handle(name, pending, lambda _: tensor, _t.guards_for(name, tensor))
 
 
-def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0):
+def allreduce(tensor: Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+              compression: Type[Compressor] = Compression.none, op: Optional[Op] = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Tensor:
     """Returns a new tensor: `op` (default Average) of `tensor` over all ranks."""
     compressed, ctx = compression.compress(tensor)
     handle = allreduce_async(compressed, average, name, op, prescale_factor, postscale_factor)
     return compression.decompress(synchronize(handle), ctx)
 
 
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-               postscale_factor=1.0):
+def allreduce_(tensor: Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+               op: Optional[Op] = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0) -> Tensor:
     """In-place allreduce; returns `tensor`."""
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
                                         postscale_factor))
 
 
 def _grouped(tensors, average, name, op, prescale_factor, postscale_factor, in_place):
-    tensors = list(tensors)
-    if not tensors:
-        raise InvalidArgumentError("grouped_allreduce needs at least one tensor")
-    rop = _reduce_op(average, op)
-    pre, post = _scale(prescale_factor, "prescale_factor"), _scale(postscale_factor, "postscale_factor")
+    try:
+        tensors = list(tensors)
+    except TypeError:
+        # Raised here: without tensors there are no names to announce it under.
+        raise InvalidArgumentError(
+            f"grouped_allreduce takes a sequence of tensors, got {type(tensors).__name__}") from None
+    c = _t.Conversion()
+    rop = _op(c, average, op)
+    pre, post = _scales(c, prescale_factor, postscale_factor)
     if in_place:
         xs, outs = [_t.prepare(t) for t in tensors], None
     else:
-        xs = [_t.as_framework_array(_t.prepare(t)) for t in tensors]
-        outs = [_t.empty_like(x) for x in xs]
+        xs = [c.array(_t.prepare(t)) for t in tensors]
+        outs = [None if x is None else _t.empty_like(x) for x in xs]
     with _op_name("grouped_allreduce", name) as base:
         names = [f"{base}.{i}" for i in range(len(tensors))]
-        pending = _gyre.grouped_allreduce(names, xs, outs, int(rop), pre, post)
+        pending = _gyre.grouped_allreduce(names, xs, outs, rop, pre, post, c.refusal)
     guards = [g for n, t in zip(names, tensors) for g in _t.guards_for(n, t)]
     result = tensors if in_place else outs
     return Handle(base, pending, lambda _: result, guards)
 
 
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0):
+def grouped_allreduce_async(tensors: Sequence[Tensor], average: Optional[bool] = None,
+                            name: Optional[str] = None, op: Optional[Op] = None,
+                            prescale_factor: float = 1.0,
+                            postscale_factor: float = 1.0) -> Handle:
     """Allreduces a list of tensors as one group (one handle, completed
     together); tensor i is named "<name>.<i>"."""
     return _grouped(tensors, average, name, op, prescale_factor, postscale_factor, False)
 
 
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0):
+def grouped_allreduce_async_(tensors: Sequence[Tensor], average: Optional[bool] = None,
+                             name: Optional[str] = None, op: Optional[Op] = None,
+                             prescale_factor: float = 1.0,
+                             postscale_factor: float = 1.0) -> Handle:
     return _grouped(tensors, average, name, op, prescale_factor, postscale_factor, True)
 
 
-def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0):
+def grouped_allreduce(tensors: Sequence[Tensor], average: Optional[bool] = None,
+                      name: Optional[str] = None,
+                      compression: Type[Compressor] = Compression.none,
+                      op: Optional[Op] = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0) -> List[Tensor]:
     """Returns a list of new tensors, each reduced over all ranks."""
     packed = [compression.compress(t) for t in tensors]
     handle = grouped_allreduce_async([c for c, _ in packed], average, name, op, prescale_factor,
@@ -274,8 +306,10 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(synchronize(handle), packed)]
 
 
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                       postscale_factor=1.0):
+def grouped_allreduce_(tensors: Sequence[Tensor], average: Optional[bool] = None,
+                       name: Optional[str] = None, op: Optional[Op] = None,
+                       prescale_factor: float = 1.0,
+                       postscale_factor: float = 1.0) -> List[Tensor]:
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                                 postscale_factor))
 
@@ -283,64 +317,58 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 # Other collectives ---------------------------------------------------------------
 
 
-def allgather_async(tensor, name=None):
-    x = _t.as_framework_array(_t.prepare(tensor))
+def allgather_async(tensor: Tensor, name: Optional[str] = None) -> Handle:
+    c = _t.Conversion()
+    x = c.array(_t.prepare(tensor))
     with _op_name("allgather", name) as name:
-        pending = _gyre.allgather(name, x)
+        pending = _gyre.allgather(name, x, c.refusal)
     return Handle(name, pending, lambda p: _t.from_output(p.output(), x), _t.guards_for(name, tensor))
 
 
-def allgather(tensor, name=None):
+def allgather(tensor: Tensor, name: Optional[str] = None) -> Tensor:
     """Concatenates every rank's tensor along the first dimension (ranks may
     differ in that dimension only)."""
     return synchronize(allgather_async(tensor, name))
 
 
-def broadcast_async_(tensor, root_rank, name=None):
-    _check_root(root_rank)
+def broadcast_async_(tensor: Tensor, root_rank: int, name: Optional[str] = None) -> Handle:
+    c = _t.Conversion()
+    root = c.integer(root_rank, "root_rank")
     with _op_name("broadcast", name) as name:
-        pending = _gyre.broadcast(name, _t.prepare(tensor), root_rank)
+        pending = _gyre.broadcast(name, _t.prepare(tensor), root, c.refusal)
     return Handle(name, pending, lambda _: tensor, _t.guards_for(name, tensor))
 
 
-def broadcast_async(tensor, root_rank, name=None):
-    _check_root(root_rank)
-    copy = _t.clone(_t.as_framework_array(_t.prepare(tensor)))
+def broadcast_async(tensor: Tensor, root_rank: int, name: Optional[str] = None) -> Handle:
+    c = _t.Conversion()
+    root = c.integer(root_rank, "root_rank")
+    x = c.array(_t.prepare(tensor))
+    copy = None if x is None else _t.clone(x)
     with _op_name("broadcast", name) as name:
-        pending = _gyre.broadcast(name, copy, root_rank)
+        pending = _gyre.broadcast(name, copy, root, c.refusal)
     return Handle(name, pending, lambda _: copy)
 
 
-def broadcast_(tensor, root_rank, name=None):
+def broadcast_(tensor: Tensor, root_rank: int, name: Optional[str] = None) -> Tensor:
     """Overwrites `tensor` with root_rank's; returns it."""
     return synchronize(broadcast_async_(tensor, root_rank, name))
 
 
-def broadcast(tensor, root_rank, name=None):
+def broadcast(tensor: Tensor, root_rank: int, name: Optional[str] = None) -> Tensor:
     """Returns a new tensor holding root_rank's `tensor`."""
     return synchronize(broadcast_async(tensor, root_rank, name))
 
 
-def _check_splits(split_list, x):
-    n = size()
-    rows = x.shape[0] if len(x.shape) > 0 else None
-    if len(split_list) != n:
-        raise InvalidArgumentError(f"alltoall: {len(split_list)} splits for {n} ranks")
-    if any(s < 0 for s in split_list):
-        raise InvalidArgumentError(f"alltoall: negative split in {split_list}")
-    if rows is None or sum(split_list) != rows:
-        raise InvalidArgumentError(
-            f"alltoall: splits {split_list} add up to {sum(split_list)}, "
-            f"but the first dimension of the tensor is {rows}")
-
-
-def alltoall_async(tensor, splits=None, name=None):
-    x = _t.as_framework_array(_t.prepare(tensor))
-    split_list = _t.int_list(splits, "splits")
-    if split_list is not None:
-        _check_splits(split_list, x)
+def alltoall_async(tensor: Tensor, splits: Optional[Sequence[int]] = None,
+                   name: Optional[str] = None) -> Handle:
+    c = _t.Conversion()
+    x = c.array(_t.prepare(tensor))
+    split_list = c.ints(splits, "splits")
+    if split_list == [] and not c.refusal:
+        # The extension reads no splits as an even split.
+        c.refuse("splits is empty: pass one entry per rank, or splits=None for an even split")
     with _op_name("alltoall", name) as name:
-        pending = _gyre.alltoall(name, x, split_list or [])
+        pending = _gyre.alltoall(name, x, split_list or [], c.refusal)
 
     def finish(p):
         out = _t.from_output(p.output(), x)
@@ -351,24 +379,28 @@ def alltoall_async(tensor, splits=None, name=None):
     return Handle(name, pending, finish, _t.guards_for(name, tensor))
 
 
-def alltoall(tensor, splits=None, name=None):
+def alltoall(tensor: Tensor, splits: Optional[Sequence[int]] = None,
+             name: Optional[str] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Rank r sends splits[p] rows (first dimension) to rank p; an even split
     when splits is None. Returns the received rows, and with `splits` given
     also the number of rows received from each rank."""
     return synchronize(alltoall_async(tensor, splits, name))
 
 
-def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
-    rop = _reduce_op(None, op)
-    pre, post = _scale(prescale_factor, "prescale_factor"), _scale(postscale_factor, "postscale_factor")
-    x = _t.as_framework_array(_t.prepare(tensor))
+def reducescatter_async(tensor: Tensor, name: Optional[str] = None, op: Op = Average,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    c = _t.Conversion()
+    rop = _op(c, None, op)
+    pre, post = _scales(c, prescale_factor, postscale_factor)
+    x = c.array(_t.prepare(tensor))
     with _op_name("reducescatter", name) as name:
-        pending = _gyre.reducescatter(name, x, int(rop), pre, post)
+        pending = _gyre.reducescatter(name, x, rop, pre, post, c.refusal)
     return Handle(name, pending, lambda p: _t.from_output(p.output(), x), _t.guards_for(name, tensor))
 
 
-def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
-                  prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(tensor: Tensor, name: Optional[str] = None,
+                  compression: Type[Compressor] = Compression.none, op: Op = Average,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Tensor:
     """Reduces across ranks; rank r keeps block r of the first dimension
     (earlier ranks take one extra row when it does not divide evenly)."""
     compressed, ctx = compression.compress(tensor)

@@ -29,6 +29,12 @@ struct TensorView {
   DataType dtype = DataType::kFloat32;
   std::vector<std::int64_t> shape;
   Device device{};
+  // Why the caller could not describe its tensor, as a clause naming it
+  // ("input has unsupported dtype int16"); empty when it could. A binding
+  // sets it instead of throwing, so that the operation is refused here like
+  // any other bad argument: on this rank, and announced to the other ranks,
+  // whose matching operation then fails at once instead of waiting.
+  std::string refusal{};
 
   std::int64_t numel() const { return gyre::numel(shape); }
   std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype); }

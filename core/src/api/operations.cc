@@ -3,12 +3,18 @@
 // on the process's runtime; in-process tests call them on one runtime per
 // rank thread.
 //
-// Validation failures throw InvalidArgument here, on the caller's thread;
-// the failed request is also announced to the other ranks (with the reason)
-// so that their matching operation fails with this rank's reason instead of
-// stalling. A duplicate pending name is not announced: the first operation
-// of that name is still valid.
+// This is the one place that checks arguments: the Python package and the
+// binding only convert types, and pass what they could not convert in as a
+// TensorView::refusal. Validation failures throw InvalidArgument here, on
+// the caller's thread; the failed request is also announced to the other
+// ranks (with the reason) so that their matching operation fails with this
+// rank's reason within one negotiation round instead of stalling. A
+// refused call of a name already pending on this rank (a duplicate, or any
+// other refusal) is not announced: the pending operation is still valid.
 #include "api/operations.h"
+
+#include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -36,6 +42,12 @@ void check_cuda_device(Runtime& rt, const std::string& what, const char* which,
 }
 
 void check_view(Runtime& rt, const std::string& what, const char* which, const TensorView& t) {
+  // The caller could not describe the tensor: its reason names it.
+  if (!t.refusal.empty()) throw InvalidArgument(fmt::format("{}: {}", what, t.refusal));
+  if (static_cast<int>(t.dtype) >= kNumDataTypes) {
+    throw InvalidArgument(fmt::format("{}: {} has an unknown dtype (value {})", what, which,
+                                      static_cast<int>(t.dtype)));
+  }
   for (auto d : t.shape) {
     if (d < 0) {
       throw InvalidArgument(fmt::format("{}: {} has a negative dimension in shape [{}]", what,
@@ -52,19 +64,28 @@ void check_view(Runtime& rt, const std::string& what, const char* which, const T
     throw InvalidArgument(fmt::format("{}: {} has an unknown device type {}", what, which,
                                       static_cast<int>(t.device.type)));
   }
-  if (static_cast<int>(t.dtype) >= kNumDataTypes) {
-    throw InvalidArgument(fmt::format("{}: {} has an unknown dtype", what, which));
-  }
 }
 
 void check_op(const std::string& what, DataType dt, ReduceOp op) {
   if (static_cast<int>(op) >= kNumReduceOps) {
-    throw InvalidArgument(fmt::format("{}: unknown reduce op", what));
+    throw InvalidArgument(fmt::format(
+        "{}: unknown reduction op {} (expected sum, average, min, max or product, 0 to {})", what,
+        static_cast<int>(op), kNumReduceOps - 1));
   }
   if (!op_defined(dt, op)) {
     throw InvalidArgument(fmt::format(
         "{}: reduce op {} is not defined for {} (average needs a floating type; use sum)", what,
         op_name(op), dtype_name(dt)));
+  }
+}
+
+// A scale factor multiplies every element: NaN or infinity would silently
+// turn the whole result into NaN or infinity.
+void check_scales(const std::string& what, double prescale, double postscale) {
+  if (!std::isfinite(prescale) || !std::isfinite(postscale)) {
+    throw InvalidArgument(fmt::format(
+        "{}: scale factors must be finite numbers, got prescale {} and postscale {}", what,
+        prescale, postscale));
   }
 }
 
@@ -80,6 +101,29 @@ Request base_request(Runtime& rt, const std::string& name, Collective c,
   return r;
 }
 
+// Tells the other ranks that this rank failed `req` with `why`, so that
+// their operation of that name fails too. Not for an empty name (nothing
+// to match) nor a reserved one (gyre's own operations are never refused).
+void announce(Runtime& rt, Request req, std::string why) {
+  if (req.name.empty() || req.name.rfind(kReserved, 0) == 0) return;
+  // An operation of this name is pending here and still valid: announcing
+  // would replace its request at negotiation and leave it waiting forever.
+  // The refused call is this rank's alone (as a duplicate name would be).
+  const auto pending = rt.queue().pending_names();
+  if (std::binary_search(pending.begin(), pending.end(), req.name)) return;
+  // The receivers' decoder refuses enum values out of range as a malformed
+  // message, and a failed request's fields are not compared: the unknown
+  // value that caused the refusal must not travel.
+  if (static_cast<int>(req.dtype) >= kNumDataTypes) req.dtype = DataType::kFloat32;
+  if (static_cast<int>(req.op) >= kNumReduceOps) req.op = ReduceOp::kSum;
+  if (req.device.type != DeviceType::kCPU && req.device.type != DeviceType::kCUDA) {
+    req.device = Device{};
+  }
+  req.error_kind = ErrorKind::kInvalidArgument;
+  req.error = std::move(why);
+  rt.queue().announce_failure(std::move(req));
+}
+
 // Runs `validate`; on InvalidArgument announces the failure to the other
 // ranks, then rethrows.
 template <typename F>
@@ -89,12 +133,7 @@ void validated(Runtime& rt, const Request& req, F&& validate) {
                                                             collective_name(req.collective)));
     validate();
   } catch (const InvalidArgument& e) {
-    if (!req.name.empty() && req.name.rfind(kReserved, 0) != 0) {
-      Request failed = req;
-      failed.error_kind = ErrorKind::kInvalidArgument;
-      failed.error = e.what();
-      rt.queue().announce_failure(std::move(failed));
-    }
+    announce(rt, req, e.what());
     throw;
   }
 }
@@ -137,10 +176,21 @@ Handle grouped_allreduce_async(Runtime& rt, const std::vector<std::string>& name
                                const std::vector<TensorView>& ins,
                                const std::vector<TensorView>& outs, ReduceOp op, double prescale,
                                double postscale) {
-  if (names.size() != ins.size() || names.size() != outs.size() || names.empty()) {
-    throw InvalidArgument(fmt::format(
-        "grouped_allreduce_async: {} names, {} inputs and {} outputs (need the same, non-zero, "
-        "count)", names.size(), ins.size(), outs.size()));
+  if (names.empty()) {
+    throw InvalidArgument("grouped_allreduce needs at least one tensor (got no names)");
+  }
+  if (names.size() != ins.size() || names.size() != outs.size()) {
+    const std::string why = fmt::format(
+        "grouped_allreduce: {} names, {} inputs and {} outputs (need the same count)",
+        names.size(), ins.size(), outs.size());
+    for (const auto& name : names) {
+      Request req;
+      req.name = name;
+      req.collective = Collective::kAllreduce;
+      req.step = rt.versions().own();
+      announce(rt, std::move(req), why);
+    }
+    throw InvalidArgument(why);
   }
   auto state = std::make_shared<OpState>(static_cast<int>(names.size()));
   std::vector<LocalEntry> entries;
@@ -157,11 +207,9 @@ Handle grouped_allreduce_async(Runtime& rt, const std::vector<std::string>& name
     // member, not only the bad one, so none of them waits for the rest.
     auto announce_group = [&](const InvalidArgument& e) {
       for (std::size_t j = 0; j < names.size(); ++j) {
-        if (j == i || names[j].empty() || names[j].rfind(kReserved, 0) == 0) continue;
-        Request other = base_request(rt, names[j], Collective::kAllreduce, ins[j]);
-        other.error_kind = ErrorKind::kInvalidArgument;
-        other.error = fmt::format("its group failed: {}", e.what());
-        rt.queue().announce_failure(std::move(other));
+        if (j == i) continue;
+        announce(rt, base_request(rt, names[j], Collective::kAllreduce, ins[j]),
+                 fmt::format("its group failed: {}", e.what()));
       }
     };
     try {
@@ -189,6 +237,7 @@ static void validate_member(Runtime& rt, const Request& req, const std::string& 
       check_view(rt, what, "input", in);
       check_view(rt, what, "output", out);
       check_op(what, in.dtype, op);
+      check_scales(what, req.prescale, req.postscale);
       if (out.device != in.device) {
         throw InvalidArgument(fmt::format("{}: output is on {}:{} but input on {}:{}", what,
                                           device_name(out.device.type), out.device.index,
@@ -221,8 +270,8 @@ Handle broadcast_async(Runtime& rt, const std::string& name, const TensorView& b
     check_user_name(what, name);
     check_view(rt, what, "buffer", buf);
     if (root < 0 || root >= rt.size()) {
-      throw InvalidArgument(
-          fmt::format("{}: root {} is not a rank (world size {})", what, root, rt.size()));
+      throw InvalidArgument(fmt::format("{}: root rank {} is not a rank of this job (size {})",
+                                        what, root, rt.size()));
     }
   });
   return submit(rt, std::move(req), buf, buf);
@@ -274,6 +323,7 @@ Handle reducescatter_async(Runtime& rt, const std::string& name, const TensorVie
     check_user_name(what, name);
     check_view(rt, what, "input", in);
     check_op(what, in.dtype, op);
+    check_scales(what, prescale, postscale);
     if (in.shape.empty()) throw InvalidArgument(what + ": needs at least one dimension");
   });
   return submit(rt, std::move(req), in, in);

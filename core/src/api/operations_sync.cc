@@ -18,6 +18,10 @@ namespace {
 
 void check_buffers(const char* call, const std::vector<NamedBuffer>& buffers) {
   for (const auto& b : buffers) {
+    // The binding could not convert it: the reason names the buffer.
+    if (!b.tensor.refusal.empty()) {
+      throw InvalidArgument(fmt::format("{}: {}", call, b.tensor.refusal));
+    }
     if (b.tensor.numel() > 0 && b.tensor.data == nullptr) {
       throw InvalidArgument(fmt::format("{}: buffer '{}' is null but has {} elements", call,
                                         b.name, b.tensor.numel()));
