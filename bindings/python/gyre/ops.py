@@ -12,10 +12,11 @@ tensor modified or resized before ``synchronize`` returns.
 Names identify an operation across ranks: every rank must use the same name
 for the same operation. When ``name`` is omitted one is generated from a
 counter per operation kind ("allreduce.noname.0", ...), so ranks match as
-long as they issue unnamed operations of a kind in the same order.
+long as they issue unnamed operations of a kind in the same order. A call
+consumes its generated name even when it is refused, so a call refused on one
+rank only does not shift that rank's later names against the other ranks'.
 """
 
-import contextlib
 import enum
 import threading
 
@@ -41,24 +42,26 @@ Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
 
-_name_lock = threading.RLock()  # guards _name_counters
+_name_lock = threading.Lock()  # guards _name_counters
 _name_counters = {}
 
 
-@contextlib.contextmanager
 def _op_name(kind, name):
-    """Yields the operation's name. A generated name is consumed only if the
-    body (validation and enqueue) succeeds, so a call refused on one rank
-    does not shift the generated names of later calls against other ranks."""
+    """The operation's name: `name`, or the next generated one of `kind`.
+
+    Called first thing in every operation, before any check that can refuse
+    the call: a generated name is consumed whatever becomes of the call, so
+    the counters advance alike on every rank even when a call is refused on
+    one rank only (its refusal reaches the other ranks' call of that name),
+    and later unnamed calls keep pairing with each other."""
     if name is not None:
         if not isinstance(name, str) or not name:
             raise InvalidArgumentError(f"{kind}: name must be a non-empty string, got {name!r}")
-        yield name
-        return
+        return name
     with _name_lock:
         n = _name_counters.get(kind, 0)
-        yield f"{kind}.noname.{n}"
         _name_counters[kind] = n + 1
+    return f"{kind}.noname.{n}"
 
 
 def _reduce_op(average, op):
@@ -136,17 +139,25 @@ def synchronize(handle):
 
 
 def init():
-    """Initialises MPI (if needed) and starts gyre's background thread."""
+    """Initialises MPI (if needed) and starts gyre's background thread.
+
+    As in Horovod, init() may be called any number of times (while gyre runs,
+    later calls do nothing) and again after shutdown(), which starts a new
+    runtime on the same MPI (a new version vector; generated names go on)."""
     _gyre.init()
 
 
 def shutdown():
-    """Fails pending operations, stops the background thread, finalises MPI if
-    gyre initialised it. Also run at interpreter exit."""
-    _gyre.shutdown()
+    """Fails pending operations (on every rank) and stops the background
+    thread; does nothing if gyre is not running. MPI stays initialised, so
+    init() may follow; gyre finalises MPI at process exit if it initialised
+    it. Also run at interpreter exit."""
+    if _gyre.is_initialized():
+        _gyre.shutdown()
 
 
 def is_initialized():
+    """True between init() and shutdown()."""
     return _gyre.is_initialized()
 
 
@@ -200,28 +211,29 @@ def version_vector():
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0):
     """Reduces `tensor` across ranks into a new tensor (see synchronize)."""
+    name = _op_name("allreduce", name)
     rop = _reduce_op(average, op)
     pre, post = _scale(prescale_factor, "prescale_factor"), _scale(postscale_factor, "postscale_factor")
     x = _t.as_framework_array(_t.prepare(tensor))
     out = _t.empty_like(x)
-    with _op_name("allreduce", name) as name:
-        pending = _gyre.allreduce(name, x, out, int(rop), pre, post)
+    pending = _gyre.allreduce(name, x, out, int(rop), pre, post)
     return Handle(name, pending, lambda _: out, _t.guards_for(name, tensor))
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0):
     """Reduces `tensor` across ranks in place; synchronize returns `tensor`."""
+    name = _op_name("allreduce", name)
     rop = _reduce_op(average, op)
     pre, post = _scale(prescale_factor, "prescale_factor"), _scale(postscale_factor, "postscale_factor")
-    with _op_name("allreduce", name) as name:
-        pending = _gyre.allreduce(name, _t.prepare(tensor), None, int(rop), pre, post)
+    pending = _gyre.allreduce(name, _t.prepare(tensor), None, int(rop), pre, post)
     return Handle(name, pending, lambda _: tensor, _t.guards_for(name, tensor))
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0):
     """Returns a new tensor: `op` (default Average) of `tensor` over all ranks."""
+    name = _op_name("allreduce", name)
     compressed, ctx = compression.compress(tensor)
     handle = allreduce_async(compressed, average, name, op, prescale_factor, postscale_factor)
     return compression.decompress(synchronize(handle), ctx)
@@ -235,6 +247,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 
 def _grouped(tensors, average, name, op, prescale_factor, postscale_factor, in_place):
+    base = _op_name("grouped_allreduce", name)
     tensors = list(tensors)
     if not tensors:
         raise InvalidArgumentError("grouped_allreduce needs at least one tensor")
@@ -245,9 +258,8 @@ def _grouped(tensors, average, name, op, prescale_factor, postscale_factor, in_p
     else:
         xs = [_t.as_framework_array(_t.prepare(t)) for t in tensors]
         outs = [_t.empty_like(x) for x in xs]
-    with _op_name("grouped_allreduce", name) as base:
-        names = [f"{base}.{i}" for i in range(len(tensors))]
-        pending = _gyre.grouped_allreduce(names, xs, outs, int(rop), pre, post)
+    names = [f"{base}.{i}" for i in range(len(tensors))]
+    pending = _gyre.grouped_allreduce(names, xs, outs, int(rop), pre, post)
     guards = [g for n, t in zip(names, tensors) for g in _t.guards_for(n, t)]
     result = tensors if in_place else outs
     return Handle(base, pending, lambda _: result, guards)
@@ -268,6 +280,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0):
     """Returns a list of new tensors, each reduced over all ranks."""
+    name = _op_name("grouped_allreduce", name)
     packed = [compression.compress(t) for t in tensors]
     handle = grouped_allreduce_async([c for c, _ in packed], average, name, op, prescale_factor,
                                      postscale_factor)
@@ -284,9 +297,9 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 
 def allgather_async(tensor, name=None):
+    name = _op_name("allgather", name)
     x = _t.as_framework_array(_t.prepare(tensor))
-    with _op_name("allgather", name) as name:
-        pending = _gyre.allgather(name, x)
+    pending = _gyre.allgather(name, x)
     return Handle(name, pending, lambda p: _t.from_output(p.output(), x), _t.guards_for(name, tensor))
 
 
@@ -297,17 +310,17 @@ def allgather(tensor, name=None):
 
 
 def broadcast_async_(tensor, root_rank, name=None):
+    name = _op_name("broadcast", name)
     _check_root(root_rank)
-    with _op_name("broadcast", name) as name:
-        pending = _gyre.broadcast(name, _t.prepare(tensor), root_rank)
+    pending = _gyre.broadcast(name, _t.prepare(tensor), root_rank)
     return Handle(name, pending, lambda _: tensor, _t.guards_for(name, tensor))
 
 
 def broadcast_async(tensor, root_rank, name=None):
+    name = _op_name("broadcast", name)
     _check_root(root_rank)
     copy = _t.clone(_t.as_framework_array(_t.prepare(tensor)))
-    with _op_name("broadcast", name) as name:
-        pending = _gyre.broadcast(name, copy, root_rank)
+    pending = _gyre.broadcast(name, copy, root_rank)
     return Handle(name, pending, lambda _: copy)
 
 
@@ -335,12 +348,12 @@ def _check_splits(split_list, x):
 
 
 def alltoall_async(tensor, splits=None, name=None):
+    name = _op_name("alltoall", name)
     x = _t.as_framework_array(_t.prepare(tensor))
     split_list = _t.int_list(splits, "splits")
     if split_list is not None:
         _check_splits(split_list, x)
-    with _op_name("alltoall", name) as name:
-        pending = _gyre.alltoall(name, x, split_list or [])
+    pending = _gyre.alltoall(name, x, split_list or [])
 
     def finish(p):
         out = _t.from_output(p.output(), x)
@@ -359,11 +372,11 @@ def alltoall(tensor, splits=None, name=None):
 
 
 def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
+    name = _op_name("reducescatter", name)
     rop = _reduce_op(None, op)
     pre, post = _scale(prescale_factor, "prescale_factor"), _scale(postscale_factor, "postscale_factor")
     x = _t.as_framework_array(_t.prepare(tensor))
-    with _op_name("reducescatter", name) as name:
-        pending = _gyre.reducescatter(name, x, int(rop), pre, post)
+    pending = _gyre.reducescatter(name, x, int(rop), pre, post)
     return Handle(name, pending, lambda p: _t.from_output(p.output(), x), _t.guards_for(name, tensor))
 
 
@@ -371,6 +384,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   prescale_factor=1.0, postscale_factor=1.0):
     """Reduces across ranks; rank r keeps block r of the first dimension
     (earlier ranks take one extra row when it does not divide evenly)."""
+    name = _op_name("reducescatter", name)
     compressed, ctx = compression.compress(tensor)
     handle = reducescatter_async(compressed, name, op, prescale_factor, postscale_factor)
     return compression.decompress(synchronize(handle), ctx)
