@@ -10,6 +10,18 @@
 // entry point calls and which is also scheduled with Py_AddPendingCall. The
 // background thread therefore never waits for the GIL, and producers'
 // deleters (torch's may touch Python objects) always run with it held.
+//
+// What an import keeps alive is the producer's: a DLPack capsule holds the
+// tensor it was taken from, and through it the memory. For torch tensors
+// the Python layer exports a detached alias (gyre/_tensors.py, prepare), so
+// the capsule holds a tensor nobody else can touch, and its storage stays
+// alive even if the caller's tensor is given another storage (set_(),
+// .data =) while the operation is in flight. What no reference can prevent:
+// torch's resize_() growing a tensor reallocates the storage object itself
+// and frees the old memory at once. That is documented as forbidden for
+// tensors in flight; it is only detected afterwards, when the operation is
+// synchronized (InFlightGuard), by which time the runtime may have used the
+// freed memory.
 #pragma once
 
 #include <condition_variable>

@@ -35,8 +35,10 @@ __version__: str = "0.1.0"
 
 
 def _shutdown_at_exit() -> None:
-    # The background thread must stop (and MPI finalise) before the
-    # interpreter tears down.
+    # The background thread must stop before the interpreter tears down (it
+    # may still complete operations whose tensors are Python objects). MPI,
+    # if gyre initialised it, is finalised later, by the C++ library's own
+    # exit handler: shutdown() leaves it initialised so that init() may follow.
     if _gyre.is_initialized():
         _gyre.shutdown()
 

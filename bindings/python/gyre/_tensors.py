@@ -28,9 +28,14 @@ def is_torch(x):
 
 
 def prepare(x):
-    """What the extension will export: a tensor that requires grad is detached
-    (same storage, so in-place results land in it); other objects unchanged."""
-    if is_torch(x) and x.requires_grad:
+    """What the extension will export: a torch tensor is detached (same
+    storage, so in-place results land in it; gradients are never tracked).
+    The DLPack capsule holds the tensor it was taken from, and torch frees a
+    storage when its last tensor lets go: exporting an alias of gyre's own
+    keeps the storage alive until the operation completes even if the
+    caller's tensor is given another one (set_(), .data =) meanwhile.
+    Other objects are exported unchanged."""
+    if is_torch(x):
         return x.detach()
     return x
 

@@ -18,8 +18,7 @@ def _to_bytes(obj):
 def broadcast_object(obj, root_rank=0, name=None):
     """Returns root_rank's `obj` on every rank (a copy made by pickling). A bad
     root_rank is refused by the first broadcast_ below, on every rank."""
-    with ops._op_name("broadcast_object", name) as base:
-        name = base
+    name = ops._op_name("broadcast_object", name)
     is_root = ops.rank() == root_rank
     payload = _to_bytes(obj) if is_root else None
     length = np.array([payload.size if is_root else 0], dtype=np.int64)
@@ -32,8 +31,7 @@ def broadcast_object(obj, root_rank=0, name=None):
 
 def allgather_object(obj, name=None):
     """Returns the list of every rank's `obj`, in rank order."""
-    with ops._op_name("allgather_object", name) as base:
-        name = base
+    name = ops._op_name("allgather_object", name)
     payload = _to_bytes(obj)
     sizes = ops.allgather(np.array([payload.size], dtype=np.int64), name=f"{name}.size")
     data = ops.allgather(payload, name=f"{name}.data")

@@ -15,10 +15,11 @@ tensor modified or resized before ``synchronize`` returns.
 Names identify an operation across ranks: every rank must use the same name
 for the same operation. When ``name`` is omitted one is generated from a
 counter per operation kind ("allreduce.noname.0", ...), so ranks match as
-long as they issue unnamed operations of a kind in the same order.
+long as they issue unnamed operations of a kind in the same order. A call
+consumes its generated name even when it is refused, so a call refused on one
+rank only does not shift that rank's later names against the other ranks'.
 """
 
-import contextlib
 import enum
 import threading
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Type, Union
@@ -50,27 +51,26 @@ Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
 
-_name_lock = threading.RLock()  # guards _name_counters
+_name_lock = threading.Lock()  # guards _name_counters
 _name_counters = {}
 
 
-@contextlib.contextmanager
 def _op_name(kind, name):
-    """Yields the operation's name. A generated name is consumed even when
-    the body raises: a refused call is announced to the other ranks under
-    that name, so every rank's counter must move past it alike (a later call
-    reusing it could pair with a stale announcement)."""
+    """The operation's name: `name`, or the next generated one of `kind`.
+
+    Called first thing in every operation, before any check that can refuse
+    the call: a generated name is consumed whatever becomes of the call, so
+    the counters advance alike on every rank even when a call is refused on
+    one rank only (its refusal reaches the other ranks' call of that name),
+    and later unnamed calls keep pairing with each other."""
     if name is not None:
         if not isinstance(name, str) or not name:
             raise InvalidArgumentError(f"{kind}: name must be a non-empty string, got {name!r}")
-        yield name
-        return
+        return name
     with _name_lock:
         n = _name_counters.get(kind, 0)
-        try:
-            yield f"{kind}.noname.{n}"
-        finally:
-            _name_counters[kind] = n + 1
+        _name_counters[kind] = n + 1
+    return f"{kind}.noname.{n}"
 
 
 def _reduce_op(average: Optional[bool], op: Optional[Op]) -> ReduceOp:
@@ -151,17 +151,25 @@ def synchronize(handle: Handle) -> Any:
 
 
 def init() -> None:
-    """Initialises MPI (if needed) and starts gyre's background thread."""
+    """Initialises MPI (if needed) and starts gyre's background thread.
+
+    As in Horovod, init() may be called any number of times (while gyre runs,
+    later calls do nothing) and again after shutdown(), which starts a new
+    runtime on the same MPI (a new version vector; generated names go on)."""
     _gyre.init()
 
 
 def shutdown() -> None:
-    """Fails pending operations, stops the background thread, finalises MPI if
-    gyre initialised it. Also run at interpreter exit."""
-    _gyre.shutdown()
+    """Fails pending operations (on every rank) and stops the background
+    thread; does nothing if gyre is not running. MPI stays initialised, so
+    init() may follow; gyre finalises MPI at process exit if it initialised
+    it. Also run at interpreter exit."""
+    if _gyre.is_initialized():
+        _gyre.shutdown()
 
 
 def is_initialized() -> bool:
+    """True between init() and shutdown()."""
     return _gyre.is_initialized()
 
 
@@ -216,13 +224,13 @@ def allreduce_async(tensor: Tensor, average: Optional[bool] = None, name: Option
                     op: Optional[Op] = None, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0) -> Handle:
     """Reduces `tensor` across ranks into a new tensor (see synchronize)."""
+    name = _op_name("allreduce", name)
     c = _t.Conversion()
     rop = _op(c, average, op)
     pre, post = _scales(c, prescale_factor, postscale_factor)
     x = c.array(_t.prepare(tensor))
     out = None if x is None else _t.empty_like(x)
-    with _op_name("allreduce", name) as name:
-        pending = _gyre.allreduce(name, x, out, rop, pre, post, c.refusal)
+    pending = _gyre.allreduce(name, x, out, rop, pre, post, c.refusal)
     return Handle(name, pending, lambda _: out, _t.guards_for(name, tensor))
 
 
@@ -230,11 +238,11 @@ def allreduce_async_(tensor: Tensor, average: Optional[bool] = None, name: Optio
                      op: Optional[Op] = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0) -> Handle:
     """Reduces `tensor` across ranks in place; synchronize returns `tensor`."""
+    name = _op_name("allreduce", name)
     c = _t.Conversion()
     rop = _op(c, average, op)
     pre, post = _scales(c, prescale_factor, postscale_factor)
-    with _op_name("allreduce", name) as name:
-        pending = _gyre.allreduce(name, _t.prepare(tensor), None, rop, pre, post, c.refusal)
+    pending = _gyre.allreduce(name, _t.prepare(tensor), None, rop, pre, post, c.refusal)
     return Handle(name, pending, lambda _: tensor, _t.guards_for(name, tensor))
 
 
@@ -242,6 +250,7 @@ def allreduce(tensor: Tensor, average: Optional[bool] = None, name: Optional[str
               compression: Type[Compressor] = Compression.none, op: Optional[Op] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Tensor:
     """Returns a new tensor: `op` (default Average) of `tensor` over all ranks."""
+    name = _op_name("allreduce", name)
     compressed, ctx = compression.compress(tensor)
     handle = allreduce_async(compressed, average, name, op, prescale_factor, postscale_factor)
     return compression.decompress(synchronize(handle), ctx)
@@ -256,6 +265,7 @@ def allreduce_(tensor: Tensor, average: Optional[bool] = None, name: Optional[st
 
 
 def _grouped(tensors, average, name, op, prescale_factor, postscale_factor, in_place):
+    base = _op_name("grouped_allreduce", name)
     try:
         tensors = list(tensors)
     except TypeError:
@@ -270,9 +280,8 @@ def _grouped(tensors, average, name, op, prescale_factor, postscale_factor, in_p
     else:
         xs = [c.array(_t.prepare(t)) for t in tensors]
         outs = [None if x is None else _t.empty_like(x) for x in xs]
-    with _op_name("grouped_allreduce", name) as base:
-        names = [f"{base}.{i}" for i in range(len(tensors))]
-        pending = _gyre.grouped_allreduce(names, xs, outs, rop, pre, post, c.refusal)
+    names = [f"{base}.{i}" for i in range(len(tensors))]
+    pending = _gyre.grouped_allreduce(names, xs, outs, rop, pre, post, c.refusal)
     guards = [g for n, t in zip(names, tensors) for g in _t.guards_for(n, t)]
     result = tensors if in_place else outs
     return Handle(base, pending, lambda _: result, guards)
@@ -300,6 +309,7 @@ def grouped_allreduce(tensors: Sequence[Tensor], average: Optional[bool] = None,
                       op: Optional[Op] = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0) -> List[Tensor]:
     """Returns a list of new tensors, each reduced over all ranks."""
+    name = _op_name("grouped_allreduce", name)
     packed = [compression.compress(t) for t in tensors]
     handle = grouped_allreduce_async([c for c, _ in packed], average, name, op, prescale_factor,
                                      postscale_factor)
@@ -317,11 +327,11 @@ def grouped_allreduce_(tensors: Sequence[Tensor], average: Optional[bool] = None
 # Other collectives ---------------------------------------------------------------
 
 
+    name = _op_name("allgather", name)
 def allgather_async(tensor: Tensor, name: Optional[str] = None) -> Handle:
     c = _t.Conversion()
     x = c.array(_t.prepare(tensor))
-    with _op_name("allgather", name) as name:
-        pending = _gyre.allgather(name, x, c.refusal)
+    pending = _gyre.allgather(name, x, c.refusal)
     return Handle(name, pending, lambda p: _t.from_output(p.output(), x), _t.guards_for(name, tensor))
 
 
@@ -332,20 +342,20 @@ def allgather(tensor: Tensor, name: Optional[str] = None) -> Tensor:
 
 
 def broadcast_async_(tensor: Tensor, root_rank: int, name: Optional[str] = None) -> Handle:
+    name = _op_name("broadcast", name)
     c = _t.Conversion()
     root = c.integer(root_rank, "root_rank")
-    with _op_name("broadcast", name) as name:
-        pending = _gyre.broadcast(name, _t.prepare(tensor), root, c.refusal)
+    pending = _gyre.broadcast(name, _t.prepare(tensor), root, c.refusal)
     return Handle(name, pending, lambda _: tensor, _t.guards_for(name, tensor))
 
 
 def broadcast_async(tensor: Tensor, root_rank: int, name: Optional[str] = None) -> Handle:
+    name = _op_name("broadcast", name)
     c = _t.Conversion()
     root = c.integer(root_rank, "root_rank")
     x = c.array(_t.prepare(tensor))
     copy = None if x is None else _t.clone(x)
-    with _op_name("broadcast", name) as name:
-        pending = _gyre.broadcast(name, copy, root, c.refusal)
+    pending = _gyre.broadcast(name, copy, root, c.refusal)
     return Handle(name, pending, lambda _: copy)
 
 
@@ -361,14 +371,14 @@ def broadcast(tensor: Tensor, root_rank: int, name: Optional[str] = None) -> Ten
 
 def alltoall_async(tensor: Tensor, splits: Optional[Sequence[int]] = None,
                    name: Optional[str] = None) -> Handle:
+    name = _op_name("alltoall", name)
     c = _t.Conversion()
     x = c.array(_t.prepare(tensor))
     split_list = c.ints(splits, "splits")
     if split_list == [] and not c.refusal:
         # The extension reads no splits as an even split.
         c.refuse("splits is empty: pass one entry per rank, or splits=None for an even split")
-    with _op_name("alltoall", name) as name:
-        pending = _gyre.alltoall(name, x, split_list or [], c.refusal)
+    pending = _gyre.alltoall(name, x, split_list or [], c.refusal)
 
     def finish(p):
         out = _t.from_output(p.output(), x)
@@ -387,14 +397,14 @@ def alltoall(tensor: Tensor, splits: Optional[Sequence[int]] = None,
     return synchronize(alltoall_async(tensor, splits, name))
 
 
+    name = _op_name("reducescatter", name)
 def reducescatter_async(tensor: Tensor, name: Optional[str] = None, op: Op = Average,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     c = _t.Conversion()
     rop = _op(c, None, op)
     pre, post = _scales(c, prescale_factor, postscale_factor)
     x = c.array(_t.prepare(tensor))
-    with _op_name("reducescatter", name) as name:
-        pending = _gyre.reducescatter(name, x, rop, pre, post, c.refusal)
+    pending = _gyre.reducescatter(name, x, rop, pre, post, c.refusal)
     return Handle(name, pending, lambda p: _t.from_output(p.output(), x), _t.guards_for(name, tensor))
 
 
@@ -403,6 +413,7 @@ def reducescatter(tensor: Tensor, name: Optional[str] = None,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Tensor:
     """Reduces across ranks; rank r keeps block r of the first dimension
     (earlier ranks take one extra row when it does not divide evenly)."""
+    name = _op_name("reducescatter", name)
     compressed, ctx = compression.compress(tensor)
     handle = reducescatter_async(compressed, name, op, prescale_factor, postscale_factor)
     return compression.decompress(synchronize(handle), ctx)

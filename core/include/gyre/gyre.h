@@ -80,8 +80,10 @@ class Handle {
 
 // Lifecycle. init() initialises MPI if the job has not (with
 // MPI_THREAD_MULTIPLE when available, else MPI_THREAD_SERIALIZED) and starts
-// the background thread. Calling init() twice, or anything below before
-// init(), throws StateError. shutdown() fails pending operations with
+// the background thread. init() may be called any number of times: while
+// gyre runs, later calls do nothing (Horovod's semantics). Anything below
+// before init(), and shutdown() when gyre is not running, throws StateError.
+// shutdown() fails pending operations with
 // StateError, on this rank and (through the next negotiation round) on
 // every other rank, whose runtimes stop in the same round. MPI, if init()
 // initialised it, is finalised at process exit, so that init() may be

@@ -36,12 +36,16 @@ std::shared_ptr<core::Runtime> runtime(const char* call) {
 
 void init(const Options& options) {
   std::lock_guard<std::mutex> lock(g_mu);
-  if (g_runtime) throw StateError("gyre::init(): gyre is already initialised");
+  // Horovod's semantics: init() may be called any number of times; while a
+  // runtime runs, later calls do nothing (their options are not applied).
+  if (g_runtime) return;
   auto& world = transport::MpiWorld::instance();
   if (!g_atexit_registered) {
     // MPI is finalised at process exit rather than in shutdown(), so a
-    // process may init() again after shutdown() (MPI cannot be
-    // re-initialised once finalised).
+    // process may init() again after shutdown(), which builds a new runtime
+    // (a new communicator, version vector and caches) on the same MPI: MPI
+    // cannot be re-initialised once finalised. Only MPI that gyre itself
+    // initialised is finalised (MpiWorld::finalize).
     // A process that exits without shutdown() stops its runtime first (which
     // also stops the other ranks' runtimes in the same round), so MPI is
     // never finalised under a running background thread.

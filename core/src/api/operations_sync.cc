@@ -6,6 +6,12 @@
 // needs no transfer beyond the round itself. resync carries its policy and
 // a hash of the buffers' names, dtypes and shapes (checked at negotiation);
 // the background thread then broadcasts or averages the buffers.
+//
+// The internal name is taken before the arguments are checked, and a
+// refusal is announced to the other ranks under that name: a call refused
+// on one rank fails on every rank with its reason, and the names of later
+// calls advance alike everywhere (a refused call consuming no name would
+// pair this rank's next call with the others' previous one).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -34,6 +40,21 @@ void check_buffers(const char* call, const std::vector<NamedBuffer>& buffers) {
   }
 }
 
+// Runs `validate`; on InvalidArgument announces the refusal under the
+// request's internal name, then rethrows.
+template <typename F>
+void refuse_everywhere(Runtime& rt, const Request& req, F&& validate) {
+  try {
+    validate();
+  } catch (const InvalidArgument& e) {
+    Request failed = req;
+    failed.error_kind = ErrorKind::kInvalidArgument;
+    failed.error = e.what();
+    rt.queue().announce_failure(std::move(failed));
+    throw;
+  }
+}
+
 std::shared_ptr<OpState> run(Runtime& rt, Request req,
                                    const std::vector<NamedBuffer>& buffers) {
   auto state = std::make_shared<OpState>();
@@ -55,7 +76,6 @@ std::shared_ptr<OpState> run(Runtime& rt, Request req,
 
 std::vector<FingerprintMismatch> fingerprint_check(Runtime& rt,
                                                    const std::vector<NamedBuffer>& buffers) {
-  check_buffers("fingerprint_check", buffers);
   Request req;
   req.name = rt.internal_name("fingerprint");
   req.collective = Collective::kFingerprint;
@@ -63,6 +83,7 @@ std::vector<FingerprintMismatch> fingerprint_check(Runtime& rt,
   std::uint64_t names = buffers.size();
   for (const auto& b : buffers) names = hash_combine(names, b.name);
   req.digests.push_back(names);
+  refuse_everywhere(rt, req, [&] { check_buffers("fingerprint_check", buffers); });
   for (const auto& b : buffers) {
     req.digests.push_back(hash_bytes(b.tensor.data, b.tensor.nbytes(),
                                            static_cast<std::uint64_t>(b.tensor.dtype)));
@@ -71,23 +92,27 @@ std::vector<FingerprintMismatch> fingerprint_check(Runtime& rt,
 }
 
 void resync(Runtime& rt, const std::vector<NamedBuffer>& buffers, ResyncPolicy policy) {
-  check_buffers("resync", buffers);
-  std::uint64_t layout = buffers.size();
-  for (const auto& b : buffers) {
-    if (policy == ResyncPolicy::kAverage && !is_floating(b.tensor.dtype)) {
-      throw InvalidArgument(fmt::format(
-          "resync: buffer '{}' is {}; the average policy needs floating types", b.name,
-          dtype_name(b.tensor.dtype)));
-    }
-    layout = hash_combine(layout, b.name);
-    layout = hash_combine(layout, dtype_name(b.tensor.dtype));
-    layout = hash_combine(layout, fmt::format("{}", fmt::join(b.tensor.shape, ",")));
-  }
   Request req;
   req.name = rt.internal_name("resync");
   req.collective = Collective::kResync;
   req.step = rt.versions().own();
+  std::uint64_t layout = buffers.size();
+  for (const auto& b : buffers) {
+    layout = hash_combine(layout, b.name);
+    layout = hash_combine(layout, dtype_name(b.tensor.dtype));
+    layout = hash_combine(layout, fmt::format("{}", fmt::join(b.tensor.shape, ",")));
+  }
   req.digests = {policy == ResyncPolicy::kNewest ? 0u : 1u, layout};
+  refuse_everywhere(rt, req, [&] {
+    check_buffers("resync", buffers);
+    for (const auto& b : buffers) {
+      if (policy == ResyncPolicy::kAverage && !is_floating(b.tensor.dtype)) {
+        throw InvalidArgument(fmt::format(
+            "resync: buffer '{}' is {}; the average policy needs floating types", b.name,
+            dtype_name(b.tensor.dtype)));
+      }
+    }
+  });
   run(rt, std::move(req), buffers);
 }
 

@@ -81,6 +81,7 @@ class _Broadcast(torch.autograd.Function):
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0):
     """gyre.allreduce, differentiable for Sum and Average (see the module doc)."""
+    name = ops._op_name("allreduce", name)  # consumed before anything can refuse the call
     rop = ops._reduce_op(average, op)
     if _wants_grad(tensor) and rop in (ops.Sum, ops.Average):
         return _Allreduce.apply(tensor, name, rop, float(prescale_factor),

@@ -9,6 +9,15 @@ that skips a step is detected by the other ranks' next allreduce).
 
 Threads: hooks run on autograd's thread for the CPU (the caller's thread);
 step(), synchronize() and zero_grad() on the training thread.
+
+After an error: collective errors (MismatchError, DivergenceError, a refusal
+on some rank, ...) fail an allreduce on every rank alike, and are raised in
+negotiation, before any data moves: a gradient whose allreduce failed still
+holds this rank's own value. synchronize() therefore remembers which
+gradients were reduced before the error, and the next synchronize() (or
+step()) reduces exactly the others, so a step after a caught error either
+uses properly reduced gradients or raises again, on every rank. A gradient is
+never reduced twice, and never used un-reduced.
 """
 
 import contextlib
@@ -19,7 +28,7 @@ import torch
 
 from gyre import ops
 from gyre.compression import Compression
-from gyre.exceptions import GyreError, InvalidArgumentError
+from gyre.exceptions import GyreError, InvalidArgumentError, StateError
 
 
 class _DistributedOptimizerMixin:
@@ -42,6 +51,11 @@ class _DistributedOptimizerMixin:
         self._gyre_names = self._gyre_parameter_names(named_parameters)
         self._gyre_handles = {}  # param -> (Handle, sent tensor, compression ctx)
         self._gyre_passes = {p: 0 for p in self._gyre_names}
+        # Gradients reduced by a synchronize() that failed on others: the
+        # next synchronize() leaves them alone (see the module doc).
+        self._gyre_reduced = set()
+        # The last synchronize() failed and its gradients are not all reduced.
+        self._gyre_failed = False
         self._gyre_synchronized = False
         self._gyre_should_synchronize = True
         # The hooks hold a weak reference: a discarded optimizer's hooks do nothing.
@@ -82,6 +96,8 @@ class _DistributedOptimizerMixin:
     def _gyre_gradient_ready(self, p):
         if p not in self._gyre_names:
             return
+        # A new backward pass accumulated into p.grad: it is reduced again.
+        self._gyre_reduced.discard(p)
         if p in self._gyre_handles:
             # More backward passes than backward_passes_per_step before step():
             # typically a skipped step(). The earlier allreduce (same name) is
@@ -110,12 +126,17 @@ class _DistributedOptimizerMixin:
 
     def _gyre_finish(self, p, discard=False):
         """Waits for p's allreduce and writes the result into p.grad (unless
-        discarding). Returns the operation's error instead of raising it."""
-        handle, sent, ctx = self._gyre_handles.pop(p)
+        discarding). Returns the operation's error instead of raising it.
+        Anything else (KeyboardInterrupt while waiting) leaves the handle in
+        place, so that a later synchronize() or zero_grad() still waits for
+        the allreduce writing into p.grad."""
+        handle, sent, ctx = self._gyre_handles[p]
         try:
             ops.synchronize(handle)
         except GyreError as e:
+            del self._gyre_handles[p]
             return None if discard else e
+        del self._gyre_handles[p]
         if not discard and sent is not p.grad:
             with torch.no_grad():
                 p.grad.copy_(self._gyre_compression.decompress(sent, ctx))
@@ -127,18 +148,39 @@ class _DistributedOptimizerMixin:
         """Waits for every gradient's allreduce; enqueues those whose hook did
         not fire this step (a parameter unused in this rank's graph gets a zero
         gradient, so every rank reduces the same set). Raises the first error
-        (e.g. DivergenceError) after all operations have finished."""
-        for p in self._gyre_names:
-            if p not in self._gyre_handles and p.requires_grad:
+        (e.g. DivergenceError) after all operations have finished; called
+        again after an error, reduces the gradients that were not reduced."""
+        errors = []
+        try:
+            for p in self._gyre_names:
+                if p in self._gyre_handles or p in self._gyre_reduced or not p.requires_grad:
+                    continue
                 if p.grad is None:
                     p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                self._gyre_enqueue(p)
-        errors = [e for e in (self._gyre_finish(p) for p in list(self._gyre_handles)) if e]
-        for p in self._gyre_passes:
-            self._gyre_passes[p] = 0
-        self._gyre_synchronized = True
+                try:
+                    self._gyre_enqueue(p)
+                except GyreError as e:
+                    # Refused on this rank (and, announced, on the others): the
+                    # remaining gradients are still enqueued, as on other ranks.
+                    errors.append(e)
+            for p in list(self._gyre_handles):
+                error = self._gyre_finish(p)
+                if error is None:
+                    self._gyre_reduced.add(p)
+                else:
+                    errors.append(error)
+        except BaseException:
+            self._gyre_failed = True
+            raise
+        finally:
+            for p in self._gyre_passes:
+                self._gyre_passes[p] = 0
         if errors:
+            self._gyre_failed = True
             raise errors[0]
+        self._gyre_reduced.clear()
+        self._gyre_failed = False
+        self._gyre_synchronized = True
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -163,6 +205,11 @@ class _DistributedOptimizerMixin:
                               RuntimeWarning, stacklevel=2)
             else:
                 self.synchronize()
+        elif self._gyre_failed:
+            raise StateError(
+                "optimizer.step() under skip_synchronize() after optimizer.synchronize() failed: "
+                "some gradients are not reduced. Call synchronize() again (it reduces the rest), "
+                "or zero_grad() and recompute the gradients")
         self._gyre_synchronized = False
         super().step()
         ops.commit_step()
@@ -175,6 +222,8 @@ class _DistributedOptimizerMixin:
             self._gyre_finish(p, discard=True)
         for p in self._gyre_passes:
             self._gyre_passes[p] = 0
+        self._gyre_reduced.clear()
+        self._gyre_failed = False
         self._gyre_synchronized = False
         return super().zero_grad(set_to_none=set_to_none)
 

@@ -1,0 +1,56 @@
+"""Generated names ("allgather.noname.N") advance alike on every rank whatever
+happens to a call: a call refused on one rank only (its refusal reaches the
+other ranks' matching call) still consumes its name there, so the next
+unnamed calls pair with each other and not with the refused one."""
+
+import pytest
+import torch
+
+import gyre
+
+
+def expected(size, base):
+    return [float(base + r) for r in range(size)]
+
+
+def test_allgather_names_after_a_refusal_on_one_rank(size, rank, multi_rank):
+    # A 0-d tensor cannot be gathered: refused on rank 1 alone.
+    mine = torch.tensor(1.0) if rank == 1 else torch.ones(1)
+    with pytest.raises(gyre.InvalidArgumentError, match="dimension"):
+        gyre.allgather(mine)
+    first = gyre.allgather_async(torch.full((1,), 10.0 + rank))
+    second = gyre.allgather_async(torch.full((1,), 100.0 + rank))
+    assert gyre.synchronize(first).tolist() == expected(size, 10)
+    assert gyre.synchronize(second).tolist() == expected(size, 100)
+
+
+def test_alltoall_names_after_a_refusal_on_one_rank(size, rank, multi_rank):
+    # size + 1 rows do not split evenly: refused on rank 1 alone.
+    rows = size + 1 if rank == 1 else size
+    with pytest.raises(gyre.InvalidArgumentError, match="split"):
+        gyre.alltoall(torch.zeros(rows))
+    first = gyre.alltoall_async(torch.full((size,), 10.0 + rank))
+    second = gyre.alltoall_async(torch.full((size,), 100.0 + rank))
+    assert gyre.synchronize(first).tolist() == expected(size, 10)
+    assert gyre.synchronize(second).tolist() == expected(size, 100)
+
+
+def test_reducescatter_names_after_a_refusal_on_one_rank(size, rank, multi_rank):
+    # A 0-d tensor has no first dimension to scatter: refused on rank 1 alone.
+    mine = torch.tensor(1.0) if rank == 1 else torch.ones(size)
+    with pytest.raises(gyre.InvalidArgumentError, match="dimension"):
+        gyre.reducescatter(mine, op=gyre.Sum)
+    first = gyre.reducescatter_async(torch.full((size,), 10.0 + rank), op=gyre.Sum)
+    second = gyre.reducescatter_async(torch.full((size,), 100.0 + rank), op=gyre.Sum)
+    assert gyre.synchronize(first).tolist() == [sum(expected(size, 10))]
+    assert gyre.synchronize(second).tolist() == [sum(expected(size, 100))]
+
+
+def test_generated_names_of_refused_calls_are_consumed(size):
+    """A call refused on every rank alike consumes its name on every rank:
+    the counter moves whether or not the call is accepted."""
+    before = gyre.ops._name_counters.get("allgather", 0)
+    with pytest.raises(gyre.InvalidArgumentError):
+        gyre.allgather(torch.tensor(1.0))
+    assert gyre.ops._name_counters.get("allgather", 0) == before + 1
+    assert gyre.allgather(torch.full((1,), 7.0)).tolist() == [7.0] * size
