@@ -327,8 +327,8 @@ def grouped_allreduce_(tensors: Sequence[Tensor], average: Optional[bool] = None
 # Other collectives ---------------------------------------------------------------
 
 
-    name = _op_name("allgather", name)
 def allgather_async(tensor: Tensor, name: Optional[str] = None) -> Handle:
+    name = _op_name("allgather", name)
     c = _t.Conversion()
     x = c.array(_t.prepare(tensor))
     pending = _gyre.allgather(name, x, c.refusal)
@@ -397,9 +397,9 @@ def alltoall(tensor: Tensor, splits: Optional[Sequence[int]] = None,
     return synchronize(alltoall_async(tensor, splits, name))
 
 
-    name = _op_name("reducescatter", name)
 def reducescatter_async(tensor: Tensor, name: Optional[str] = None, op: Op = Average,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    name = _op_name("reducescatter", name)
     c = _t.Conversion()
     rop = _op(c, None, op)
     pre, post = _scales(c, prescale_factor, postscale_factor)
