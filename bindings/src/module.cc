@@ -235,6 +235,8 @@ PYBIND11_MODULE(_gyre, m) {
   m.def("size", [] { return gyre::size(); });
   m.def("local_rank", [] { return gyre::local_rank(); });
   m.def("local_size", [] { return gyre::local_size(); });
+  m.def("cross_rank", [] { return gyre::cross_rank(); });
+  m.def("cross_size", [] { return gyre::cross_size(); });
   m.def("barrier", [] { blocking([] { gyre::barrier(); }); });
   m.def("join", [] { return blocking([] { return gyre::join(); }); });
   bind_operations(m);

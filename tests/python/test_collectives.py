@@ -268,3 +268,11 @@ def test_gil_released_while_waiting(size, rank, multi_rank):
         gyre.barrier()
         gyre.allreduce_(t, op=gyre.Sum, name="gil")
     assert t.tolist() == [float(size)] * 3
+
+
+def test_topology_on_one_host():
+    # Every rank of these runs is on this one machine.
+    assert gyre.local_rank() == gyre.rank()
+    assert gyre.local_size() == gyre.size()
+    assert gyre.cross_rank() == 0
+    assert gyre.cross_size() == 1

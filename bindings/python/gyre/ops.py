@@ -189,6 +189,18 @@ def local_size() -> int:
     return _gyre.local_size()
 
 
+def cross_rank() -> int:
+    """This rank's index among the ranks with its local rank (one per host that
+    has that many ranks), in rank order."""
+    return _gyre.cross_rank()
+
+
+def cross_size() -> int:
+    """How many ranks have this rank's local rank: the number of hosts that
+    hold at least local_rank() + 1 ranks."""
+    return _gyre.cross_size()
+
+
 def barrier() -> None:
     """Blocks until every rank has called barrier()."""
     _gyre.barrier()
@@ -421,7 +433,7 @@ def reducescatter(tensor: Tensor, name: Optional[str] = None,
 
 __all__ = [
     "ReduceOp", "Sum", "Average", "Min", "Max", "Product", "Handle", "poll", "synchronize",
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "barrier",
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size", "barrier",
     "join", "commit_step", "committed_steps", "version_vector",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",

@@ -95,6 +95,11 @@ int rank();
 int size();
 int local_rank();  // rank among the ranks on this host
 int local_size();
+// Among the ranks with this rank's local rank, one per host that has that
+// many ranks, ordered by rank: taken from where the launcher placed the
+// ranks (MPI_COMM_TYPE_SHARED), not assumed from a regular layout.
+int cross_rank();
+int cross_size();
 // Whether this build takes CUDA tensors (the NCCL backend). Any time, also
 // before init().
 bool nccl_built();

@@ -63,6 +63,8 @@ void init(const Options& options) {
   core::RuntimeInfo info;
   info.local_rank = world.local_rank();
   info.local_size = world.local_size();
+  info.cross_rank = world.cross_rank();
+  info.cross_size = world.cross_size();
   info.abort = [&world](int code) { world.abort(code); };
   if (world.size() > 1) {
     // Collective: every rank takes part, and all get a group or none do.
@@ -96,6 +98,8 @@ int rank() { return runtime("rank")->rank(); }
 int size() { return runtime("size")->size(); }
 int local_rank() { return runtime("local_rank")->local_rank(); }
 int local_size() { return runtime("local_size")->local_size(); }
+int cross_rank() { return runtime("cross_rank")->cross_rank(); }
+int cross_size() { return runtime("cross_size")->cross_size(); }
 
 Handle allreduce_async(const std::string& name, const TensorView& in, const TensorView& out,
                        ReduceOp op, double prescale, double postscale) {

@@ -40,6 +40,8 @@ namespace gyre::core {
 struct RuntimeInfo {
   int local_rank = 0;
   int local_size = 1;
+  int cross_rank = 0;  // among the ranks with this local rank
+  int cross_size = 1;
   // Called when the job cannot go on (a transfer timed out, the transport
   // failed): MpiWorld::abort for MPI. If it returns (tests), the runtime
   // fails every pending operation and stops.
@@ -61,6 +63,8 @@ class Runtime {
   int size() const { return size_; }
   int local_rank() const { return info_.local_rank; }
   int local_size() const { return info_.local_size; }
+  int cross_rank() const { return info_.cross_rank; }
+  int cross_size() const { return info_.cross_size; }
   const Options& options() const { return opt_; }
   const Logger& log() const { return log_; }
 
