@@ -46,7 +46,7 @@ if sanitizer_build "$GYRE_ROOT/build-asan" address,undefined; then
   (cd "$GYRE_ROOT/build-asan" &&
     UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$jobs" --timeout 900 -L unit &&
     ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
-      ctest --output-on-failure -j "$jobs" --timeout 900 -L mpi -LE 'multihost|benchmark') || status=1
+      ctest --output-on-failure -j "$jobs" --timeout 900 -L mpi -LE 'multihost|benchmark|python') || status=1
 else
   status=1
 fi
