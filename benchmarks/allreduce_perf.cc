@@ -15,6 +15,7 @@
 #include "bench_common.h"
 #include "bench_modes.h"
 #include "gyre/collectives/mpi_transport.h"
+#include "gyre/collectives/shm_host.h"
 #include "gyre/error.h"
 #include "gyre/gyre.h"
 
@@ -27,6 +28,17 @@ System make_bare_system(const PerfOptions& o) {
   opt.small_bytes = o.small_bytes;
   return {"gyre bare", [t, opt](const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) {
             collectives::allreduce(*t, in, out, count, dt, op, opt);
+          }};
+}
+
+System make_shm_system(const PerfOptions& o) {
+  collectives::ShmOptions so;
+  so.slot_bytes = o.chunk_bytes;
+  so.max_nap = std::chrono::microseconds(0);  // spin: the benchmark owns its cores
+  std::shared_ptr<transport::ShmHost> host = transport::ShmHost::create(so);
+  if (!host) throw InvalidArgument("--shm: the ranks are not all on one host");
+  return {"gyre shm", [host](const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) {
+            collectives::shm_allreduce(host->group(), in, out, count, dt, op);
           }};
 }
 
@@ -73,6 +85,11 @@ Sweep options (nccl-tests style):
                         min, max, prod
   --runtime             time gyre::allreduce_async + wait instead of the bare
                         collectives::allreduce (no runtime)
+  --shm                 time the shared-memory allreduce (ranks on one host;
+                        slots of --chunk bytes) instead of the ring over MPI
+  --bound               add the machine's single-copy bound per size: the data
+                        already in memory all ranks map, each rank reducing its
+                        share from every rank's copy and writing it into all
   --chunk SIZE          ring chunk size (default 256K; the runtime reads
                         GYRE_RING_CHUNK_BYTES instead)
   --small SIZE          largest buffer reduced by recursive doubling rather
@@ -114,6 +131,8 @@ PerfOptions parse_args(int argc, char** argv, bool* help) {
     else if (a == "-n" || a == "--iters") o.iters = parse_int(a, value(), 1);
     else if (a == "--blocks") o.blocks = parse_int(a, value(), 1);
     else if (a == "--runtime") o.runtime = true;
+    else if (a == "--shm") o.shm = true;
+    else if (a == "--bound") o.bound = true;
     else if (a == "--chunk") o.chunk_bytes = parse_size(a, value());
     else if (a == "--small") o.small_bytes = parse_size(a, value());
     else if (a == "--hugepages") o.huge_pages = true;

@@ -37,6 +37,12 @@ struct PerfOptions {
   long blocks = 5;
   // Sweep: time the runtime (allreduce_async + wait) instead of the bare ring.
   bool runtime = false;
+  // Sweep: time the shared-memory allreduce (collectives/shm.h, slots of
+  // chunk_bytes) as gyre's bare system instead of the ring over MPI.
+  bool shm = false;
+  // Sweep: also time the machine's single-copy bound (shm_reduce_slots: the
+  // data already in memory every rank maps, reduced in place) per size.
+  bool bound = false;
   std::size_t chunk_bytes = collectives::kDefaultChunkBytes;
   std::size_t small_bytes = collectives::kDefaultSmallBytes;
   // Sweep and gradient sets: the buffers of every system on transparent huge
@@ -67,6 +73,7 @@ System make_bare_system(const PerfOptions& o);
 System make_runtime_system(std::string tensor_name);
 // MPI_Allreduce on MPI_COMM_WORLD (see mpi_allreduce()).
 System make_mpi_system();
+System make_shm_system(const PerfOptions& o);
 
 // Each returns the process exit status: 0, or 1 when a result was wrong.
 int run_sweep(const PerfOptions& o);

@@ -14,6 +14,9 @@
 
 #include "bench_common.h"
 #include "bench_modes.h"
+#include "gyre/collectives/shm.h"
+#include "gyre/collectives/shm_host.h"
+#include "gyre/error.h"
 #include "gyre/gyre.h"
 
 namespace gyre::bench {
@@ -25,6 +28,7 @@ constexpr long kDefaultIters = 10;
 struct Row {
   std::size_t bytes = 0, count = 0;
   double time_s = 0, mpi_time_s = 0;  // mpi_time_s < 0: no MPI datatype
+  double bound_time_s = -1;           // < 0: not measured (no --bound)
   std::uint64_t wrong = 0, mpi_wrong = 0;
 };
 
@@ -75,6 +79,11 @@ std::string row_json(const Row& r, const PerfOptions& o, int world) {
                      json_number(r.mpi_time_s * 1e6), json_number(mpi_busbw), r.mpi_wrong,
                      json_number(r.mpi_time_s / r.time_s));
   }
+  if (r.bound_time_s > 0) {
+    s += fmt::format(", \"bound_time_us\": {}, \"bound_busbw_gbs\": {}",
+                     json_number(r.bound_time_s * 1e6),
+                     json_number(allreduce_busbw_gbs(r.bytes, r.bound_time_s, world)));
+  }
   return s + "}";
 }
 
@@ -89,7 +98,18 @@ int run_sweep(const PerfOptions& o) {
   const std::size_t elem = dtype_size(o.dtype);
 
   if (o.runtime) init();
-  const System gyre_sys = o.runtime ? make_runtime_system("gyre-allreduce-perf") : make_bare_system(o);
+  const System gyre_sys = o.runtime ? make_runtime_system("gyre-allreduce-perf")
+                          : o.shm   ? make_shm_system(o)
+                                    : make_bare_system(o);
+  // The bound: one slot per rank large enough for the largest size.
+  std::shared_ptr<transport::ShmHost> bound_host;
+  if (o.bound) {
+    collectives::ShmOptions so;
+    so.slot_bytes = o.max_bytes;
+    so.max_nap = std::chrono::microseconds(0);
+    bound_host = transport::ShmHost::create(so);
+    if (!bound_host) throw InvalidArgument("--bound: the ranks are not all on one host");
+  }
   // --only runs one side alone (to profile it); its rows have n/a for the other.
   const bool have_mpi = mpi_datatype(o.dtype) != MPI_DATATYPE_NULL && o.only != "gyre";
   const bool have_gyre = o.only != "mpi";
@@ -106,6 +126,9 @@ int run_sweep(const PerfOptions& o) {
                o.huge_pages ? "transparent huge pages" : "4 KiB pages");
     if (o.runtime) {
       fmt::print("# gyre: runtime (gyre::allreduce_async + Handle::wait; options from GYRE_* environment)\n");
+    } else if (o.shm) {
+      fmt::print("# gyre: bare shm_allreduce over the host's shared-memory group, slots of {}\n",
+                 format_size(o.chunk_bytes));
     } else {
       fmt::print("# gyre: bare collectives::allreduce over MpiWorld's transport, no runtime: recursive "
                  "doubling up to {}, ring above in chunks of {}\n",
@@ -117,12 +140,17 @@ int run_sweep(const PerfOptions& o) {
                "{} warm-up iterations; gyre and MPI blocks alternate\n",
                o.blocks, iters, warmup);
     fmt::print("# busbw = algbw * 2(n-1)/n; ratio = gyre busbw / MPI busbw; #wrong checked after timing\n");
+    if (o.bound) {
+      fmt::print("# bound: the single-copy in-place reduce over shared memory (data already in every "
+                 "rank's mapped copy), busbw; gyre/bnd = gyre busbw / bound busbw\n");
+    }
     fmt::print("#\n");
-    fmt::print("# {:>10} {:>12} {:>8} {:>7} {:>10} {:>8} {:>8} {:>7} {:>10} {:>8} {:>7} {:>8}\n", "size",
+    fmt::print("# {:>10} {:>12} {:>8} {:>7} {:>10} {:>8} {:>8} {:>7} {:>10} {:>8} {:>7} {:>8}{}\n", "size",
                "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "mpi-time", "mpi-bw",
-               "mpi#wr", "ratio");
-    fmt::print("# {:>10} {:>12} {:>8} {:>7} {:>10} {:>8} {:>8} {:>7} {:>10} {:>8} {:>7} {:>8}\n", "(B)",
-               "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "", "gyre/mpi");
+               "mpi#wr", "ratio", o.bound ? fmt::format(" {:>8} {:>8}", "bound-bw", "gyre/bnd") : "");
+    fmt::print("# {:>10} {:>12} {:>8} {:>7} {:>10} {:>8} {:>8} {:>7} {:>10} {:>8} {:>7} {:>8}{}\n", "(B)",
+               "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "", "gyre/mpi",
+               o.bound ? fmt::format(" {:>8} {:>8}", "(GB/s)", "") : "");
     std::fflush(stdout);
   }
 
@@ -152,6 +180,16 @@ int run_sweep(const PerfOptions& o) {
     r.count = count;
     r.time_s = have_gyre ? median(max_across_ranks(t_gyre)) : -1.0;
     r.mpi_time_s = have_mpi ? median(max_across_ranks(t_mpi)) : -1.0;
+    if (bound_host) {
+      collectives::ShmGroup& g = bound_host->group();
+      fill_input(g.slot(rank), count, o.dtype, o.op, rank, world);
+      const System bound{"bound", [&g](const void*, void*, std::size_t n, DataType dt, ReduceOp op) {
+                           collectives::shm_reduce_slots(g, n, dt, op);
+                         }};
+      std::vector<double> t_bound;
+      for (long b = 0; b < o.blocks; ++b) t_bound.push_back(time_block(bound, nullptr, nullptr, count, o, iters));
+      r.bound_time_s = median(max_across_ranks(t_bound));
+    }
     r.wrong = have_gyre ? wrong_on_all_ranks(out.data(), count, o, world) : 0;
     r.mpi_wrong = have_mpi ? wrong_on_all_ranks(mpi_out.data(), count, o, world) : 0;
     total_wrong += r.wrong + r.mpi_wrong;
@@ -176,6 +214,11 @@ int run_sweep(const PerfOptions& o) {
       } else {
         line += fmt::format(" {:>10} {:>8} {:>7} {:>8}", "n/a", "n/a", "n/a", "n/a");
       }
+      if (o.bound) {
+        const double bound_bw = allreduce_busbw_gbs(r.bytes, r.bound_time_s, world);
+        line += fmt::format(" {:>8.3f} {:>8.2f}", bound_bw,
+                            have_gyre ? allreduce_busbw_gbs(r.bytes, r.time_s, world) / bound_bw : 0.0);
+      }
       fmt::print("{}\n", line);
       std::fflush(stdout);
     }
@@ -197,7 +240,7 @@ int run_sweep(const PerfOptions& o) {
           "{{\"benchmark\": \"allreduce-sweep\", \"system\": {}, \"peer\": \"MPI_Allreduce\", \"ranks\": {}, "
           "\"dtype\": {}, \"op\": {}, \"pages\": {}, \"timing\": \"median of {} blocks x {} iterations\",\n"
           " \"rows\": [\n",
-          json_string(o.runtime ? "gyre runtime" : "gyre bare"), world, json_string(dtype_name(o.dtype)),
+          json_string(gyre_sys.name), world, json_string(dtype_name(o.dtype)),
           json_string(op_name(o.op)), json_string(o.huge_pages ? "huge" : "4K"), o.blocks, iters);
       for (std::size_t k = 0; k < rows.size(); ++k) {
         j += "  " + row_json(rows[k], o, world) + (k + 1 < rows.size() ? ",\n" : "\n");

@@ -69,7 +69,7 @@ def check_sweep(text, sizes=None, json_doc=None):
     rows = []
     for line in data_lines(text):
         f = line.split()
-        require(len(f) == 12, f"sweep row has {len(f)} fields, expected 12: {line!r}")
+        require(len(f) in (12, 14), f"sweep row has {len(f)} fields, expected 12 (14 with --bound): {line!r}")
         size, count, dtype, op = int(f[0]), int(f[1]), f[2], f[3]
         t, algbw, busbw, wrong = float(f[4]), float(f[5]), float(f[6]), int(f[7])
         require(dtype in elem, f"unknown type {dtype!r} in {line!r}")
@@ -86,6 +86,10 @@ def check_sweep(text, sizes=None, json_doc=None):
             require(close(mbw, size / mt / 1e3 * 2 * (n - 1) / n), f"MPI busbw {mbw} inconsistent")
             require(close(ratio, mt / t, abs_tol=0.006), f"ratio {ratio} != MPI time / gyre time {mt / t:.3f}")
             require(mwrong == 0, f"MPI result wrong in {mwrong} elements at {size} B")
+        if len(f) == 14:  # --bound: the bound's busbw and gyre's fraction of it
+            bbw, frac = float(f[12]), float(f[13])
+            require(bbw > 0, f"non-positive bound busbw in {line!r}")
+            require(close(frac, busbw / bbw, abs_tol=0.006), f"gyre/bnd {frac} != {busbw / bbw:.3f}")
         rows.append(size)
     sized_rows_ok(text, rows, "sweep", sizes, json_doc)
     if json_doc is not None:

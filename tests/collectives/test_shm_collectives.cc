@@ -335,3 +335,24 @@ TEST_CASE("shm_alltoall: uneven splits, zero-sized pairs, sub-slots smaller than
     }
   }
 }
+
+TEST_CASE("shm_reduce_slots: data already in every slot is reduced in place into all of them",
+          "[shm]") {
+  for (int n : {1, 2, 3, 4}) {
+    const std::size_t count = 1000;
+    ShmOptions opt = small_slots(count * sizeof(double));
+    std::vector<std::vector<double>> seen(n);
+    run_group(n, opt, [&](ShmGroup& g) {
+      auto* mine = reinterpret_cast<double*>(g.slot(g.rank()));
+      for (std::size_t i = 0; i < count; ++i) mine[i] = test::contribution(ReduceOp::kSum, g.rank(), i);
+      shm_reduce_slots(g, count, DataType::kFloat64, ReduceOp::kSum);
+      seen[g.rank()].assign(mine, mine + count);
+    });
+    for (int r = 0; r < n; ++r) {
+      for (std::size_t i = 0; i < count; ++i) {
+        INFO("n=" << n << " rank " << r << " element " << i);
+        REQUIRE(seen[r][i] == test::expected(ReduceOp::kSum, n, i));
+      }
+    }
+  }
+}

@@ -113,6 +113,12 @@ class ShmGroup {
 void shm_allreduce(ShmGroup& g, const void* in, void* out, std::size_t count, DataType dt,
                    ReduceOp op, double prescale = 1.0, double postscale = 1.0);
 
+// The reduction of `count` elements that already lie at the start of every
+// rank's slot, in place: afterwards every slot holds the result. No copy in
+// or out: the single-copy bound an allreduce of data in shared memory can
+// reach (the benchmark's bound row), and the middle step of shm_allreduce.
+void shm_reduce_slots(ShmGroup& g, std::size_t count, DataType dt, ReduceOp op);
+
 // The other collectives, staged through the slots with the same barriers;
 // their arguments mean what they mean for the ring algorithms of
 // algorithms.h, and every rank passes the same sizes.
