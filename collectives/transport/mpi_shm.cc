@@ -40,20 +40,21 @@ std::string fresh_name() {
   return fmt::format("/gyre-{}-{}-{:016x}", ::getpid(), counter++, r);
 }
 
-// Every local rank's outcome: throws on every rank the first failure's reason.
-void agree(MPI_Comm local, const std::string& my_error) {
+// Every rank's outcome (over the whole job, so that no host goes on while
+// another failed): throws on every rank the first failure's reason.
+void agree(MPI_Comm comm, const std::string& my_error) {
   std::array<char, kReasonBytes> mine{};
   std::strncpy(mine.data(), my_error.c_str(), kReasonBytes - 1);
   int size = 0;
-  MPI_Comm_size(local, &size);
+  MPI_Comm_size(comm, &size);
   std::string all(static_cast<std::size_t>(size) * kReasonBytes, '\0');
   check(MPI_Allgather(mine.data(), kReasonBytes, MPI_CHAR, all.data(), kReasonBytes, MPI_CHAR,
-                      local),
+                      comm),
         "MPI_Allgather (shared memory set-up)");
   for (int r = 0; r < size; ++r) {
     const char* why = all.data() + static_cast<std::size_t>(r) * kReasonBytes;
     if (why[0] != '\0') {
-      throw TransportError(fmt::format("shared memory set-up failed on local rank {}: {}", r,
+      throw TransportError(fmt::format("shared memory set-up failed on rank {}: {}", r,
                                        std::string(why)));
     }
   }
@@ -62,6 +63,16 @@ void agree(MPI_Comm local, const std::string& my_error) {
 }  // namespace
 
 std::unique_ptr<ShmHost> ShmHost::create(const collectives::ShmOptions& opt, bool wanted) {
+  return set_up(opt, wanted, true);
+}
+
+std::unique_ptr<ShmHost> ShmHost::create_per_host(const collectives::ShmOptions& opt,
+                                                  bool wanted) {
+  return set_up(opt, wanted, false);
+}
+
+std::unique_ptr<ShmHost> ShmHost::set_up(const collectives::ShmOptions& opt, bool wanted,
+                                         bool whole_world_only) {
   int world_rank = 0, world_size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
@@ -87,7 +98,7 @@ std::unique_ptr<ShmHost> ShmHost::create(const collectives::ShmOptions& opt, boo
   int all_local = size == world_size, everywhere = 0;
   check(MPI_Allreduce(&all_local, &everywhere, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD),
         "MPI_Allreduce");
-  if (!everywhere) return nullptr;
+  if (whole_world_only && !everywhere) return nullptr;
   std::unique_ptr<ShmHost> host(new ShmHost());
   const std::size_t bytes = collectives::ShmGroup::region_bytes(size, opt.slot_bytes);
   std::array<char, kNameBytes> name{};
@@ -112,7 +123,7 @@ std::unique_ptr<ShmHost> ShmHost::create(const collectives::ShmOptions& opt, boo
     error = "local rank 0 could not create the segment";
   }
   // Everyone has mapped it (or failed): the name can go either way.
-  agree(local, error);
+  agree(MPI_COMM_WORLD, error);
   host->segment_.unlink();
   host->group_.emplace(host->segment_.data(), rank, size, opt);
   return host;

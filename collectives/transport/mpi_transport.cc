@@ -323,6 +323,9 @@ MpiWorld::MpiWorld() {
   check_mpi(MPI_Comm_rank(cross, &cross_rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(cross, &cross_size_), "MPI_Comm_size");
   MPI_Comm_free(&cross);
+  int sizes[2] = {local_size_, -local_size_}, extremes[2] = {0, 0};
+  check_mpi(MPI_Allreduce(sizes, extremes, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "MPI_Allreduce");
+  uniform_hosts_ = extremes[0] == -extremes[1];
 }
 
 std::unique_ptr<Transport> MpiWorld::make_transport() { return make_transport(kDefaultPieceBytes); }
@@ -342,6 +345,16 @@ std::unique_ptr<Transport> MpiWorld::make_transport(std::size_t max_message_byte
   const unsigned cores = std::thread::hardware_concurrency();
   const bool oversubscribed = cores == 0 || static_cast<unsigned>(local_size_) > cores;
   return std::make_unique<MpiTransport>(comm, oversubscribed, max_message_bytes);
+}
+
+std::unique_ptr<Transport> MpiWorld::make_cross_transport() {
+  if (finalized_) throw StateError("MpiWorld::make_cross_transport after finalize()");
+  MPI_Comm comm;
+  check_mpi(MPI_Comm_split(MPI_COMM_WORLD, local_rank_, rank_, &comm), "MPI_Comm_split");
+  check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  const unsigned cores = std::thread::hardware_concurrency();
+  const bool oversubscribed = cores == 0 || static_cast<unsigned>(local_size_) > cores;
+  return std::make_unique<MpiTransport>(comm, oversubscribed, kDefaultPieceBytes);
 }
 
 void MpiWorld::abort(int code) {

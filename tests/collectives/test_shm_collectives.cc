@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "gyre/collectives/algorithms.h"
+#include "gyre/collectives/local_transport.h"
 #include "gyre/collectives/reduce_kernels.h"
 #include "gyre/collectives/shm.h"
 #include "gyre/error.h"
@@ -352,6 +354,63 @@ TEST_CASE("shm_reduce_slots: data already in every slot is reduced in place into
       for (std::size_t i = 0; i < count; ++i) {
         INFO("n=" << n << " rank " << r << " element " << i);
         REQUIRE(seen[r][i] == test::expected(ReduceOp::kSum, n, i));
+      }
+    }
+  }
+}
+
+// Hosts x ranks as threads: one shared region per host, one LocalTransport
+// world per local rank across the hosts.
+TEST_CASE("hierarchical_allreduce: every dtype and op against the closed form, 2x2, 3x2, 2x3",
+          "[shm][hierarchical]") {
+  for (auto [hosts, per_host] : {std::pair{2, 2}, std::pair{3, 2}, std::pair{2, 3}, std::pair{1, 3}}) {
+    const int n = hosts * per_host;
+    for (DataType dt : test::kAllTypes) {
+      for (ReduceOp op : test::kAllOps) {
+        if (!op_defined(dt, op)) continue;
+        for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{5003}}) {
+          const std::size_t esz = dtype_size(dt);
+          ShmOptions opt = small_slots(1024);
+          std::vector<std::unique_ptr<Region>> regions;
+          for (int h = 0; h < hosts; ++h) {
+            regions.push_back(std::make_unique<Region>(ShmGroup::region_bytes(per_host, opt.slot_bytes)));
+          }
+          std::vector<std::shared_ptr<transport::LocalWorld>> cross;
+          for (int l = 0; l < per_host; ++l) cross.push_back(transport::make_local_world(hosts));
+          std::vector<std::vector<std::byte>> buf(n, std::vector<std::byte>(count * esz));
+          std::vector<std::thread> threads;
+          std::vector<std::exception_ptr> errors(n);
+          for (int r = 0; r < n; ++r) {
+            // Host-major ranks: rank r is local rank r % per_host of host r / per_host.
+            for (std::size_t i = 0; i < count; ++i) test::store(dt, buf[r].data(), i, test::contribution(op, r, i));
+            threads.emplace_back([&, r] {
+              try {
+                const int host = r / per_host, local = r % per_host;
+                ShmGroup g(regions[host]->p, local, per_host, opt);
+                transport::LocalTransport t(cross[local], host);
+                t.set_timeout(std::chrono::milliseconds(60000));
+                AllreduceOptions co;
+                co.chunk_bytes = 512;
+                co.small_bytes = 64;
+                hierarchical_allreduce(g, t, buf[r].data(), buf[r].data(), count, dt, op, 1.0, 1.0, co);
+              } catch (...) {
+                errors[r] = std::current_exception();
+              }
+            });
+          }
+          for (auto& t : threads) t.join();
+          for (auto& e : errors) {
+            if (e) std::rethrow_exception(e);
+          }
+          const double tol = op == ReduceOp::kAverage ? test::scaled_tolerance(dt) : 0.0;
+          for (int r = 0; r < n; ++r) {
+            for (std::size_t i = 0; i < count; ++i) {
+              INFO(hosts << "x" << per_host << " " << dtype_name(dt) << " " << op_name(op) << " count "
+                         << count << " rank " << r << " element " << i);
+              REQUIRE(test::close_enough(test::load(dt, buf[r].data(), i), test::expected(op, n, i), tol));
+            }
+          }
+        }
       }
     }
   }

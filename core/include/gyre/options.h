@@ -42,6 +42,11 @@ struct Options {
   // GYRE_SHM_SLOT_BYTES: each rank's slot in the shared segment, the chunk
   // of the shared-memory collectives.
   std::size_t shm_slot_bytes = 256u << 10;
+  // GYRE_HIERARCHICAL_ALLREDUCE: when the job spans hosts that each hold the
+  // same number (more than one) of ranks, 1 reduces host tensors
+  // hierarchically, 0 with one flat ring; -1 (default) chooses: hierarchical
+  // whenever the layout allows it.
+  long hierarchical_allreduce = -1;
   // GYRE_TIMELINE: path of a Chrome trace-event JSON file; empty: off.
   std::string timeline_path;
   // GYRE_LOG_LEVEL: trace, debug, info, warning, error, fatal.

@@ -75,7 +75,16 @@ void init(const Options& options) {
                                             : 0.0));
     so.spin = std::chrono::microseconds(static_cast<long>(
         std::isfinite(options.spin_wait_us) ? std::clamp(options.spin_wait_us, 0.0, 1e7) : 0.0));
-    info.shm = transport::ShmHost::create(so, options.shared_memory != 0);
+    // Every rank sees the same layout, so all take the same branch; each
+    // set-up is collective and votes, so all get a group or none do.
+    const bool one_host = world.local_size() == world.size();
+    if (one_host) {
+      info.shm = transport::ShmHost::create(so, options.shared_memory != 0);
+    } else if (world.uniform_hosts() && world.local_size() > 1) {
+      info.shm = transport::ShmHost::create_per_host(
+          so, options.shared_memory != 0 && options.hierarchical_allreduce != 0);
+      if (info.shm) info.cross = world.make_cross_transport();
+    }
   }
   g_runtime = std::make_shared<core::Runtime>(options, world.make_transport(), std::move(info));
 }

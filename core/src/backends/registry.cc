@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/hierarchical/hierarchical_backend.h"
 #include "backends/shm/shm_backend.h"
 
 #ifdef GYRE_HAVE_NCCL
@@ -89,6 +90,12 @@ BackendRegistry::~BackendRegistry() = default;
 void BackendRegistry::use_shared_memory(std::shared_ptr<transport::ShmHost> host) {
   cpu_ = std::make_unique<ShmBackend>(t_, opt_, std::move(host));
   log_.debug("host tensors over shared memory");
+}
+
+void BackendRegistry::use_hierarchical(std::shared_ptr<transport::ShmHost> host,
+                                       std::shared_ptr<transport::Transport> cross) {
+  cpu_ = std::make_unique<HierarchicalBackend>(t_, opt_, std::move(host), std::move(cross));
+  log_.debug("host allreduces hierarchical: shared memory within hosts, a ring across them");
 }
 
 Backend* BackendRegistry::get(Device device) {

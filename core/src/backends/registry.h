@@ -78,6 +78,10 @@ class BackendRegistry {
   // Host tensors go over the host's shared-memory group (ShmBackend) from
   // now on. Before the background thread starts.
   void use_shared_memory(std::shared_ptr<transport::ShmHost> host);
+  // Host tensors' allreduces go hierarchically over each host's group and
+  // `cross` (HierarchicalBackend). Before the background thread starts.
+  void use_hierarchical(std::shared_ptr<transport::ShmHost> host,
+                        std::shared_ptr<transport::Transport> cross);
 
  private:
   transport::Transport& t_;

@@ -57,6 +57,10 @@ class Executor {
   void use_shared_memory(std::shared_ptr<transport::ShmHost> host) {
     backends_.use_shared_memory(std::move(host));
   }
+  void use_hierarchical(std::shared_ptr<transport::ShmHost> host,
+                        std::shared_ptr<transport::Transport> cross) {
+    backends_.use_hierarchical(std::move(host), std::move(cross));
+  }
   const char* host_backend() const { return backends_.cpu().name(); }
 
  private:

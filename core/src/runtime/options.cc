@@ -68,6 +68,10 @@ const OptionSpec kTable[] = {
    SizeOption{&O::shm_slot_bytes, 4096, kMaxChunkBytes}, "256K", true,
    "Bytes of each rank's slot in the shared-memory segment: the chunk of the shared-memory "
    "collectives."},
+  {"GYRE_HIERARCHICAL_ALLREDUCE", "hierarchical_allreduce",
+   IntegerOption{&O::hierarchical_allreduce, -1, 1}, "-1", true,
+   "When the job spans hosts that each hold the same number (more than one) of ranks: 1 reduces "
+   "host tensors hierarchically, 0 with one flat ring, -1 chooses."},
   {"GYRE_TIMELINE", "timeline_path",
    TextOption{&O::timeline_path}, "", false,
    "Path of a Chrome trace-event JSON file (open in Perfetto or `chrome://tracing`)."},

@@ -54,7 +54,11 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
       timeline_(make_timeline(opt, rank_)),
       executor_(*t_, opt_, queue_, vv_, timeline_.get(), log_) {
   executor_.set_local_rank(info_.local_rank);
-  if (info_.shm) executor_.use_shared_memory(info_.shm);
+  if (info_.shm && info_.cross) {
+    executor_.use_hierarchical(info_.shm, info_.cross);
+  } else if (info_.shm) {
+    executor_.use_shared_memory(info_.shm);
+  }
   // The background thread shares its rank's core with the training loop:
   // it spins briefly (negotiation and ring chunks normally arrive within
   // microseconds), then naps, so that a late peer costs no core time.

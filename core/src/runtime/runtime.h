@@ -50,6 +50,9 @@ struct RuntimeInfo {
   // GYRE_SHM is on (api.cc sets it up over MPI); host tensors then go over
   // shared memory instead of the transport.
   std::shared_ptr<transport::ShmHost> shm;
+  // With `shm` a group per host (not the whole job): the transport among
+  // the ranks with this local rank, for hierarchical allreduces.
+  std::shared_ptr<transport::Transport> cross;
 };
 
 class Runtime {

@@ -31,6 +31,8 @@ class MpiWorld {
   // many ranks), ordered by world rank.
   int cross_rank() const { return cross_rank_; }
   int cross_size() const { return cross_size_; }
+  // Every host holds the same number of ranks (the same on every rank).
+  bool uniform_hosts() const { return uniform_hosts_; }
 
   // A transport on a fresh duplicate of MPI_COMM_WORLD, so gyre's messages
   // never match the job's own.
@@ -39,6 +41,10 @@ class MpiWorld {
   // `max_message_bytes` (default: 1 GiB, under MPI's INT_MAX count limit).
   // Tests use a small value to exercise the cutting without 2 GiB buffers.
   std::unique_ptr<Transport> make_transport(std::size_t max_message_bytes);
+  // A transport among the ranks with this rank's local rank (cross_rank()
+  // is the rank in it): the inter-host ring of a hierarchical allreduce.
+  // Collective over MPI_COMM_WORLD.
+  std::unique_ptr<Transport> make_cross_transport();
 
   // Ends the whole job with a non-zero status (MPI_Abort on MPI_COMM_WORLD).
   [[noreturn]] void abort(int code);
@@ -49,6 +55,7 @@ class MpiWorld {
  private:
   MpiWorld();
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, cross_rank_ = 0, cross_size_ = 1;
+  bool uniform_hosts_ = true;
   bool owns_mpi_ = false;
   bool finalized_ = false;
 };

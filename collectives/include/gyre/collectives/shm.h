@@ -143,3 +143,27 @@ void shm_alltoall(ShmGroup& g, const void* in, std::span<const std::size_t> send
                   std::size_t max_pair_bytes);
 
 }  // namespace gyre::collectives
+
+namespace gyre::transport {
+class Transport;
+}
+
+namespace gyre::collectives {
+
+struct AllreduceOptions;
+
+// Hierarchical allreduce over hosts that each hold the same number of ranks:
+// reduce-scatter within the host over shared memory (`local`), an allreduce
+// of each rank's shard among the ranks with its local rank on the other hosts
+// (`cross`, e.g. a ring over the network: one inter-host transfer per host
+// per step), then an allgather within the host. Every host must have as many
+// local ranks (so that each shard has a peer on every host). `cross_opt`:
+// the inter-host allreduce's options (chunk, tag, small-message threshold);
+// its scale factors are ignored: `prescale` applies to the inputs,
+// `postscale` to the result.
+void hierarchical_allreduce(ShmGroup& local, transport::Transport& cross, const void* in,
+                            void* out, std::size_t count, DataType dt, ReduceOp op,
+                            double prescale, double postscale,
+                            const AllreduceOptions& cross_opt);
+
+}  // namespace gyre::collectives

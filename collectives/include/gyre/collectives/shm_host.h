@@ -20,10 +20,16 @@ namespace gyre::transport {
 class ShmHost {
  public:
   static std::unique_ptr<ShmHost> create(const collectives::ShmOptions& opt, bool wanted = true);
+  // The same for the ranks of each host, whether or not all ranks are on
+  // one: every host gets a group of its own ranks (hierarchical collectives).
+  static std::unique_ptr<ShmHost> create_per_host(const collectives::ShmOptions& opt,
+                                                  bool wanted = true);
   collectives::ShmGroup& group() { return *group_; }
 
  private:
   ShmHost() = default;
+  static std::unique_ptr<ShmHost> set_up(const collectives::ShmOptions& opt, bool wanted,
+                                         bool whole_world_only);
   collectives::ShmSegment segment_;
   std::optional<collectives::ShmGroup> group_;
 };
