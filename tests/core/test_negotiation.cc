@@ -11,6 +11,7 @@
 
 #include "gyre/collectives/local_transport.h"
 #include "negotiation/negotiator.h"
+#include "queue/tensor_queue.h"
 
 using namespace gyre;
 using namespace gyre::core;
@@ -98,4 +99,30 @@ TEST_CASE("negotiator: shutdown and version steps travel in the round", "[negoti
     expect(a.shutdown_rank == 1, r, "rank 1 asked to shut down");
     expect(!a.idle, r, "a round with a shutdown flag is not idle");
   });
+}
+
+TEST_CASE("queue: take_for hands a response its entry, never a later enqueue's", "[queue]") {
+  TensorQueue q;
+  LocalEntry e;
+  e.request = named("t", 4);
+  e.state = std::make_shared<OpState>();
+  std::vector<LocalEntry> v;
+  v.push_back(e);
+  q.push(std::move(v));
+  Response resp;
+  resp.name = "t";
+  resp.per_rank.resize(2);
+  // Rank 1 joined (no request): no entry of its own.
+  resp.per_rank[0] = named("t", 4);
+  CHECK_FALSE(q.take_for(resp, 1));
+  // Rank 0's request in this response was a failure it announced: the
+  // pending entry "t" is a later enqueue and stays.
+  resp.per_rank[0]->error_kind = ErrorKind::kInvalidArgument;
+  CHECK_FALSE(q.take_for(resp, 0));
+  CHECK(q.size() == 1);
+  resp.per_rank[0]->error_kind = ErrorKind::kNone;
+  auto got = q.take_for(resp, 0);
+  REQUIRE(got);
+  CHECK(got->state == e.state);
+  CHECK(q.size() == 0);
 }

@@ -35,6 +35,10 @@ struct Response {
   ErrorKind error_kind = ErrorKind::kNone;
   std::string error;
   Clock::time_point first_seen{};  // when this rank saw the first request
+  // This rank's entry (buffers, handle) for the response, handed over by
+  // TensorQueue::take_for() once agreed; none if this rank takes part
+  // without one (see there).
+  std::optional<LocalEntry> local;
 
   bool ok() const { return error_kind == ErrorKind::kNone; }
   bool any_joined() const;

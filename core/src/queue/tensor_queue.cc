@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "gyre/error.h"
+#include "negotiation/coordinator.h"
 
 namespace gyre::core {
 
@@ -56,9 +57,13 @@ std::vector<Request> TensorQueue::drain_new() {
   return out;
 }
 
-std::optional<LocalEntry> TensorQueue::take(const std::string& name) {
+std::optional<LocalEntry> TensorQueue::take_for(const Response& resp, int rank) {
+  const auto r = static_cast<std::size_t>(rank);
+  if (r >= resp.per_rank.size()) return std::nullopt;
+  const std::optional<Request>& mine = resp.per_rank[r];
+  if (!mine || mine->error_kind != ErrorKind::kNone) return std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = table_.find(name);
+  auto it = table_.find(resp.name);
   if (it == table_.end()) return std::nullopt;
   LocalEntry e = std::move(it->second);
   table_.erase(it);

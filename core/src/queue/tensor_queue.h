@@ -1,10 +1,11 @@
 // TensorQueue: this rank's enqueued operations, keyed by name.
 //
 // User threads push entries (enqueue) and the background thread drains the
-// requests enqueued since the previous round into its negotiation message,
-// then takes each entry out when its response has run. An entry stays in
-// the table until then, which is what makes a second enqueue of the same
-// name an error. The background thread sleeps in wait_for_work() until an
+// requests enqueued since the previous round into its negotiation message.
+// The queue is the one owner of a pending entry until its response is
+// agreed; take_for() then moves the entry into the response, and from there
+// the executor completes it. An entry stays in the table until then, which
+// is what makes a second enqueue of the same name an error. The background thread sleeps in wait_for_work() until an
 // enqueue, a wake() or the cycle time.
 #pragma once
 
@@ -24,6 +25,7 @@
 namespace gyre::core {
 
 using Clock = std::chrono::steady_clock;
+struct Response;  // negotiation/coordinator.h
 
 struct LocalEntry {
   Request request;
@@ -49,8 +51,13 @@ class TensorQueue {
 
   // Background thread: the requests enqueued since the last call.
   std::vector<Request> drain_new();
-  // Background thread: removes and returns the entry for `name`.
-  std::optional<LocalEntry> take(const std::string& name);
+  // Background thread: removes and returns the entry that answers `resp`,
+  // the agreed response to this rank's (`rank`) request. None when this rank
+  // takes part without an entry: it joined, it never enqueued the name (a
+  // stall failure), or its request was a failure it announced (refused at
+  // enqueue: such requests have no entry, and an entry of that name now
+  // belongs to a later enqueue, which a coming round answers).
+  std::optional<LocalEntry> take_for(const Response& resp, int rank);
   // Removes every entry and refuses further pushes with `reason`.
   std::vector<LocalEntry> close(const std::string& reason);
 
