@@ -74,7 +74,7 @@ class RingPipeline {
   const SegmentPlan& plan_;
   const int n_, steps_, first_send_, tag_;
   const int next_, prev_;
-  std::vector<transport::Request> sends_, recvs_;  // indexed by unit
+  std::vector<transport::Transfer> sends_, recvs_;  // indexed by unit
 };
 
 // A per-thread scratch area of at least `bytes` bytes, 64-byte aligned and

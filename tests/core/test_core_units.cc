@@ -50,6 +50,7 @@ TEST_CASE("RoundMessage survives encode/decode", "[message]") {
   r.postscale = 3.25;
   r.splits = {1, 2};
   r.digests = {~0ull, 7};
+  r.resync_policy = ResyncPolicy::kAverage;
   r.step = 9;
   r.error_kind = ErrorKind::kInvalidArgument;
   r.error = "bad \"buffer\"";

@@ -126,3 +126,23 @@ TEST_CASE("queue: take_for hands a response its entry, never a later enqueue's",
   CHECK(got->state == e.state);
   CHECK(q.size() == 0);
 }
+
+TEST_CASE("coordinator: the resync policy is a field of its own, compared", "[coordinator]") {
+  ResponseCache cache(16);
+  Coordinator c(2, 0, 0);
+  std::vector<RoundMessage> msgs(2);
+  for (int r = 0; r < 2; ++r) {
+    Request q;
+    q.name = "__gyre.resync.0";
+    q.collective = Collective::kResync;
+    q.digests = {42};
+    q.resync_policy = r == 0 ? ResyncPolicy::kNewest : ResyncPolicy::kAverage;
+    msgs[static_cast<std::size_t>(r)].requests = {q};
+  }
+  auto out = c.process(msgs, cache, Clock::now());
+  REQUIRE(out.responses.size() == 1);
+  CHECK(out.responses[0].error_kind == ErrorKind::kMismatch);
+  CHECK_THAT(out.responses[0].error, Catch::Contains("policy") &&
+                                         Catch::Contains("rank 0 has newest") &&
+                                         Catch::Contains("rank 1 has average"));
+}

@@ -83,7 +83,8 @@ void resync(Runtime& rt, const std::vector<NamedBuffer>& buffers, ResyncPolicy p
   req.name = rt.internal_name("resync");
   req.collective = Collective::kResync;
   req.step = rt.versions().own();
-  req.digests = {policy == ResyncPolicy::kNewest ? 0u : 1u, layout};
+  req.resync_policy = policy;
+  req.digests = {layout};
   run(rt, std::move(req), buffers);
 }
 

@@ -53,7 +53,7 @@ struct RoundOutcome {
 class Coordinator {
  public:
   struct Pending {
-    std::uint64_t seq = 0;
+    std::uint64_t arrival = 0;  // order of first arrival (round, rank, position)
     Clock::time_point first_seen{};
     std::vector<std::optional<Request>> per_rank;
   };
@@ -80,7 +80,7 @@ class Coordinator {
   int size_;
   long max_lag_;
   double stall_shutdown_s_;
-  std::uint64_t next_seq_ = 0;
+  std::uint64_t next_arrival_ = 0;
   std::map<std::string, Pending> pending_;
   std::vector<bool> joined_;
   std::vector<int> join_order_;

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gyre/gyre.h"
 #include "gyre/types.h"
 
 namespace gyre::core {
@@ -58,7 +59,10 @@ struct Request {
   double postscale = 1.0;
   std::vector<std::int64_t> shape;
   std::vector<std::int64_t> splits;    // alltoall: rows sent to each rank
-  std::vector<std::uint64_t> digests;  // fingerprint / resync, see operations.cc
+  // fingerprint_check: a hash of the buffer names, then one digest per
+  // buffer; resync: one hash of the buffers' names, dtypes and shapes.
+  std::vector<std::uint64_t> digests;
+  ResyncPolicy resync_policy = ResyncPolicy::kNewest;  // resync only
   // grouped_allreduce: the group's first name and its size (0: no group).
   // Members become ready together and run in the same round.
   std::string group;
