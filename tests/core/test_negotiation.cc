@@ -127,6 +127,29 @@ TEST_CASE("queue: take_for hands a response its entry, never a later enqueue's",
   CHECK(q.size() == 0);
 }
 
+TEST_CASE("queue: a pending name is refused first and never announced", "[queue]") {
+  TensorQueue q;
+  LocalEntry e;
+  e.request = named("x", 4);
+  e.state = std::make_shared<OpState>();
+  std::vector<LocalEntry> v;
+  v.push_back(e);
+  q.push(std::move(v));
+  CHECK_THROWS_WITH(q.check_not_pending(named("x", 8)), Catch::Contains("already pending"));
+  CHECK_NOTHROW(q.check_not_pending(named("y", 8)));
+  // A failed group announces its other members; a pending one is skipped.
+  Request failed = named("x", 4);
+  failed.error_kind = ErrorKind::kInvalidArgument;
+  CHECK_FALSE(q.announce_failure(failed));
+  failed.name = "y";
+  CHECK(q.announce_failure(failed));
+  auto fresh = q.drain_new();
+  REQUIRE(fresh.size() == 2);  // the pending x, the announced y
+  CHECK(fresh[0].name == "x");
+  CHECK(fresh[0].error_kind == ErrorKind::kNone);
+  CHECK(fresh[1].name == "y");
+}
+
 TEST_CASE("coordinator: the resync policy is a field of its own, compared", "[coordinator]") {
   ResponseCache cache(16);
   Coordinator c(2, 0, 0);
@@ -145,4 +168,30 @@ TEST_CASE("coordinator: the resync policy is a field of its own, compared", "[co
   CHECK_THAT(out.responses[0].error, Catch::Contains("policy") &&
                                          Catch::Contains("rank 0 has newest") &&
                                          Catch::Contains("rank 1 has average"));
+}
+
+TEST_CASE("coordinator: a rank's later request of a name waits, never replaces", "[coordinator]") {
+  ResponseCache cache(16);
+  Coordinator c(2, 0, 0);
+  std::vector<RoundMessage> msgs(2);
+  Request failed = named("t", 3);
+  failed.error_kind = ErrorKind::kInvalidArgument;
+  failed.error = "input buffer is null";
+  // Rank 1 announces a failure of "t", then enqueues "t" again, before
+  // rank 0 enqueued it once.
+  msgs[1].requests = {failed, named("t", 3)};
+  auto out = c.process(msgs, cache, Clock::now());
+  CHECK(out.responses.empty());
+  msgs = std::vector<RoundMessage>(2);
+  msgs[0].requests = {named("t", 3)};
+  out = c.process(msgs, cache, Clock::now());
+  REQUIRE(out.responses.size() == 1);  // rank 0's first "t" meets the failure
+  CHECK(out.responses[0].error == "allreduce 't': failed on rank 1: input buffer is null");
+  REQUIRE(c.pending().count("t"));  // rank 1's second "t" waits for rank 0's second
+  msgs = std::vector<RoundMessage>(2);
+  msgs[0].requests = {named("t", 3)};
+  out = c.process(msgs, cache, Clock::now());
+  REQUIRE(out.responses.size() == 1);
+  CHECK(out.responses[0].ok());
+  CHECK(c.pending().empty());
 }

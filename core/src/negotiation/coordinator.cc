@@ -93,10 +93,33 @@ void Coordinator::add(int rank, Request r, Clock::time_point now) {
     p.arrival = next_arrival_++;
     p.first_seen = now;
     p.per_rank.resize(static_cast<std::size_t>(size_));
+    p.later.resize(static_cast<std::size_t>(size_));
   }
-  // A rank that re-enqueues a name after announcing a failure for it
-  // replaces its failed request.
-  p.per_rank[static_cast<std::size_t>(rank)] = std::move(r);
+  auto& slot = p.per_rank[static_cast<std::size_t>(rank)];
+  if (slot) p.later[static_cast<std::size_t>(rank)].push_back(std::move(r));
+  else slot = std::move(r);
+}
+
+Response Coordinator::answer(std::map<std::string, Pending>::iterator it,
+                             Clock::time_point now) {
+  Pending& p = it->second;
+  Response resp = make_response(it->first, p);
+  bool more = false;
+  p.per_rank.assign(static_cast<std::size_t>(size_), std::nullopt);
+  for (std::size_t r = 0; r < p.later.size(); ++r) {
+    if (p.later[r].empty()) continue;
+    p.per_rank[r] = std::move(p.later[r].front());
+    p.later[r].pop_front();
+    more = true;
+  }
+  if (more) {
+    // The later requests are a new arrival, after everything pending now.
+    p.arrival = next_arrival_++;
+    p.first_seen = now;
+  } else {
+    pending_.erase(it);
+  }
+  return resp;
 }
 
 Response Coordinator::make_response(const std::string& name, Pending& p) const {
@@ -248,8 +271,7 @@ RoundOutcome Coordinator::process(const std::vector<RoundMessage>& msgs, Respons
       for (int r = 0; r < size_; ++r) {
         (it->second.per_rank[static_cast<std::size_t>(r)] ? present : missing).push_back(r);
       }
-      Response resp = make_response(name, it->second);
-      pending_.erase(it);
+      Response resp = answer(it, now);
       resp.error_kind = ErrorKind::kTimeout;
       resp.error = fmt::format(
           "{} '{}': stalled for more than {} s (GYRE_STALL_SHUTDOWN_S): {} never enqueued it "
@@ -298,8 +320,7 @@ RoundOutcome Coordinator::process(const std::vector<RoundMessage>& msgs, Respons
   std::sort(order.begin(), order.end());
   for (const Scheduled& s : order) {
     auto it = pending_.find(s.name);
-    Response resp = make_response(s.name, it->second);
-    pending_.erase(it);
+    Response resp = answer(it, now);
     if (resp.ok() && resp.collective != Collective::kBarrier &&
         resp.collective != Collective::kFingerprint && resp.collective != Collective::kResync) {
       cache.put(resp.agreed);

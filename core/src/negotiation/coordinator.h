@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <string>
@@ -52,10 +53,16 @@ struct RoundOutcome {
 
 class Coordinator {
  public:
+  // One name's requests not yet answered. per_rank[r] is rank r's oldest;
+  // a rank's later requests of the name (after a failure it announced, it
+  // may enqueue the name again before the others answered) wait in
+  // later[r] and never replace an earlier one: each request is answered
+  // by the response of its own iteration.
   struct Pending {
     std::uint64_t arrival = 0;  // order of first arrival (round, rank, position)
     Clock::time_point first_seen{};
     std::vector<std::optional<Request>> per_rank;
+    std::vector<std::deque<Request>> later;
   };
 
   Coordinator(int size, long max_version_lag, double stall_shutdown_s)
@@ -75,6 +82,9 @@ class Coordinator {
  private:
   void add(int rank, Request r, Clock::time_point now);
   Response make_response(const std::string& name, Pending& p) const;
+  // Takes the response of `it`'s oldest requests; the name stays pending
+  // with its later requests, if any.
+  Response answer(std::map<std::string, Pending>::iterator it, Clock::time_point now);
   void check(Response& resp) const;
 
   int size_;

@@ -35,8 +35,15 @@ Agreement Negotiator::round(std::vector<Request> fresh, RoundFlags flags) {
   mine.step = vv_.own();
   for (auto& r : fresh) {
     // A request equal to a cached one, at the step the message carries,
-    // travels as its slot's bit.
-    if (r.error_kind == ErrorKind::kNone && r.step == mine.step) {
+    // travels as its slot's bit. Receivers read the bits before the full
+    // requests, so a name already sent in full this round (an announced
+    // failure) is sent in full again: a rank's requests of one name must
+    // arrive in the order it made them.
+    const bool sent_in_full =
+        !mine.requests.empty() &&
+        std::any_of(mine.requests.begin(), mine.requests.end(),
+                    [&](const Request& q) { return q.name == r.name; });
+    if (r.error_kind == ErrorKind::kNone && r.step == mine.step && !sent_in_full) {
       if (auto slot = cache_.find(r)) {
         mine.cache_hits.push_back(*slot);
         continue;

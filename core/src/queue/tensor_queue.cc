@@ -10,18 +10,30 @@
 
 namespace gyre::core {
 
+namespace {
+
+[[noreturn]] void throw_duplicate(const Request& r) {
+  throw InvalidArgument(fmt::format(
+      "{} '{}': an operation with this name is already pending on this rank; wait for it "
+      "before enqueueing the name again",
+      collective_name(r.collective), r.name));
+}
+
+}  // namespace
+
+void TensorQueue::check_not_pending(const Request& r) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (table_.count(r.name)) throw_duplicate(r);
+}
+
 void TensorQueue::push(std::vector<LocalEntry> entries) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_reason_) throw StateError(*closed_reason_);
     std::unordered_set<std::string> seen;
     for (const auto& e : entries) {
-      const auto& name = e.request.name;
-      if (table_.count(name) || !seen.insert(name).second) {
-        throw InvalidArgument(fmt::format(
-            "{} '{}': an operation with this name is already pending on this rank; wait for it "
-            "before enqueueing the name again",
-            collective_name(e.request.collective), name));
+      if (table_.count(e.request.name) || !seen.insert(e.request.name).second) {
+        throw_duplicate(e.request);
       }
     }
     auto now = Clock::now();
@@ -35,13 +47,14 @@ void TensorQueue::push(std::vector<LocalEntry> entries) {
   cv_.notify_one();
 }
 
-void TensorQueue::announce_failure(Request r) {
+bool TensorQueue::announce_failure(Request r) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_reason_) return;
+    if (closed_reason_ || table_.count(r.name)) return false;
     fresh_.push_back(std::move(r));
   }
   cv_.notify_one();
+  return true;
 }
 
 std::vector<Request> TensorQueue::drain_new() {

@@ -45,9 +45,16 @@ class TensorQueue {
   // Throws InvalidArgument if a name is already pending on this rank, or is
   // repeated in `entries`, and StateError once closed.
   void push(std::vector<LocalEntry> entries);
+  // Throws the InvalidArgument of push() if `r.name` is pending on this
+  // rank. Called before a call's arguments are checked: a second call of a
+  // pending name is refused as a duplicate, whatever else is wrong with it,
+  // and never announced.
+  void check_not_pending(const Request& r) const;
   // Queues a request that failed on this rank so the other ranks fail it
-  // too; it has no local entry.
-  void announce_failure(Request r);
+  // too; it has no local entry. Not queued (returns false) while an
+  // operation of that name is pending on this rank: that operation is
+  // valid, and the announcement would fail it on the other ranks.
+  bool announce_failure(Request r);
 
   // Background thread: the requests enqueued since the last call.
   std::vector<Request> drain_new();
