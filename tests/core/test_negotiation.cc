@@ -69,6 +69,7 @@ TEST_CASE("negotiator: every rank gets the same responses, long messages and cac
       int k = (i + 3 * r) % 8;
       mine.push_back(named(fmt::format("layer.{}.{}", k, std::string(40, 'x')), k + 1));
     }
+    for (auto& q : mine) q.seq = 1;
     std::vector<std::string> order;
     Agreement a = neg.round(mine, {});
     for (const auto& resp : a.responses) {
@@ -76,11 +77,13 @@ TEST_CASE("negotiator: every rank gets the same responses, long messages and cac
       order.push_back(resp.name);
     }
     expect(order.size() == 8, r, "8 responses in round 1");
-    // The same requests again are cache hits: one bit each.
+    // The next submissions of the same requests are cache hits: one bit each.
+    for (auto& q : mine) q.seq = 2;
     a = neg.round(mine, {});
     expect(a.responses.size() == 8, r, "8 responses from cache hits");
     for (std::size_t i = 0; i < a.responses.size(); ++i) {
       expect(a.responses[i].name == order[i] && a.responses[i].ok(), r, "the same order");
+      expect(a.responses[i].agreed.seq == 2, r, "a hit stands for the next submission");
     }
     expect(neg.cache().size() == 8, r, "8 cached requests");
     a = neg.round({}, {});
@@ -121,6 +124,11 @@ TEST_CASE("queue: take_for hands a response its entry, never a later enqueue's",
   CHECK_FALSE(q.take_for(resp, 0));
   CHECK(q.size() == 1);
   resp.per_rank[0]->error_kind = ErrorKind::kNone;
+  // The entry is this rank's first submission of "t": a response to
+  // another one (an earlier announced failure) does not take it.
+  resp.per_rank[0]->seq = 2;
+  CHECK_FALSE(q.take_for(resp, 0));
+  resp.per_rank[0]->seq = 1;
   auto got = q.take_for(resp, 0);
   REQUIRE(got);
   CHECK(got->state == e.state);
@@ -194,4 +202,23 @@ TEST_CASE("coordinator: a rank's later request of a name waits, never replaces",
   REQUIRE(out.responses.size() == 1);
   CHECK(out.responses[0].ok());
   CHECK(c.pending().empty());
+}
+
+TEST_CASE("coordinator: different iterations of a reused name are a mismatch naming both",
+          "[coordinator][sequence]") {
+  ResponseCache cache(16);
+  Coordinator c(3, 0, 0);
+  std::vector<RoundMessage> msgs(3);
+  for (int r = 0; r < 3; ++r) {
+    Request q = named("g", 4);
+    q.seq = r == 1 ? 1 : 2;  // rank 1 one iteration behind
+    msgs[static_cast<std::size_t>(r)].requests = {q};
+  }
+  auto out = c.process(msgs, cache, Clock::now());
+  REQUIRE(out.responses.size() == 1);
+  CHECK(out.responses[0].error_kind == ErrorKind::kMismatch);
+  CHECK_THAT(out.responses[0].error, Catch::Contains("'g'") && Catch::Contains("iteration") &&
+                                         Catch::Contains("ranks 0, 2 have 2") &&
+                                         Catch::Contains("rank 1 has 1"));
+  CHECK(cache.size() == 0);
 }

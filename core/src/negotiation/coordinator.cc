@@ -150,6 +150,14 @@ void Coordinator::check(Response& resp) const {
     resp.error_kind = kind;
     resp.error = fmt::format("{}: {}", what, text);
   };
+  // Requests of different iterations of a reused name: whatever else they
+  // say, pairing them would combine data of different steps.
+  if (auto diff = compare_field(resp, "the iteration of this name (how many times each rank "
+                                      "submitted it)",
+                                [](const Request& r) { return fmt::format("{}", r.seq); })) {
+    fail(ErrorKind::kMismatch, *diff);
+    return;
+  }
   // A rank that failed the operation on its own: everyone fails it with
   // that rank's reason.
   for (std::size_t r = 0; r < resp.per_rank.size(); ++r) {
@@ -255,7 +263,7 @@ RoundOutcome Coordinator::process(const std::vector<RoundMessage>& msgs, Respons
       join_order_.push_back(r);
     }
     for (auto slot : m.cache_hits) {
-      Request req = cache.at(slot);
+      Request req = cache.hit(slot);
       req.step = m.step;
       add(r, std::move(req), now);
     }

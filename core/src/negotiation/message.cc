@@ -138,6 +138,7 @@ void put_request(Writer& w, const Request& r) {
   w.pod<double>(r.prescale);
   w.pod<double>(r.postscale);
   w.pod<std::uint64_t>(r.step);
+  w.pod<std::uint64_t>(r.seq);
   w.vec(r.shape);
   w.vec(r.splits);
   w.vec(r.digests);
@@ -170,6 +171,7 @@ Request get_request(Reader& rd, int from) {
   r.prescale = rd.pod<double>();
   r.postscale = rd.pod<double>();
   r.step = rd.pod<std::uint64_t>();
+  r.seq = rd.pod<std::uint64_t>();
   r.shape = rd.vec<std::int64_t>();
   r.splits = rd.vec<std::int64_t>();
   r.digests = rd.vec<std::uint64_t>();

@@ -68,14 +68,19 @@ struct Request {
   std::string group;
   std::uint32_t group_size = 0;
   std::uint64_t step = 0;              // sender's committed step at enqueue
+  // How many times the sender has submitted this name, this request
+  // included (enqueued or refused and announced; see TensorQueue). Ranks
+  // that pair requests of different numbers pair different iterations of
+  // a reused name: a MismatchError, with or without commit_step().
+  std::uint64_t seq = 0;
   // Set when the sender failed this operation on its own (bad argument
   // found at enqueue): the other ranks fail it too, with this reason.
   ErrorKind error_kind = ErrorKind::kNone;
   std::string error;
 
   std::size_t nbytes() const;
-  // Same operation, ignoring the step and error fields: what the response
-  // cache compares.
+  // Same operation, ignoring the step, sequence and error fields: what the
+  // response cache compares.
   bool same_operation(const Request& o) const;
 };
 

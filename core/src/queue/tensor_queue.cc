@@ -1,3 +1,4 @@
+// TensorQueue: pending entries, failure announcements, submission counts.
 #include "queue/tensor_queue.h"
 
 #include <algorithm>
@@ -12,6 +13,8 @@ namespace gyre::core {
 
 namespace {
 
+constexpr std::string_view kInternalPrefix = "__gyre.";
+
 [[noreturn]] void throw_duplicate(const Request& r) {
   throw InvalidArgument(fmt::format(
       "{} '{}': an operation with this name is already pending on this rank; wait for it "
@@ -20,6 +23,14 @@ namespace {
 }
 
 }  // namespace
+
+void TensorQueue::number(Request& r) {
+  if (r.name.rfind(kInternalPrefix, 0) == 0) {
+    r.seq = 1;
+    return;
+  }
+  r.seq = ++submitted_[r.name];
+}
 
 void TensorQueue::check_not_pending(const Request& r) const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -39,6 +50,7 @@ void TensorQueue::push(std::vector<LocalEntry> entries) {
     auto now = Clock::now();
     for (auto& e : entries) {
       e.enqueued = now;
+      number(e.request);
       fresh_.push_back(e.request);
       std::string name = e.request.name;
       table_.emplace(std::move(name), std::move(e));
@@ -51,6 +63,7 @@ bool TensorQueue::announce_failure(Request r) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_reason_ || table_.count(r.name)) return false;
+    number(r);
     fresh_.push_back(std::move(r));
   }
   cv_.notify_one();
@@ -74,13 +87,31 @@ std::optional<LocalEntry> TensorQueue::take_for(const Response& resp, int rank) 
   const auto r = static_cast<std::size_t>(rank);
   if (r >= resp.per_rank.size()) return std::nullopt;
   const std::optional<Request>& mine = resp.per_rank[r];
+  if (!mine && r < resp.joined.size() && resp.joined[r]) {
+    std::uint64_t seq = 0;
+    for (const auto& q : resp.per_rank) {
+      if (q) seq = std::max(seq, q->seq);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (resp.name.rfind(kInternalPrefix, 0) != 0) {
+      auto& count = submitted_[resp.name];
+      count = std::max(count, seq);
+    }
+    return std::nullopt;
+  }
   if (!mine || mine->error_kind != ErrorKind::kNone) return std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = table_.find(resp.name);
-  if (it == table_.end()) return std::nullopt;
+  // An entry of another number is a later submission of the name.
+  if (it == table_.end() || it->second.request.seq != mine->seq) return std::nullopt;
   LocalEntry e = std::move(it->second);
   table_.erase(it);
   return e;
+}
+
+void TensorQueue::restart_sequences() {
+  std::lock_guard<std::mutex> lock(mu_);
+  submitted_.clear();
 }
 
 std::vector<LocalEntry> TensorQueue::close(const std::string& reason) {

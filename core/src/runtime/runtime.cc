@@ -243,7 +243,12 @@ bool Runtime::round() {
   Agreement agreed = negotiator_.round(queue_.drain_new(), std::move(flags));
   rounds_.fetch_add(1);
   last_round_idle_ = agreed.idle && queue_.size() == 0;
-  for (Response& resp : agreed.responses) resp.local = queue_.take_for(resp, rank_);
+  for (Response& resp : agreed.responses) {
+    resp.local = queue_.take_for(resp, rank_);
+    // A resync repairs the ranks' state: from here they count iterations
+    // of every name afresh, alike.
+    if (resp.ok() && resp.collective == Collective::kResync) queue_.restart_sequences();
+  }
 
   if (!agreed.responses.empty()) {
     phase_ = fmt::format("round {}: running {} responses from '{}'", round_no,
