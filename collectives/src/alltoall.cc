@@ -47,7 +47,7 @@ void alltoall(Transport& t, const void* in, std::span<const std::size_t> send_by
   }
   const auto* src = static_cast<const std::byte*>(in);
   auto* dst = static_cast<std::byte*>(out);
-  std::vector<transport::Request> reqs;
+  std::vector<transport::Transfer> reqs;
   reqs.reserve(2 * static_cast<std::size_t>(n));
   for (int i = 1; i < n; ++i) {
     const auto p = static_cast<std::size_t>((r - i + n) % n);
@@ -73,8 +73,8 @@ void barrier(Transport& t, const BarrierOptions& opt) {
   detail::check_tag(opt.tag, kAlgo);
   const int n = t.size(), r = t.rank();
   for (int dist = 1; dist < n; dist *= 2) {
-    transport::Request recv = t.irecv((r - dist + n) % n, opt.tag, {});
-    transport::Request send = t.isend((r + dist) % n, opt.tag, {});
+    transport::Transfer recv = t.irecv((r - dist + n) % n, opt.tag, {});
+    transport::Transfer send = t.isend((r + dist) % n, opt.tag, {});
     t.wait(recv);
     t.wait(send);
   }

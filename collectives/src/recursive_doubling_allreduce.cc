@@ -29,8 +29,8 @@ namespace {
 // first, so the peer's message never waits in MPI's unexpected queue).
 void exchange(Transport& t, int peer, int tag, const std::byte* send, std::byte* recv,
               std::size_t bytes) {
-  transport::Request rr = t.irecv(peer, tag, {recv, bytes});
-  transport::Request sr = t.isend(peer, tag, {send, bytes});
+  transport::Transfer rr = t.irecv(peer, tag, {recv, bytes});
+  transport::Transfer sr = t.isend(peer, tag, {send, bytes});
   t.wait(rr);
   t.wait(sr);
 }
@@ -48,14 +48,14 @@ void run_recursive_doubling(Transport& t, const std::byte* src, std::byte* out, 
 
   if (r < 2 * extra && r % 2 == 1) {
     // Folded into r-1: contribute, then receive the scaled result.
-    transport::Request sr = t.isend(r - 1, tag, {src, bytes});
+    transport::Transfer sr = t.isend(r - 1, tag, {src, bytes});
     if (src != out) {
-      transport::Request rr = t.irecv(r - 1, tag, {out, bytes});
+      transport::Transfer rr = t.irecv(r - 1, tag, {out, bytes});
       t.wait(sr);
       t.wait(rr);
     } else {
       t.wait(sr);  // `out` is the buffer being sent
-      transport::Request rr = t.irecv(r - 1, tag, {out, bytes});
+      transport::Transfer rr = t.irecv(r - 1, tag, {out, bytes});
       t.wait(rr);
     }
     return;
@@ -69,7 +69,7 @@ void run_recursive_doubling(Transport& t, const std::byte* src, std::byte* out, 
   const std::byte* mine = src;  // this rank's partial result
   int v;                        // rank among the p
   if (r < 2 * extra) {
-    transport::Request rr = t.irecv(r + 1, tag, {spare[0], bytes});
+    transport::Transfer rr = t.irecv(r + 1, tag, {spare[0], bytes});
     t.wait(rr);
     combine(out, src, spare[0], count);  // r before r+1
     mine = out;
@@ -98,7 +98,7 @@ void run_recursive_doubling(Transport& t, const std::byte* src, std::byte* out, 
   if (mine != out) std::memcpy(out, mine, bytes);
   scale(out, count, dt, postscale);
   if (r < 2 * extra) {
-    transport::Request sr = t.isend(r + 1, tag, {out, bytes});
+    transport::Transfer sr = t.isend(r + 1, tag, {out, bytes});
     t.wait(sr);
   }
 }

@@ -36,7 +36,7 @@ void ring_broadcast(Transport& t, void* buf, std::size_t bytes, int root,
   const bool forwards = position < n - 1;
   const int next = transport::ring_next(t), prev = transport::ring_prev(t);
 
-  std::vector<transport::Request> sends(chunks), recvs(chunks);
+  std::vector<transport::Transfer> sends(chunks), recvs(chunks);
   if (position == 0) {
     // At most kRecvWindow chunks in flight, matching the receives the next
     // rank keeps posted (an unmatched message costs MPI an extra copy).

@@ -121,7 +121,7 @@ class RingPipeline {
   const SegmentPlan& plan_;
   const int n_, steps_, first_send_, tag_;
   const int next_, prev_;
-  std::vector<transport::Request> sends_, recvs_;  // indexed by unit
+  std::vector<transport::Transfer> sends_, recvs_;  // indexed by unit
   const std::byte* own_segment_ = nullptr;          // start_own_sends()
 };
 

@@ -125,7 +125,7 @@ static void check_peer(int peer, int n, const char* what) {
   }
 }
 
-Request LocalTransport::isend(int peer, int tag, std::span<const std::byte> data) {
+Transfer LocalTransport::isend(int peer, int tag, std::span<const std::byte> data) {
   check_peer(peer, size(), "send");
   std::vector<std::byte> msg(data.begin(), data.end());  // copied outside the lock
   bool completed = false;
@@ -141,10 +141,10 @@ Request LocalTransport::isend(int peer, int tag, std::span<const std::byte> data
     }
   }
   if (completed) world_->cv_.notify_all();
-  return Request{};  // eager: the data is already copied, the send is complete
+  return Transfer{};  // eager: the data is already copied, the send is complete
 }
 
-Request LocalTransport::irecv(int peer, int tag, std::span<std::byte> data) {
+Transfer LocalTransport::irecv(int peer, int tag, std::span<std::byte> data) {
   check_peer(peer, size(), "receive");
   auto op = std::make_shared<RecvOp>();
   op->src = peer;
@@ -162,10 +162,10 @@ Request LocalTransport::irecv(int peer, int tag, std::span<std::byte> data) {
   }
   std::int64_t slot = slots_->next++;
   slots_->ops.emplace(slot, std::move(op));
-  return Request{slot};
+  return Transfer{slot};
 }
 
-bool LocalTransport::test(Request& req) {
+bool LocalTransport::test(Transfer& req) {
   if (!req.pending()) return true;
   auto it = slots_->ops.find(req.slot);
   if (it == slots_->ops.end()) {
@@ -183,7 +183,7 @@ bool LocalTransport::test(Request& req) {
   return true;
 }
 
-void LocalTransport::wait(Request& req) {
+void LocalTransport::wait(Transfer& req) {
   if (!req.pending()) return;
   auto it = slots_->ops.find(req.slot);
   if (it == slots_->ops.end()) {

@@ -68,7 +68,7 @@ class MpiTransport final : public Transport {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
-    // Requests still pending here were abandoned by an error; receives are
+    // Transfers still pending here were abandoned by an error; receives are
     // cancelled so they cannot write into buffers their owners free.
     for (Op& op : ops_) {
       if (!op.in_use) continue;
@@ -85,7 +85,7 @@ class MpiTransport final : public Transport {
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
 
-  Request isend(int peer, int tag, std::span<const std::byte> data) override {
+  Transfer isend(int peer, int tag, std::span<const std::byte> data) override {
     check_peer(peer, "send");
     const std::int64_t slot = allocate(peer, tag, data.size(), /*is_send=*/true);
     Op& op = ops_[static_cast<std::size_t>(slot)];
@@ -96,10 +96,10 @@ class MpiTransport final : public Transport {
       post(MPI_Isend(base + off, len, MPI_BYTE, peer, tag, comm_, &r), "MPI_Isend", op);
       op.reqs.push_back(r);
     });
-    return Request{slot};
+    return Transfer{slot};
   }
 
-  Request irecv(int peer, int tag, std::span<std::byte> data) override {
+  Transfer irecv(int peer, int tag, std::span<std::byte> data) override {
     check_peer(peer, "receive");
     const std::int64_t slot = allocate(peer, tag, data.size(), /*is_send=*/false);
     Op& op = ops_[static_cast<std::size_t>(slot)];
@@ -108,10 +108,10 @@ class MpiTransport final : public Transport {
       post(MPI_Irecv(data.data() + off, len, MPI_BYTE, peer, tag, comm_, &r), "MPI_Irecv", op);
       op.reqs.push_back(r);
     });
-    return Request{slot};
+    return Transfer{slot};
   }
 
-  bool test(Request& req) override {
+  bool test(Transfer& req) override {
     if (!req.pending()) return true;
     Op& op = lookup(req);
     int flag = 0;
@@ -124,7 +124,7 @@ class MpiTransport final : public Transport {
     return true;
   }
 
-  void wait(Request& req) override {
+  void wait(Transfer& req) override {
     if (!req.pending()) return;
     // Polling rather than MPI_Wait lets a deadline be enforced, and the
     // wait policy decide when to stop burning the core (transport.h).
@@ -214,17 +214,17 @@ class MpiTransport final : public Transport {
     }
   }
 
-  Op& lookup(const Request& req) {
+  Op& lookup(const Transfer& req) {
     auto idx = static_cast<std::size_t>(req.slot);
     if (idx >= ops_.size() || !ops_[idx].in_use) {
-      throw InvalidArgument(fmt::format("mpi transport: unknown request {}", req.slot));
+      throw InvalidArgument(fmt::format("mpi transport: unknown transfer {}", req.slot));
     }
     Op& op = ops_[idx];
     op.statuses.resize(op.reqs.size());
     return op;
   }
 
-  void release(Request& req) {
+  void release(Transfer& req) {
     ops_[static_cast<std::size_t>(req.slot)].in_use = false;
     free_.push_back(req.slot);
     req.slot = -1;
@@ -234,7 +234,7 @@ class MpiTransport final : public Transport {
   // one completes quietly, so it is checked here: both mean that the ranks
   // disagree on a size (a count, a dtype, a block), which must not pass as
   // a result.
-  void check_received(Request& req, Op& op) {
+  void check_received(Transfer& req, Op& op) {
     std::size_t got = 0;
     for (const MPI_Status& st : op.statuses) {
       int n = 0;
@@ -250,7 +250,7 @@ class MpiTransport final : public Transport {
     throw TransportError(what);
   }
 
-  [[noreturn]] void fail(Request& req, Op& op, int code) {
+  [[noreturn]] void fail(Transfer& req, Op& op, int code) {
     // With MPI_ERR_IN_STATUS the cause is in the per-request statuses.
     if (code == MPI_ERR_IN_STATUS) {
       for (const MPI_Status& s : op.statuses) {
@@ -272,7 +272,7 @@ class MpiTransport final : public Transport {
   const bool yield_;
   const std::size_t max_piece_;  // largest single MPI message
   int rank_ = 0, size_ = 1;
-  std::vector<Op> ops_;            // indexed by Request::slot
+  std::vector<Op> ops_;            // indexed by Transfer::slot
   std::vector<std::int64_t> free_;  // released slots, reused first
 };
 

@@ -250,7 +250,7 @@ void timeout_check(transport::MpiWorld& world) {
   auto t = world.make_transport();
   t->set_timeout(std::chrono::milliseconds(200));
   std::vector<std::byte> buf(24);
-  transport::Request r = t->irecv(transport::ring_prev(*t), 99, buf);
+  transport::Transfer r = t->irecv(transport::ring_prev(*t), 99, buf);
   ++g_checks;
   try {
     t->wait(r);
@@ -278,8 +278,8 @@ void size_mismatch_check(transport::MpiWorld& world) {
     auto t = world.make_transport();
     t->set_timeout(std::chrono::milliseconds(60000));
     std::vector<std::byte> out(c.sent, std::byte{1}), in(c.expected);
-    transport::Request s = t->isend(transport::ring_next(*t), 98, out);
-    transport::Request r = t->irecv(transport::ring_prev(*t), 98, in);
+    transport::Transfer s = t->isend(transport::ring_next(*t), 98, out);
+    transport::Transfer r = t->irecv(transport::ring_prev(*t), 98, in);
     ++g_checks;
     try {
       t->wait(r);

@@ -32,7 +32,7 @@ TEST_CASE("local transport: messages of one (source, tag) match in posting order
       for (int i = 3; i < 6; ++i) t.isend(1, 9, bytes_of(v[i]));      // tag 9
     } else {
       // Receive tag 9 first: tags are matched independently.
-      Request r[6];
+      Transfer r[6];
       for (int i = 3; i < 6; ++i) r[i] = t.irecv(0, 9, bytes_of(got[i]));
       for (int i = 0; i < 3; ++i) r[i] = t.irecv(0, 5, bytes_of(got[i]));
       for (auto& q : r) t.wait(q);
@@ -44,20 +44,20 @@ TEST_CASE("local transport: messages of one (source, tag) match in posting order
 TEST_CASE("local transport: receive posted before the send, and test() polling", "[local]") {
   int got = 0;
   bool reset_after_test = false;
-  CHECK_FALSE(Request{}.pending());
+  CHECK_FALSE(Transfer{}.pending());
   run_local_world(2, [&](Transport& t) {
     if (t.rank() == 1) {
-      Request r = t.irecv(0, 0, bytes_of(got));
+      Transfer r = t.irecv(0, 0, bytes_of(got));
       while (!t.test(r)) {
       }
       reset_after_test = !r.pending();
       int ack = 1;
       t.wait(r);  // a completed request waits for nothing
-      Request s = t.isend(0, 1, bytes_of(ack));
+      Transfer s = t.isend(0, 1, bytes_of(ack));
       t.wait(s);
     } else {
       int ack = 0;
-      Request a = t.irecv(1, 1, bytes_of(ack));
+      Transfer a = t.irecv(1, 1, bytes_of(ack));
       const int v = 42;
       t.isend(1, 0, bytes_of(v));
       t.wait(a);
@@ -74,7 +74,7 @@ TEST_CASE("local transport: a size mismatch is a TransportError naming both size
       t.isend(1, 3, v);
     } else {
       std::vector<std::byte> v(4);
-      Request r = t.irecv(0, 3, v);
+      Transfer r = t.irecv(0, 3, v);
       t.wait(r);
     }
   }, 10s), Catch::Contains("expected 4 bytes from rank 0 (tag 3)") && Catch::Contains("8 bytes"));
@@ -84,14 +84,14 @@ TEST_CASE("local transport: wait() times out with a TimeoutError naming peer and
   CHECK_THROWS_AS(run_local_world(2, [&](Transport& t) {
     if (t.rank() == 1) {
       int x = 0;
-      Request r = t.irecv(0, 7, bytes_of(x));
+      Transfer r = t.irecv(0, 7, bytes_of(x));
       t.wait(r);  // rank 0 never sends
     }
   }, 200ms), TimeoutError);
   try {
     run_local_world(1, [&](Transport& t) {
       int x = 0;
-      Request r = t.irecv(0, 7, bytes_of(x));
+      Transfer r = t.irecv(0, 7, bytes_of(x));
       t.wait(r);
     }, 100ms);
     FAIL("no timeout");
@@ -106,7 +106,7 @@ TEST_CASE("local transport: one rank failing releases the others, its error is r
   CHECK_THROWS_WITH(run_local_world(4, [&](Transport& t) {
     if (t.rank() == 2) throw std::runtime_error("rank 2 broke");
     int x = 0;
-    Request r = t.irecv(2, 0, bytes_of(x));  // no timeout: only the failure ends this
+    Transfer r = t.irecv(2, 0, bytes_of(x));  // no timeout: only the failure ends this
     try {
       t.wait(r);
     } catch (const TransportError&) {

@@ -50,6 +50,7 @@ TEST_CASE("RoundMessage survives encode/decode", "[message]") {
   r.postscale = 3.25;
   r.splits = {1, 2};
   r.digests = {~0ull, 7};
+  r.resync_policy = ResyncPolicy::kAverage;
   r.step = 9;
   r.error_kind = ErrorKind::kInvalidArgument;
   r.error = "bad \"buffer\"";
@@ -86,26 +87,33 @@ TEST_CASE("decode rejects truncated and corrupted messages", "[message]") {
 TEST_CASE("response cache: find, replace, LRU eviction", "[cache]") {
   ResponseCache cache(2);
   Request a = make_req("a", {4}), b = make_req("b", {4}), c = make_req("c", {4});
-  CHECK_FALSE(cache.find(a));
+  // A hit is the next submission of a cached name: sequence number + 1.
+  auto next = [](Request r) {
+    ++r.seq;
+    return r;
+  };
+  CHECK_FALSE(cache.find(next(a)));
   cache.put(a);
   cache.put(b);
-  REQUIRE(cache.find(a));
-  auto slot_a = *cache.find(a);
-  CHECK(cache.at(slot_a).name == "a");
+  REQUIRE(cache.find(next(a)));
+  CHECK_FALSE(cache.find(a));  // the cached submission itself: not the next one
+  auto slot_a = *cache.find(next(a));
+  CHECK(cache.hit(slot_a).name == "a");
+  CHECK(cache.hit(slot_a).seq == a.seq + 1);
   Request a2 = make_req("a", {5});
-  CHECK_FALSE(cache.find(a2));  // same name, other shape: not a hit
-  cache.put(a);                 // a most recent: c evicts b
+  CHECK_FALSE(cache.find(next(a2)));  // same name, other shape: not a hit
+  cache.put(a);                       // a most recent: c evicts b
   cache.put(c);
-  CHECK(cache.find(a));
-  CHECK_FALSE(cache.find(b));
-  CHECK(*cache.find(c) != slot_a);
+  CHECK(cache.find(next(a)));
+  CHECK_FALSE(cache.find(next(b)));
+  CHECK(*cache.find(next(c)) != slot_a);
   CHECK(cache.size() == 2);
   cache.put(a2);  // replaces a in place
-  CHECK(*cache.find(a2) == slot_a);
-  CHECK_THROWS_AS(cache.at(99), TransportError);
+  CHECK(*cache.find(next(a2)) == slot_a);
+  CHECK_THROWS_AS(cache.hit(99), TransportError);
   ResponseCache off(0);
   off.put(a);
-  CHECK_FALSE(off.find(a));
+  CHECK_FALSE(off.find(next(a)));
 }
 
 TEST_CASE("fusion planner groups same-kind allreduces up to the threshold", "[fusion]") {
@@ -175,7 +183,9 @@ TEST_CASE("coordinator: ready when every rank submitted, same order everywhere",
   CHECK(out.responses[0].contributors == 3);
   CHECK(c.pending().empty());
   // Both are cached now; a hit on slot of "x" from every rank is ready.
-  auto sx = cache.find(make_req("x", {2}));
+  Request x2 = make_req("x", {2});
+  x2.seq = 1;  // the next submission of "x"
+  auto sx = cache.find(x2);
   REQUIRE(sx);
   msgs = empty_round(3);
   for (auto& m : msgs) m.cache_hits = {*sx};

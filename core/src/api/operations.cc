@@ -125,9 +125,11 @@ void announce(Runtime& rt, Request req, std::string why) {
 }
 
 // Runs `validate`; on InvalidArgument announces the failure to the other
-// ranks, then rethrows.
+// ranks, then rethrows. A name pending on this rank is refused first, and
+// not announced: the pending operation of that name is valid.
 template <typename F>
 void validated(Runtime& rt, const Request& req, F&& validate) {
+  rt.queue().check_not_pending(req);
   try {
     if (req.name.empty()) throw InvalidArgument(fmt::format("{}: the tensor name is empty",
                                                             collective_name(req.collective)));

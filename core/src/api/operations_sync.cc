@@ -102,7 +102,8 @@ void resync(Runtime& rt, const std::vector<NamedBuffer>& buffers, ResyncPolicy p
     layout = hash_combine(layout, dtype_name(b.tensor.dtype));
     layout = hash_combine(layout, fmt::format("{}", fmt::join(b.tensor.shape, ",")));
   }
-  req.digests = {policy == ResyncPolicy::kNewest ? 0u : 1u, layout};
+  req.resync_policy = policy;
+  req.digests = {layout};
   refuse_everywhere(rt, req, [&] {
     check_buffers("resync", buffers);
     for (const auto& b : buffers) {

@@ -45,14 +45,7 @@ void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at
   std::vector<FusionItem> items(responses.size());
   for (std::size_t i = 0; i < responses.size(); ++i) {
     Response& r = responses[i];
-    // A request this rank announced as failed (refused at enqueue) has no
-    // local entry: an entry of that name now is a later enqueue, which a
-    // coming round answers, so it must not be taken for this response.
-    const auto& mine = r.per_rank.size() > static_cast<std::size_t>(t_.rank())
-                           ? r.per_rank[static_cast<std::size_t>(t_.rank())]
-                           : std::nullopt;
-    const bool announced_failure = mine && mine->error_kind != ErrorKind::kNone;
-    if (!announced_failure) entries[i] = queue_.take(r.name);
+    entries[i] = std::move(r.local);  // handed over by TensorQueue::take_for()
     if (entries[i]) {
       auto sent = entries[i]->sent == Clock::time_point{} ? agreed_at : entries[i]->sent;
       trace(entries[i], "QUEUE", entries[i]->enqueued, sent, r.agreed.nbytes());

@@ -18,9 +18,9 @@ void Executor::run_fingerprint(Response& resp, Entry& entry) {
 }
 
 void Executor::run_resync(Response& resp, Entry& entry) {
-  // digests[0]: 0 newest, 1 average. The newest rank is the one with the
-  // highest committed step, the lowest such rank on ties.
-  const bool average = resp.agreed.digests[0] != 0;
+  // The newest rank is the one with the highest committed step, the lowest
+  // such rank on ties.
+  const bool average = resp.agreed.resync_policy == ResyncPolicy::kAverage;
   int root = 0;
   std::uint64_t newest = 0;
   for (std::size_t r = 0; r < resp.per_rank.size(); ++r) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -20,27 +21,59 @@ std::string rank_list(const std::vector<int>& ranks) {
   return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "));
 }
 
+// The ranks that hold one value of a compared field.
+struct ValueGroup {
+  std::string value;
+  std::vector<int> ranks;
+};
+
 // Compares one field across the submitting ranks. On disagreement returns
 // "ranks disagree on <field>: rank 0 has X; ranks 1, 2 have Y".
 std::optional<std::string> compare_field(
     const Response& resp, const char* field,
     const std::function<std::string(const Request&)>& value) {
-  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  std::vector<ValueGroup> groups;
   for (std::size_t r = 0; r < resp.per_rank.size(); ++r) {
     if (!resp.per_rank[r]) continue;
     auto v = value(*resp.per_rank[r]);
-    auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first == v; });
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const ValueGroup& g) { return g.value == v; });
     if (it == groups.end()) groups.push_back({v, {static_cast<int>(r)}});
-    else it->second.push_back(static_cast<int>(r));
+    else it->ranks.push_back(static_cast<int>(r));
   }
   if (groups.size() <= 1) return std::nullopt;
   std::string parts;
-  for (const auto& [v, ranks] : groups) {
+  for (const auto& g : groups) {
     if (!parts.empty()) parts += "; ";
-    parts += fmt::format("{} {} {}", rank_list(ranks), ranks.size() == 1 ? "has" : "have", v);
+    parts += fmt::format("{} {} {}", rank_list(g.ranks), g.ranks.size() == 1 ? "has" : "have",
+                         g.value);
   }
   return fmt::format("ranks disagree on {}: {}", field, parts);
 }
+
+// A grouped allreduce: its first member's name and its size.
+struct GroupKey {
+  std::string first;
+  std::uint32_t size = 0;
+  auto operator<=>(const GroupKey&) const = default;
+};
+
+// How many members of a group are ready, and the earliest arrival among them.
+struct GroupProgress {
+  std::uint32_t ready = 0;
+  std::uint64_t first_arrival = 0;
+};
+
+// A ready tensor in the order responses are produced: by its group's first
+// arrival (its own when not grouped), then its own arrival.
+struct Scheduled {
+  std::uint64_t group_arrival = 0;
+  std::uint64_t arrival = 0;
+  std::string name;
+  bool operator<(const Scheduled& o) const {
+    return std::tie(group_arrival, arrival) < std::tie(o.group_arrival, o.arrival);
+  }
+};
 
 std::string shape_str(const std::vector<std::int64_t>& s) {
   return fmt::format("[{}]", fmt::join(s, ", "));
@@ -57,13 +90,36 @@ void Coordinator::add(int rank, Request r, Clock::time_point now) {
   auto [it, fresh] = pending_.try_emplace(r.name);
   Pending& p = it->second;
   if (fresh) {
-    p.seq = next_seq_++;
+    p.arrival = next_arrival_++;
     p.first_seen = now;
     p.per_rank.resize(static_cast<std::size_t>(size_));
+    p.later.resize(static_cast<std::size_t>(size_));
   }
-  // A rank that re-enqueues a name after announcing a failure for it
-  // replaces its failed request.
-  p.per_rank[static_cast<std::size_t>(rank)] = std::move(r);
+  auto& slot = p.per_rank[static_cast<std::size_t>(rank)];
+  if (slot) p.later[static_cast<std::size_t>(rank)].push_back(std::move(r));
+  else slot = std::move(r);
+}
+
+Response Coordinator::answer(std::map<std::string, Pending>::iterator it,
+                             Clock::time_point now) {
+  Pending& p = it->second;
+  Response resp = make_response(it->first, p);
+  bool more = false;
+  p.per_rank.assign(static_cast<std::size_t>(size_), std::nullopt);
+  for (std::size_t r = 0; r < p.later.size(); ++r) {
+    if (p.later[r].empty()) continue;
+    p.per_rank[r] = std::move(p.later[r].front());
+    p.later[r].pop_front();
+    more = true;
+  }
+  if (more) {
+    // The later requests are a new arrival, after everything pending now.
+    p.arrival = next_arrival_++;
+    p.first_seen = now;
+  } else {
+    pending_.erase(it);
+  }
+  return resp;
 }
 
 Response Coordinator::make_response(const std::string& name, Pending& p) const {
@@ -94,6 +150,14 @@ void Coordinator::check(Response& resp) const {
     resp.error_kind = kind;
     resp.error = fmt::format("{}: {}", what, text);
   };
+  // Requests of different iterations of a reused name: whatever else they
+  // say, pairing them would combine data of different steps.
+  if (auto diff = compare_field(resp, "the iteration of this name (how many times each rank "
+                                      "submitted it)",
+                                [](const Request& r) { return fmt::format("{}", r.seq); })) {
+    fail(ErrorKind::kMismatch, *diff);
+    return;
+  }
   // A rank that failed the operation on its own: everyone fails it with
   // that rank's reason.
   for (std::size_t r = 0; r < resp.per_rank.size(); ++r) {
@@ -140,9 +204,11 @@ void Coordinator::check(Response& resp) const {
     });
   }
   if (c == Collective::kResync) {
-    field("policy", [](const Request& r) { return r.digests[0] == 0 ? "newest" : "average"; });
+    field("policy", [](const Request& r) {
+      return r.resync_policy == ResyncPolicy::kNewest ? "newest" : "average";
+    });
     field("buffers", [](const Request& r) {
-      return fmt::format("names, dtypes and shapes hash {:016x}", r.digests[1]);
+      return fmt::format("names, dtypes and shapes hash {:016x}", r.digests[0]);
     });
   }
   if (!resp.ok()) return;
@@ -197,7 +263,7 @@ RoundOutcome Coordinator::process(const std::vector<RoundMessage>& msgs, Respons
       join_order_.push_back(r);
     }
     for (auto slot : m.cache_hits) {
-      Request req = cache.at(slot);
+      Request req = cache.hit(slot);
       req.step = m.step;
       add(r, std::move(req), now);
     }
@@ -213,8 +279,7 @@ RoundOutcome Coordinator::process(const std::vector<RoundMessage>& msgs, Respons
       for (int r = 0; r < size_; ++r) {
         (it->second.per_rank[static_cast<std::size_t>(r)] ? present : missing).push_back(r);
       }
-      Response resp = make_response(name, it->second);
-      pending_.erase(it);
+      Response resp = answer(it, now);
       resp.error_kind = ErrorKind::kTimeout;
       resp.error = fmt::format(
           "{} '{}': stalled for more than {} s (GYRE_STALL_SHUTDOWN_S): {} never enqueued it "
@@ -226,44 +291,44 @@ RoundOutcome Coordinator::process(const std::vector<RoundMessage>& msgs, Respons
   }
 
   // 3. Ready tensors, in order of first arrival.
-  std::vector<std::pair<std::uint64_t, std::string>> ready;
+  std::vector<Scheduled> ready;
   for (const auto& [name, p] : pending_) {
     bool all = true;
     for (int r = 0; r < size_ && all; ++r) {
       all = p.per_rank[static_cast<std::size_t>(r)] || joined_[static_cast<std::size_t>(r)];
     }
-    if (all) ready.emplace_back(p.seq, name);
+    if (all) ready.push_back({p.arrival, p.arrival, name});
   }
   // Members of a grouped allreduce wait until the whole group is ready and
   // then run together, ordered by the group's first arrival.
-  std::map<std::pair<std::string, std::uint32_t>, std::pair<std::uint32_t, std::uint64_t>> groups;
-  auto group_of = [&](const std::string& name) -> std::pair<std::string, std::uint32_t> {
+  auto group_of = [&](const std::string& name) -> GroupKey {
     for (const auto& req : pending_.at(name).per_rank) {
       if (req) return {req->group, req->group_size};
     }
     return {};
   };
-  for (const auto& [seq, name] : ready) {
-    auto g = group_of(name);
-    if (g.second < 2) continue;
-    auto& [count, first] = groups.try_emplace(g, 0u, seq).first->second;
-    ++count;
-    first = std::min(first, seq);
+  std::map<GroupKey, GroupProgress> groups;
+  for (const Scheduled& s : ready) {
+    GroupKey g = group_of(s.name);
+    if (g.size < 2) continue;
+    GroupProgress& progress = groups.try_emplace(g, GroupProgress{0, s.arrival}).first->second;
+    ++progress.ready;
+    progress.first_arrival = std::min(progress.first_arrival, s.arrival);
   }
-  std::vector<std::pair<std::pair<std::uint64_t, std::uint64_t>, std::string>> order;
-  for (const auto& [seq, name] : ready) {
-    auto g = group_of(name);
-    if (g.second < 2) {
-      order.push_back({{seq, seq}, name});
-    } else if (groups[g].first >= g.second) {
-      order.push_back({{groups[g].second, seq}, name});
+  std::vector<Scheduled> order;
+  for (Scheduled& s : ready) {
+    GroupKey g = group_of(s.name);
+    if (g.size < 2) {
+      order.push_back(std::move(s));
+    } else if (const GroupProgress& progress = groups[g]; progress.ready >= g.size) {
+      s.group_arrival = progress.first_arrival;
+      order.push_back(std::move(s));
     }
   }
   std::sort(order.begin(), order.end());
-  for (const auto& [key, name] : order) {
-    auto it = pending_.find(name);
-    Response resp = make_response(name, it->second);
-    pending_.erase(it);
+  for (const Scheduled& s : order) {
+    auto it = pending_.find(s.name);
+    Response resp = answer(it, now);
     if (resp.ok() && resp.collective != Collective::kBarrier &&
         resp.collective != Collective::kFingerprint && resp.collective != Collective::kResync) {
       cache.put(resp.agreed);

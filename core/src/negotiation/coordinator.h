@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <string>
@@ -35,6 +36,10 @@ struct Response {
   ErrorKind error_kind = ErrorKind::kNone;
   std::string error;
   Clock::time_point first_seen{};  // when this rank saw the first request
+  // This rank's entry (buffers, handle) for the response, handed over by
+  // TensorQueue::take_for() once agreed; none if this rank takes part
+  // without one (see there).
+  std::optional<LocalEntry> local;
 
   bool ok() const { return error_kind == ErrorKind::kNone; }
   bool any_joined() const;
@@ -48,10 +53,16 @@ struct RoundOutcome {
 
 class Coordinator {
  public:
+  // One name's requests not yet answered. per_rank[r] is rank r's oldest;
+  // a rank's later requests of the name (after a failure it announced, it
+  // may enqueue the name again before the others answered) wait in
+  // later[r] and never replace an earlier one: each request is answered
+  // by the response of its own iteration.
   struct Pending {
-    std::uint64_t seq = 0;
+    std::uint64_t arrival = 0;  // order of first arrival (round, rank, position)
     Clock::time_point first_seen{};
     std::vector<std::optional<Request>> per_rank;
+    std::vector<std::deque<Request>> later;
   };
 
   Coordinator(int size, long max_version_lag, double stall_shutdown_s)
@@ -71,12 +82,15 @@ class Coordinator {
  private:
   void add(int rank, Request r, Clock::time_point now);
   Response make_response(const std::string& name, Pending& p) const;
+  // Takes the response of `it`'s oldest requests; the name stays pending
+  // with its later requests, if any.
+  Response answer(std::map<std::string, Pending>::iterator it, Clock::time_point now);
   void check(Response& resp) const;
 
   int size_;
   long max_lag_;
   double stall_shutdown_s_;
-  std::uint64_t next_seq_ = 0;
+  std::uint64_t next_arrival_ = 0;
   std::map<std::string, Pending> pending_;
   std::vector<bool> joined_;
   std::vector<int> join_order_;

@@ -47,7 +47,8 @@ bool Request::same_operation(const Request& o) const {
   return name == o.name && collective == o.collective && dtype == o.dtype && op == o.op &&
          device == o.device && root == o.root && prescale == o.prescale &&
          postscale == o.postscale && shape == o.shape && splits == o.splits &&
-         digests == o.digests && group == o.group && group_size == o.group_size;
+         digests == o.digests && resync_policy == o.resync_policy && group == o.group &&
+         group_size == o.group_size;
 }
 
 namespace {
@@ -137,9 +138,11 @@ void put_request(Writer& w, const Request& r) {
   w.pod<double>(r.prescale);
   w.pod<double>(r.postscale);
   w.pod<std::uint64_t>(r.step);
+  w.pod<std::uint64_t>(r.seq);
   w.vec(r.shape);
   w.vec(r.splits);
   w.vec(r.digests);
+  w.pod<std::uint8_t>(static_cast<std::uint8_t>(r.resync_policy));
   w.str(r.group);
   w.pod<std::uint32_t>(r.group_size);
   w.pod<std::uint8_t>(static_cast<std::uint8_t>(r.error_kind));
@@ -168,9 +171,11 @@ Request get_request(Reader& rd, int from) {
   r.prescale = rd.pod<double>();
   r.postscale = rd.pod<double>();
   r.step = rd.pod<std::uint64_t>();
+  r.seq = rd.pod<std::uint64_t>();
   r.shape = rd.vec<std::int64_t>();
   r.splits = rd.vec<std::int64_t>();
   r.digests = rd.vec<std::uint64_t>();
+  r.resync_policy = checked_enum<ResyncPolicy>(rd, 2, "resync policy", from);
   r.group = rd.str();
   r.group_size = rd.pod<std::uint32_t>();
   r.error_kind = checked_enum<ErrorKind>(rd, 7, "error kind", from);

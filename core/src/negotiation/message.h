@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gyre/gyre.h"
 #include "gyre/types.h"
 
 namespace gyre::core {
@@ -58,20 +59,28 @@ struct Request {
   double postscale = 1.0;
   std::vector<std::int64_t> shape;
   std::vector<std::int64_t> splits;    // alltoall: rows sent to each rank
-  std::vector<std::uint64_t> digests;  // fingerprint / resync, see operations.cc
+  // fingerprint_check: a hash of the buffer names, then one digest per
+  // buffer; resync: one hash of the buffers' names, dtypes and shapes.
+  std::vector<std::uint64_t> digests;
+  ResyncPolicy resync_policy = ResyncPolicy::kNewest;  // resync only
   // grouped_allreduce: the group's first name and its size (0: no group).
   // Members become ready together and run in the same round.
   std::string group;
   std::uint32_t group_size = 0;
   std::uint64_t step = 0;              // sender's committed step at enqueue
+  // How many times the sender has submitted this name, this request
+  // included (enqueued or refused and announced; see TensorQueue). Ranks
+  // that pair requests of different numbers pair different iterations of
+  // a reused name: a MismatchError, with or without commit_step().
+  std::uint64_t seq = 0;
   // Set when the sender failed this operation on its own (bad argument
   // found at enqueue): the other ranks fail it too, with this reason.
   ErrorKind error_kind = ErrorKind::kNone;
   std::string error;
 
   std::size_t nbytes() const;
-  // Same operation, ignoring the step and error fields: what the response
-  // cache compares.
+  // Same operation, ignoring the step, sequence and error fields: what the
+  // response cache compares.
   bool same_operation(const Request& o) const;
 };
 

@@ -9,16 +9,19 @@ namespace gyre::core {
 std::optional<std::uint32_t> ResponseCache::find(const Request& r) const {
   auto it = by_name_.find(r.name);
   if (it == by_name_.end()) return std::nullopt;
-  if (!slots_[it->second].request.same_operation(r)) return std::nullopt;
+  const Request& cached = slots_[it->second].request;
+  if (cached.seq + 1 != r.seq || !cached.same_operation(r)) return std::nullopt;
   return it->second;
 }
 
-const Request& ResponseCache::at(std::uint32_t slot) const {
+Request ResponseCache::hit(std::uint32_t slot) const {
   if (slot >= slots_.size() || !slots_[slot].used) {
     throw TransportError(fmt::format(
         "response cache slot {} is empty on this rank: the ranks' caches diverged", slot));
   }
-  return slots_[slot].request;
+  Request r = slots_[slot].request;
+  ++r.seq;
+  return r;
 }
 
 void ResponseCache::put(const Request& r) {

@@ -1,3 +1,4 @@
+// TensorQueue: pending entries, failure announcements, submission counts.
 #include "queue/tensor_queue.h"
 
 #include <algorithm>
@@ -6,8 +7,35 @@
 #include <fmt/format.h>
 
 #include "gyre/error.h"
+#include "negotiation/coordinator.h"
 
 namespace gyre::core {
+
+namespace {
+
+constexpr std::string_view kInternalPrefix = "__gyre.";
+
+[[noreturn]] void throw_duplicate(const Request& r) {
+  throw InvalidArgument(fmt::format(
+      "{} '{}': an operation with this name is already pending on this rank; wait for it "
+      "before enqueueing the name again",
+      collective_name(r.collective), r.name));
+}
+
+}  // namespace
+
+void TensorQueue::number(Request& r) {
+  if (r.name.rfind(kInternalPrefix, 0) == 0) {
+    r.seq = 1;
+    return;
+  }
+  r.seq = ++submitted_[r.name];
+}
+
+void TensorQueue::check_not_pending(const Request& r) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (table_.count(r.name)) throw_duplicate(r);
+}
 
 void TensorQueue::push(std::vector<LocalEntry> entries) {
   {
@@ -15,17 +43,14 @@ void TensorQueue::push(std::vector<LocalEntry> entries) {
     if (closed_reason_) throw StateError(*closed_reason_);
     std::unordered_set<std::string> seen;
     for (const auto& e : entries) {
-      const auto& name = e.request.name;
-      if (table_.count(name) || !seen.insert(name).second) {
-        throw InvalidArgument(fmt::format(
-            "{} '{}': an operation with this name is already pending on this rank; wait for it "
-            "before enqueueing the name again",
-            collective_name(e.request.collective), name));
+      if (table_.count(e.request.name) || !seen.insert(e.request.name).second) {
+        throw_duplicate(e.request);
       }
     }
     auto now = Clock::now();
     for (auto& e : entries) {
       e.enqueued = now;
+      number(e.request);
       fresh_.push_back(e.request);
       std::string name = e.request.name;
       table_.emplace(std::move(name), std::move(e));
@@ -34,13 +59,15 @@ void TensorQueue::push(std::vector<LocalEntry> entries) {
   cv_.notify_one();
 }
 
-void TensorQueue::announce_failure(Request r) {
+bool TensorQueue::announce_failure(Request r) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_reason_) return;
+    if (closed_reason_ || table_.count(r.name)) return false;
+    number(r);
     fresh_.push_back(std::move(r));
   }
   cv_.notify_one();
+  return true;
 }
 
 std::vector<Request> TensorQueue::drain_new() {
@@ -56,13 +83,35 @@ std::vector<Request> TensorQueue::drain_new() {
   return out;
 }
 
-std::optional<LocalEntry> TensorQueue::take(const std::string& name) {
+std::optional<LocalEntry> TensorQueue::take_for(const Response& resp, int rank) {
+  const auto r = static_cast<std::size_t>(rank);
+  if (r >= resp.per_rank.size()) return std::nullopt;
+  const std::optional<Request>& mine = resp.per_rank[r];
+  if (!mine && r < resp.joined.size() && resp.joined[r]) {
+    std::uint64_t seq = 0;
+    for (const auto& q : resp.per_rank) {
+      if (q) seq = std::max(seq, q->seq);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (resp.name.rfind(kInternalPrefix, 0) != 0) {
+      auto& count = submitted_[resp.name];
+      count = std::max(count, seq);
+    }
+    return std::nullopt;
+  }
+  if (!mine || mine->error_kind != ErrorKind::kNone) return std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = table_.find(name);
-  if (it == table_.end()) return std::nullopt;
+  auto it = table_.find(resp.name);
+  // An entry of another number is a later submission of the name.
+  if (it == table_.end() || it->second.request.seq != mine->seq) return std::nullopt;
   LocalEntry e = std::move(it->second);
   table_.erase(it);
   return e;
+}
+
+void TensorQueue::restart_sequences() {
+  std::lock_guard<std::mutex> lock(mu_);
+  submitted_.clear();
 }
 
 std::vector<LocalEntry> TensorQueue::close(const std::string& reason) {

@@ -1,11 +1,22 @@
-// TensorQueue: this rank's enqueued operations, keyed by name.
+// TensorQueue: this rank's enqueued operations, keyed by name, and how many
+// times this rank has submitted each name.
 //
 // User threads push entries (enqueue) and the background thread drains the
-// requests enqueued since the previous round into its negotiation message,
-// then takes each entry out when its response has run. An entry stays in
-// the table until then, which is what makes a second enqueue of the same
-// name an error. The background thread sleeps in wait_for_work() until an
-// enqueue, a wake() or the cycle time.
+// requests enqueued since the previous round into its negotiation message.
+// The queue is the one owner of a pending entry until its response is
+// agreed; take_for() then moves the entry into the response, and from there
+// the executor completes it. An entry stays in the table until then, which
+// is what makes a second enqueue of the same name an error. The background
+// thread sleeps in wait_for_work() until an enqueue, a wake() or the cycle
+// time.
+//
+// Sequence numbers: push() and announce_failure() number each request with
+// this rank's count of submissions of its name (1, 2, ...), so that the
+// negotiation tells iterations of a reused name apart. A call refused as a
+// duplicate is not a submission. Names with the internal prefix "__gyre."
+// are unique by construction and always carry 1, so that they take no
+// memory here; every other name keeps one counter (a few dozen bytes) until
+// restart_sequences().
 #pragma once
 
 #include <chrono>
@@ -24,6 +35,7 @@
 namespace gyre::core {
 
 using Clock = std::chrono::steady_clock;
+struct Response;  // negotiation/coordinator.h
 
 struct LocalEntry {
   Request request;
@@ -43,14 +55,32 @@ class TensorQueue {
   // Throws InvalidArgument if a name is already pending on this rank, or is
   // repeated in `entries`, and StateError once closed.
   void push(std::vector<LocalEntry> entries);
+  // Throws the InvalidArgument of push() if `r.name` is pending on this
+  // rank. Called before a call's arguments are checked: a second call of a
+  // pending name is refused as a duplicate, whatever else is wrong with it,
+  // and never announced.
+  void check_not_pending(const Request& r) const;
   // Queues a request that failed on this rank so the other ranks fail it
-  // too; it has no local entry.
-  void announce_failure(Request r);
+  // too; it has no local entry. Not queued (returns false) while an
+  // operation of that name is pending on this rank: that operation is
+  // valid, and the announcement would fail it on the other ranks.
+  bool announce_failure(Request r);
 
   // Background thread: the requests enqueued since the last call.
   std::vector<Request> drain_new();
-  // Background thread: removes and returns the entry for `name`.
-  std::optional<LocalEntry> take(const std::string& name);
+  // Background thread: removes and returns the entry that answers `resp`,
+  // the agreed response to this rank's (`rank`) request. None when this rank
+  // takes part without an entry: it joined, it never enqueued the name (a
+  // stall failure), or its request was a failure it announced (refused at
+  // enqueue: such requests have no entry, and an entry of that name now
+  // belongs to a later enqueue, which a coming round answers).
+  // A rank that took part in `resp` as a joined rank counts it as a
+  // submission of its own, so that its later submissions of the name carry
+  // the numbers the other ranks' do.
+  std::optional<LocalEntry> take_for(const Response& resp, int rank);
+  // Background thread: every name starts again at 1 (an agreed resync: the
+  // ranks have repaired their state and count iterations afresh).
+  void restart_sequences();
   // Removes every entry and refuses further pushes with `reason`.
   std::vector<LocalEntry> close(const std::string& reason);
 
@@ -62,11 +92,15 @@ class TensorQueue {
   std::size_t size() const;
 
  private:
-  // Guards table_, fresh_, woken_ and closed_reason_.
+  // Stamps r.seq with the next submission number of r.name. Caller holds mu_.
+  void number(Request& r);
+
+  // Guards table_, fresh_, submitted_, woken_ and closed_reason_.
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::unordered_map<std::string, LocalEntry> table_;
   std::vector<Request> fresh_;  // enqueued since the last drain
+  std::unordered_map<std::string, std::uint64_t> submitted_;  // name -> submissions
   bool woken_ = false;
   std::optional<std::string> closed_reason_;
 };

@@ -18,16 +18,22 @@ namespace gyre::core {
 namespace {
 
 constexpr int kTagNegotiate = 1;
-// Bytes of each rank's message that travel in the first allgather of a
-// round; longer messages send the rest in a second one. Steady-state
-// messages (flags, step, cache bits) fit easily.
-constexpr std::size_t kInlineBytes = 256;
 // Longest sleep between idle negotiation rounds (see loop()).
 constexpr std::chrono::microseconds kIdleCycleMax{16000};
 // Longest nap of the background thread's waits (GYRE_SPIN_WAIT_US).
 constexpr std::chrono::microseconds kMaxNap{200};
 // Least deadline of the first round (see loop()).
 constexpr double kStartupTimeoutS = 60.0;
+
+NegotiatorOptions negotiator_options(const Options& o) {
+  NegotiatorOptions n;
+  n.cache_capacity = o.cache_capacity;
+  n.max_version_lag = o.max_version_lag;
+  n.stall_shutdown_s = o.stall_shutdown_s;
+  n.chunk_bytes = o.ring_chunk_bytes;
+  n.tag = kTagNegotiate;
+  return n;
+}
 
 std::unique_ptr<Timeline> make_timeline(const Options& o, int rank) {
   if (o.timeline_path.empty()) return nullptr;
@@ -48,8 +54,7 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
       size_(t_->size()),
       log_(rank_, opt.log_level),
       vv_(rank_, size_),
-      cache_(opt.cache_capacity),
-      coord_(size_, opt.max_version_lag, opt.stall_shutdown_s),
+      negotiator_(*t_, negotiator_options(opt), vv_),
       stall_(rank_, opt.stall_warning_s, opt.stall_shutdown_s),
       timeline_(make_timeline(opt, rank_)),
       executor_(*t_, opt_, queue_, vv_, timeline_.get(), log_) {
@@ -217,43 +222,31 @@ void Runtime::fatal(const std::exception& e) {
 bool Runtime::round() {
   const std::uint64_t round_no = rounds_.load();
   phase_ = fmt::format("negotiation round {}", round_no);
-  RoundMessage mine;
-  mine.shutdown = shutdown_requested_.load();
-  mine.joined = join_requested_.load();
-  mine.step = vv_.own();
-  for (auto& r : queue_.drain_new()) {
-    if (r.error_kind == ErrorKind::kNone && r.step == mine.step) {
-      if (auto slot = cache_.find(r)) {
-        mine.cache_hits.push_back(*slot);
-        continue;
-      }
-    }
-    mine.requests.push_back(std::move(r));
-  }
-  mine.stall_failures.swap(stall_failures_);
-
-  std::vector<RoundMessage> msgs = exchange(mine);
+  RoundFlags flags;
+  flags.shutdown = shutdown_requested_.load();
+  flags.joined = join_requested_.load();
+  flags.stall_failures.swap(stall_failures_);
+  Agreement agreed = negotiator_.round(queue_.drain_new(), std::move(flags));
   rounds_.fetch_add(1);
-  last_round_idle_ = !mine.joined && queue_.size() == 0 &&
-                     std::all_of(msgs.begin(), msgs.end(), [](const RoundMessage& m) {
-                       return !m.shutdown && !m.joined && m.requests.empty() &&
-                              m.cache_hits.empty() && m.stall_failures.empty();
-                     });
-  for (int r = 0; r < size_; ++r) vv_.update(r, msgs[static_cast<std::size_t>(r)].step);
-  const auto agreed_at = Clock::now();
-  RoundOutcome out = coord_.process(msgs, cache_, agreed_at);
+  last_round_idle_ = agreed.idle && queue_.size() == 0;
+  for (Response& resp : agreed.responses) {
+    resp.local = queue_.take_for(resp, rank_);
+    // A resync repairs the ranks' state: from here they count iterations
+    // of every name afresh, alike.
+    if (resp.ok() && resp.collective == Collective::kResync) queue_.restart_sequences();
+  }
 
-  if (!out.responses.empty()) {
+  if (!agreed.responses.empty()) {
     phase_ = fmt::format("round {}: running {} responses from '{}'", round_no,
-                         out.responses.size(), out.responses.front().name);
+                         agreed.responses.size(), agreed.responses.front().name);
     if (log_.enabled(LogLevel::kTrace)) {
       std::vector<std::string> names;
-      for (const auto& r : out.responses) names.push_back(r.name);
+      for (const auto& r : agreed.responses) names.push_back(r.name);
       log_.log(LogLevel::kTrace, "round {}: running [{}]", round_no, fmt::join(names, ", "));
     }
-    executor_.run(out.responses, agreed_at);
+    executor_.run(agreed.responses, agreed.agreed_at);
   }
-  if (out.join_completed) {
+  if (agreed.join_completed) {
     std::shared_ptr<OpState> join;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -261,70 +254,22 @@ bool Runtime::round() {
     }
     join_requested_ = false;
     if (join) {
-      join->join_last_rank = *out.join_completed;
+      join->join_last_rank = *agreed.join_completed;
       join->complete_one();
     }
   }
-  stall_failures_ = stall_.inspect(coord_, Clock::now(), log_);
+  stall_failures_ = stall_.inspect(negotiator_.coordinator(), Clock::now(), log_);
 
-  if (out.shutdown_rank >= 0) {
+  if (agreed.shutdown_rank >= 0) {
     fail_all(ErrorKind::kState,
-             out.shutdown_rank == rank_
+             agreed.shutdown_rank == rank_
                  ? std::string("gyre was shut down with this operation pending")
                  : fmt::format("gyre was shut down by rank {} (its shutdown() stops every "
                                "rank's runtime in the same round)",
-                               out.shutdown_rank));
+                               agreed.shutdown_rank));
     return false;
   }
   return true;
-}
-
-std::vector<RoundMessage> Runtime::exchange(const RoundMessage& mine) {
-  std::vector<std::byte> bytes = encode(mine);
-  std::vector<RoundMessage> out(static_cast<std::size_t>(size_));
-  if (size_ == 1) {
-    out[0] = decode(bytes, 0);
-    return out;
-  }
-  const std::size_t n = static_cast<std::size_t>(size_);
-  collectives::AllgatherOptions ro;
-  ro.chunk_bytes = opt_.ring_chunk_bytes;
-  ro.tag = kTagNegotiate;
-
-  // Round part 1: the first kInlineBytes of every message (with its length).
-  std::vector<std::byte> block(kInlineBytes, std::byte{0});
-  std::memcpy(block.data(), bytes.data(), std::min(kInlineBytes, bytes.size()));
-  std::vector<std::byte> first(kInlineBytes * n);
-  std::vector<std::size_t> sizes(n, kInlineBytes);
-  collectives::ring_allgather(*t_, block.data(), first.data(), sizes, ro);
-
-  std::vector<std::size_t> lens(n), extra(n);
-  bool more = false;
-  for (std::size_t r = 0; r < n; ++r) {
-    lens[r] = encoded_length(std::span<const std::byte>(first.data() + r * kInlineBytes, 4));
-    extra[r] = lens[r] > kInlineBytes ? lens[r] - kInlineBytes : 0;
-    more = more || extra[r] > 0;
-  }
-  // Part 2, only when some message was longer: the remainders.
-  std::vector<std::byte> rest;
-  std::vector<std::size_t> rest_at(n, 0);
-  if (more) {
-    std::size_t total = 0;
-    for (std::size_t r = 0; r < n; ++r) {
-      rest_at[r] = total;
-      total += extra[r];
-    }
-    rest.resize(total);
-    const std::byte* tail = bytes.size() > kInlineBytes ? bytes.data() + kInlineBytes : nullptr;
-    collectives::ring_allgather(*t_, tail, rest.data(), extra, ro);
-  }
-  for (std::size_t r = 0; r < n; ++r) {
-    std::vector<std::byte> msg(lens[r]);
-    std::memcpy(msg.data(), first.data() + r * kInlineBytes, std::min(kInlineBytes, lens[r]));
-    if (extra[r]) std::memcpy(msg.data() + kInlineBytes, rest.data() + rest_at[r], extra[r]);
-    out[r] = decode(msg, static_cast<int>(r));
-  }
-  return out;
 }
 
 }  // namespace gyre::core

@@ -8,11 +8,11 @@
 // shutdown(); only the background thread touches the transport.
 //
 // The background loop: sleep until an enqueue (or join/shutdown request) or
-// cycle_time_ms, then run one negotiation round: encode this rank's
-// RoundMessage, allgather all messages, let the Coordinator compute the
-// responses, run them. A round is a collective, so every rank runs the same
-// rounds; the loop ends in the round in which any rank's message carries the
-// shutdown flag, on every rank alike.
+// cycle_time_ms, then run one round: drain the queue, let the Negotiator
+// agree on the responses with every rank, hand each response its local entry,
+// let the Executor run them. A round is a collective, so every rank runs the
+// same rounds; the loop ends in the round in which any rank's message carries
+// the shutdown flag, on every rank alike.
 #pragma once
 
 #include <atomic>
@@ -23,17 +23,16 @@
 #include <thread>
 #include <vector>
 
-#include "negotiation/coordinator.h"
 #include "execution/executor.h"
 #include "gyre/collectives/shm_host.h"
 #include "gyre/collectives/transport.h"
 #include "gyre/options.h"
-#include "runtime/logging.h"
-#include "negotiation/response_cache.h"
-#include "runtime/stall_inspector.h"
-#include "queue/tensor_queue.h"
-#include "runtime/timeline.h"
+#include "negotiation/negotiator.h"
 #include "negotiation/version_vector.h"
+#include "queue/tensor_queue.h"
+#include "runtime/logging.h"
+#include "runtime/stall_inspector.h"
+#include "runtime/timeline.h"
 
 namespace gyre::core {
 
@@ -102,7 +101,6 @@ class Runtime {
   // (see runtime.cc and options_table.h).
   void check_options_agree();
   bool round();  // false: leave the loop
-  std::vector<RoundMessage> exchange(const RoundMessage& mine);
   void fail_all(ErrorKind kind, const std::string& why);
   void fatal(const std::exception& e);
 
@@ -113,8 +111,7 @@ class Runtime {
   Logger log_;
   TensorQueue queue_;
   VersionVector vv_;
-  ResponseCache cache_;
-  Coordinator coord_;
+  Negotiator negotiator_;
   StallInspector stall_;
   std::unique_ptr<Timeline> timeline_;
   Executor executor_;

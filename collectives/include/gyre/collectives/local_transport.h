@@ -26,10 +26,10 @@ class LocalTransport final : public Transport {
 
   int rank() const override { return rank_; }
   int size() const override;
-  Request isend(int peer, int tag, std::span<const std::byte> data) override;
-  Request irecv(int peer, int tag, std::span<std::byte> data) override;
-  bool test(Request& req) override;
-  void wait(Request& req) override;
+  Transfer isend(int peer, int tag, std::span<const std::byte> data) override;
+  Transfer irecv(int peer, int tag, std::span<std::byte> data) override;
+  bool test(Transfer& req) override;
+  void wait(Transfer& req) override;
   std::string name() const override { return "local"; }
 
  private:

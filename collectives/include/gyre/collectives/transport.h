@@ -19,8 +19,8 @@
 namespace gyre::transport {
 
 // An outstanding non-blocking send or receive. The value is owned by the
-// transport that created it; a default-constructed Request is complete.
-struct Request {
+// transport that created it; a default-constructed Transfer is complete.
+struct Transfer {
   std::int64_t slot = -1;
   bool pending() const { return slot >= 0; }
 };
@@ -33,17 +33,17 @@ class Transport {
   virtual int size() const = 0;
 
   // Starts sending `data` to `peer`. `data` must stay valid and unchanged
-  // until the request completes.
-  virtual Request isend(int peer, int tag, std::span<const std::byte> data) = 0;
+  // until the transfer completes.
+  virtual Transfer isend(int peer, int tag, std::span<const std::byte> data) = 0;
   // Starts receiving exactly data.size() bytes from `peer` into `data`.
-  virtual Request irecv(int peer, int tag, std::span<std::byte> data) = 0;
+  virtual Transfer irecv(int peer, int tag, std::span<std::byte> data) = 0;
 
   // Returns true and resets `req` if it has completed; never blocks.
-  virtual bool test(Request& req) = 0;
+  virtual bool test(Transfer& req) = 0;
   // Blocks until `req` completes. Throws TimeoutError naming the peer when
   // it does not complete within timeout() (if one is set), and
   // TransportError when the underlying library reports a failure.
-  virtual void wait(Request& req) = 0;
+  virtual void wait(Transfer& req) = 0;
 
   // The longest wait() may block without progress; zero means forever.
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }

@@ -1,0 +1,224 @@
+// Unit tests of the Negotiator on its own: ranks as threads over a
+// LocalTransport world, no runtime, queue or executor around it.
+#include <catch2/catch.hpp>
+
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "gyre/collectives/local_transport.h"
+#include "negotiation/negotiator.h"
+#include "queue/tensor_queue.h"
+
+using namespace gyre;
+using namespace gyre::core;
+
+namespace {
+
+Request named(const std::string& name, std::int64_t len) {
+  Request r;
+  r.name = name;
+  r.shape = {len};
+  return r;
+}
+
+// Runs fn(rank, negotiator) on n rank threads; rethrows the first failure.
+template <typename F>
+void on_ranks(int n, const NegotiatorOptions& opt, F&& fn) {
+  auto world = transport::make_local_world(n);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        transport::LocalTransport t(world, r);
+        t.set_timeout(std::chrono::seconds(30));
+        VersionVector vv(r, n);
+        Negotiator neg(t, opt, vv);
+        fn(r, neg);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        transport::fail_local_world(*world, r);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+void expect(bool ok, int rank, const std::string& what) {
+  if (!ok) throw std::runtime_error(fmt::format("rank {}: expected {}", rank, what));
+}
+
+}  // namespace
+
+TEST_CASE("negotiator: every rank gets the same responses, long messages and cache hits",
+          "[negotiator]") {
+  const int n = 3;
+  std::vector<std::vector<std::string>> seen(n);
+  on_ranks(n, NegotiatorOptions{}, [&](int r, Negotiator& neg) {
+    // Names long enough that the messages exceed the inline block and
+    // take the second allgather; each rank enqueues in its own order.
+    std::vector<Request> mine;
+    for (int i = 0; i < 8; ++i) {
+      int k = (i + 3 * r) % 8;
+      mine.push_back(named(fmt::format("layer.{}.{}", k, std::string(40, 'x')), k + 1));
+    }
+    for (auto& q : mine) q.seq = 1;
+    std::vector<std::string> order;
+    Agreement a = neg.round(mine, {});
+    for (const auto& resp : a.responses) {
+      expect(resp.ok(), r, resp.error);
+      order.push_back(resp.name);
+    }
+    expect(order.size() == 8, r, "8 responses in round 1");
+    // The next submissions of the same requests are cache hits: one bit each.
+    for (auto& q : mine) q.seq = 2;
+    a = neg.round(mine, {});
+    expect(a.responses.size() == 8, r, "8 responses from cache hits");
+    for (std::size_t i = 0; i < a.responses.size(); ++i) {
+      expect(a.responses[i].name == order[i] && a.responses[i].ok(), r, "the same order");
+      expect(a.responses[i].agreed.seq == 2, r, "a hit stands for the next submission");
+    }
+    expect(neg.cache().size() == 8, r, "8 cached requests");
+    a = neg.round({}, {});
+    expect(a.idle && a.responses.empty(), r, "an idle round");
+    seen[static_cast<std::size_t>(r)] = order;
+  });
+  CHECK(seen[0] == seen[1]);
+  CHECK(seen[1] == seen[2]);
+}
+
+TEST_CASE("negotiator: shutdown and version steps travel in the round", "[negotiator]") {
+  on_ranks(2, NegotiatorOptions{}, [&](int r, Negotiator& neg) {
+    RoundFlags flags;
+    flags.shutdown = r == 1;
+    Agreement a = neg.round({}, flags);
+    expect(a.shutdown_rank == 1, r, "rank 1 asked to shut down");
+    expect(!a.idle, r, "a round with a shutdown flag is not idle");
+  });
+}
+
+TEST_CASE("queue: take_for hands a response its entry, never a later enqueue's", "[queue]") {
+  TensorQueue q;
+  LocalEntry e;
+  e.request = named("t", 4);
+  e.state = std::make_shared<OpState>();
+  std::vector<LocalEntry> v;
+  v.push_back(e);
+  q.push(std::move(v));
+  Response resp;
+  resp.name = "t";
+  resp.per_rank.resize(2);
+  // Rank 1 joined (no request): no entry of its own.
+  resp.per_rank[0] = named("t", 4);
+  CHECK_FALSE(q.take_for(resp, 1));
+  // Rank 0's request in this response was a failure it announced: the
+  // pending entry "t" is a later enqueue and stays.
+  resp.per_rank[0]->error_kind = ErrorKind::kInvalidArgument;
+  CHECK_FALSE(q.take_for(resp, 0));
+  CHECK(q.size() == 1);
+  resp.per_rank[0]->error_kind = ErrorKind::kNone;
+  // The entry is this rank's first submission of "t": a response to
+  // another one (an earlier announced failure) does not take it.
+  resp.per_rank[0]->seq = 2;
+  CHECK_FALSE(q.take_for(resp, 0));
+  resp.per_rank[0]->seq = 1;
+  auto got = q.take_for(resp, 0);
+  REQUIRE(got);
+  CHECK(got->state == e.state);
+  CHECK(q.size() == 0);
+}
+
+TEST_CASE("queue: a pending name is refused first and never announced", "[queue]") {
+  TensorQueue q;
+  LocalEntry e;
+  e.request = named("x", 4);
+  e.state = std::make_shared<OpState>();
+  std::vector<LocalEntry> v;
+  v.push_back(e);
+  q.push(std::move(v));
+  CHECK_THROWS_WITH(q.check_not_pending(named("x", 8)), Catch::Contains("already pending"));
+  CHECK_NOTHROW(q.check_not_pending(named("y", 8)));
+  // A failed group announces its other members; a pending one is skipped.
+  Request failed = named("x", 4);
+  failed.error_kind = ErrorKind::kInvalidArgument;
+  CHECK_FALSE(q.announce_failure(failed));
+  failed.name = "y";
+  CHECK(q.announce_failure(failed));
+  auto fresh = q.drain_new();
+  REQUIRE(fresh.size() == 2);  // the pending x, the announced y
+  CHECK(fresh[0].name == "x");
+  CHECK(fresh[0].error_kind == ErrorKind::kNone);
+  CHECK(fresh[1].name == "y");
+}
+
+TEST_CASE("coordinator: the resync policy is a field of its own, compared", "[coordinator]") {
+  ResponseCache cache(16);
+  Coordinator c(2, 0, 0);
+  std::vector<RoundMessage> msgs(2);
+  for (int r = 0; r < 2; ++r) {
+    Request q;
+    q.name = "__gyre.resync.0";
+    q.collective = Collective::kResync;
+    q.digests = {42};
+    q.resync_policy = r == 0 ? ResyncPolicy::kNewest : ResyncPolicy::kAverage;
+    msgs[static_cast<std::size_t>(r)].requests = {q};
+  }
+  auto out = c.process(msgs, cache, Clock::now());
+  REQUIRE(out.responses.size() == 1);
+  CHECK(out.responses[0].error_kind == ErrorKind::kMismatch);
+  CHECK_THAT(out.responses[0].error, Catch::Contains("policy") &&
+                                         Catch::Contains("rank 0 has newest") &&
+                                         Catch::Contains("rank 1 has average"));
+}
+
+TEST_CASE("coordinator: a rank's later request of a name waits, never replaces", "[coordinator]") {
+  ResponseCache cache(16);
+  Coordinator c(2, 0, 0);
+  std::vector<RoundMessage> msgs(2);
+  Request failed = named("t", 3);
+  failed.error_kind = ErrorKind::kInvalidArgument;
+  failed.error = "input buffer is null";
+  // Rank 1 announces a failure of "t", then enqueues "t" again, before
+  // rank 0 enqueued it once.
+  msgs[1].requests = {failed, named("t", 3)};
+  auto out = c.process(msgs, cache, Clock::now());
+  CHECK(out.responses.empty());
+  msgs = std::vector<RoundMessage>(2);
+  msgs[0].requests = {named("t", 3)};
+  out = c.process(msgs, cache, Clock::now());
+  REQUIRE(out.responses.size() == 1);  // rank 0's first "t" meets the failure
+  CHECK(out.responses[0].error == "allreduce 't': failed on rank 1: input buffer is null");
+  REQUIRE(c.pending().count("t"));  // rank 1's second "t" waits for rank 0's second
+  msgs = std::vector<RoundMessage>(2);
+  msgs[0].requests = {named("t", 3)};
+  out = c.process(msgs, cache, Clock::now());
+  REQUIRE(out.responses.size() == 1);
+  CHECK(out.responses[0].ok());
+  CHECK(c.pending().empty());
+}
+
+TEST_CASE("coordinator: different iterations of a reused name are a mismatch naming both",
+          "[coordinator][sequence]") {
+  ResponseCache cache(16);
+  Coordinator c(3, 0, 0);
+  std::vector<RoundMessage> msgs(3);
+  for (int r = 0; r < 3; ++r) {
+    Request q = named("g", 4);
+    q.seq = r == 1 ? 1 : 2;  // rank 1 one iteration behind
+    msgs[static_cast<std::size_t>(r)].requests = {q};
+  }
+  auto out = c.process(msgs, cache, Clock::now());
+  REQUIRE(out.responses.size() == 1);
+  CHECK(out.responses[0].error_kind == ErrorKind::kMismatch);
+  CHECK_THAT(out.responses[0].error, Catch::Contains("'g'") && Catch::Contains("iteration") &&
+                                         Catch::Contains("ranks 0, 2 have 2") &&
+                                         Catch::Contains("rank 1 has 1"));
+  CHECK(cache.size() == 0);
+}

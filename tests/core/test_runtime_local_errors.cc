@@ -1,0 +1,105 @@
+// The runtime's answers to a rank's own mistakes, with ranks as threads of
+// this process over LocalTransport: refused calls, reused names.
+#include <catch2/catch.hpp>
+
+#include <future>
+
+#include "local_job.h"
+
+using namespace gyre;
+using namespace gyre::test;
+using core::Runtime;
+
+namespace {
+
+Options fast_options() {
+  Options o;
+  o.cycle_time_ms = 0.5;
+  o.op_timeout_s = 60;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("local: a refused call of a pending name leaves the pending operation valid",
+          "[runtime][errors]") {
+  std::promise<void> refused;
+  auto refused_seen = refused.get_future().share();
+  LocalJob::run(2, fast_options(), [&](int r, Runtime& rt) {
+    std::vector<float> c(4, 1.0f);
+    Handle h;
+    if (r == 0) {
+      h = core::allreduce_async(rt, "x", view(c), view(c), ReduceOp::kSum);
+      // The same name again, with a bad buffer: refused as a duplicate,
+      // not announced, so it cannot fail or replace the pending "x".
+      TensorView null_view{nullptr, DataType::kFloat32, {4}};
+      auto msg = expect_throw<InvalidArgument>(r, [&] {
+        core::allreduce_async(rt, "x", null_view, null_view, ReduceOp::kSum);
+      });
+      GYRE_EXPECT(r, contains(msg, "'x'") && contains(msg, "already pending"));
+      refused.set_value();
+    } else {
+      GYRE_EXPECT(r, refused_seen.wait_for(std::chrono::seconds(30)) ==
+                         std::future_status::ready);
+      h = core::allreduce_async(rt, "x", view(c), view(c), ReduceOp::kSum);
+    }
+    wait_for(h, 20.0);
+    GYRE_EXPECT(r, c == std::vector<float>(4, 2.0f));
+  });
+}
+
+TEST_CASE("local: a rank one iteration behind on a reused name is a MismatchError everywhere",
+          "[runtime][errors][sequence]") {
+  Options opt = fast_options();
+  // Iteration 2 of "g" stalls (rank 1 is late) and fails on ranks 0 and 2;
+  // both enqueue iteration 3 while rank 1 at last enqueues its iteration 2.
+  opt.stall_warning_s = 0.2;
+  opt.stall_shutdown_s = 1.0;
+  std::promise<void> stalled[2];
+  std::shared_future<void> stall_seen[2] = {stalled[0].get_future().share(),
+                                            stalled[1].get_future().share()};
+  LocalJob::run(3, opt, [&](int r, Runtime& rt) {
+    std::vector<float> g(4, 1.0f);
+    auto step = [&] {
+      return core::allreduce_async(rt, "g", view(g), view(g), ReduceOp::kSum);
+    };
+    g.assign(4, 1.0f);
+    wait_for(step());  // iteration 1 on every rank; "g" is cached now
+    GYRE_EXPECT(r, g[0] == 3.0f);
+    if (r != 1) {
+      auto msg = expect_throw<TimeoutError>(r, [&] { wait_for(step()); });
+      GYRE_EXPECT(r, contains(msg, "'g'") && contains(msg, "rank 1 never enqueued"));
+      stalled[r == 0 ? 0 : 1].set_value();
+    } else {
+      for (auto& f : stall_seen) {
+        GYRE_EXPECT(r, f.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+      }
+    }
+    // No commit_step() anywhere: only the sequence numbers can tell.
+    auto msg = expect_throw<MismatchError>(r, [&] { wait_for(step()); });
+    GYRE_EXPECT(r, contains(msg, "'g'") && contains(msg, "iteration") &&
+                       contains(msg, "rank 1 has 2") && contains(msg, "ranks 0, 2 have 3"));
+    // A resync, the documented repair, makes the ranks count afresh.
+    core::resync(rt, {{"g", view(g)}}, ResyncPolicy::kNewest);
+    g.assign(4, 1.0f);
+    wait_for(step());
+    GYRE_EXPECT(r, g[0] == 3.0f);
+  });
+}
+
+TEST_CASE("local: a joined rank keeps count of a reused name", "[runtime][join][sequence]") {
+  LocalJob::run(3, fast_options(), [&](int r, Runtime& rt) {
+    // Rank r runs r + 1 steps of "w", then joins; the joined ranks take part
+    // in the others' steps, which count for them as well.
+    for (int s = 0; s <= r; ++s) {
+      std::vector<float> w(3, 1.0f);
+      wait_for(core::allreduce_async(rt, "w", view(w), view(w), ReduceOp::kSum));
+      GYRE_EXPECT(r, w[0] == static_cast<float>(3 - s));
+    }
+    GYRE_EXPECT(r, core::join(rt) == 2);
+    // The next epoch reuses the name on every rank: the same iteration.
+    std::vector<float> w(3, 1.0f);
+    wait_for(core::allreduce_async(rt, "w", view(w), view(w), ReduceOp::kSum));
+    GYRE_EXPECT(r, w[0] == 3.0f);
+  });
+}
