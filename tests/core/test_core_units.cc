@@ -48,28 +48,31 @@ TEST_CASE("RoundMessage survives encode/decode", "[message]") {
   r.root = 2;
   r.prescale = 0.5;
   r.postscale = 3.25;
-  r.splits = {1, 2};
-  r.digests = {~0ull, 7};
+  r.splits = {1, 2, 0};
   r.resync_policy = ResyncPolicy::kAverage;
   r.step = 9;
   r.error_kind = ErrorKind::kInvalidArgument;
   r.error = "bad \"buffer\"";
-  m.requests = {r, make_req("b", {})};
+  Request f = make_req("f", {});
+  f.collective = Collective::kFingerprint;
+  f.digests = {~0ull, 7};
+  m.requests = {r, make_req("b", {}), f};
   m.stall_failures = {"stuck"};
   auto bytes = encode(m);
   REQUIRE(encoded_length(bytes) == bytes.size());
-  RoundMessage d = decode(bytes, 1);
+  RoundMessage d = decode(bytes, 1, 3);
   CHECK(d.shutdown);
   CHECK_FALSE(d.joined);
   CHECK(d.step == 42);
   CHECK(d.cache_hits == m.cache_hits);
-  REQUIRE(d.requests.size() == 2);
+  REQUIRE(d.requests.size() == 3);
   const Request& x = d.requests[0];
   CHECK(x.same_operation(r));
   CHECK(x.step == 9);
   CHECK(x.error_kind == ErrorKind::kInvalidArgument);
   CHECK(x.error == r.error);
   CHECK(d.requests[1].name == "b");
+  CHECK(d.requests[2].same_operation(f));
   CHECK(d.stall_failures == m.stall_failures);
 }
 
@@ -78,10 +81,10 @@ TEST_CASE("decode rejects truncated and corrupted messages", "[message]") {
   m.requests = {make_req("w", {10})};
   auto bytes = encode(m);
   std::vector<std::byte> cut(bytes.begin(), bytes.end() - 3);
-  CHECK_THROWS_AS(decode(cut, 2), TransportError);
+  CHECK_THROWS_AS(decode(cut, 2, 3), TransportError);
   auto bad = bytes;
   bad[4 + 1 + 8 + 4 + 4 + 4 + 1] = std::byte{200};  // the collective byte of request 0
-  CHECK_THROWS_WITH(decode(bad, 2), Catch::Contains("rank 2"));
+  CHECK_THROWS_WITH(decode(bad, 2, 3), Catch::Contains("rank 2"));
 }
 
 TEST_CASE("response cache: find, replace, LRU eviction", "[cache]") {

@@ -263,7 +263,12 @@ RoundOutcome Coordinator::process(const std::vector<RoundMessage>& msgs, Respons
       join_order_.push_back(r);
     }
     for (auto slot : m.cache_hits) {
-      Request req = cache.hit(slot);
+      Request req;
+      try {
+        req = cache.hit(slot);
+      } catch (const TransportError& e) {
+        throw TransportError(fmt::format("negotiation message from rank {}: {}", r, e.what()));
+      }
       req.step = m.step;
       add(r, std::move(req), now);
     }

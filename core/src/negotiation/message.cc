@@ -1,6 +1,7 @@
 #include "negotiation/message.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -91,8 +92,13 @@ class Reader {
     pos_ += sizeof(T);
     return v;
   }
-  std::string str() {
+  std::string str(std::size_t max_bytes, const char* what) {
     auto n = pod<std::uint32_t>();
+    if (n > max_bytes) {
+      throw TransportError(fmt::format(
+          "malformed negotiation message from rank {}: {} of {} bytes (at most {})", from_, what,
+          n, max_bytes));
+    }
     need(n);
     std::string s(reinterpret_cast<const char*>(in_.data() + pos_), n);
     pos_ += n;
@@ -161,7 +167,7 @@ E checked_enum(Reader& rd, int limit, const char* what, int from) {
 
 Request get_request(Reader& rd, int from) {
   Request r;
-  r.name = rd.str();
+  r.name = rd.str(kMaxNameBytes, "a name");
   r.collective = checked_enum<Collective>(rd, kNumCollectives, "collective", from);
   r.dtype = checked_enum<DataType>(rd, kNumDataTypes, "dtype", from);
   r.op = checked_enum<ReduceOp>(rd, kNumReduceOps, "reduce op", from);
@@ -176,14 +182,70 @@ Request get_request(Reader& rd, int from) {
   r.splits = rd.vec<std::int64_t>();
   r.digests = rd.vec<std::uint64_t>();
   r.resync_policy = checked_enum<ResyncPolicy>(rd, 2, "resync policy", from);
-  r.group = rd.str();
+  r.group = rd.str(kMaxNameBytes, "a group name");
   r.group_size = rd.pod<std::uint32_t>();
   r.error_kind = checked_enum<ErrorKind>(rd, 7, "error kind", from);
-  r.error = rd.str();
+  r.error = rd.str(kMaxErrorBytes, "a failure reason");
   return r;
 }
 
 constexpr std::uint8_t kFlagShutdown = 1, kFlagJoined = 2;
+
+// The checks of one decoded request that do not need other ranks' requests
+// (those are the coordinator's).
+void validate(const Request& r, int from, int world) {
+  auto bad = [&](const std::string& what) {
+    throw TransportError(fmt::format("malformed negotiation message from rank {}: {} '{}': {}",
+                                     from, collective_name(r.collective), r.name, what));
+  };
+  if (r.shape.size() > kMaxDims) bad(fmt::format("{} dimensions", r.shape.size()));
+  std::uint64_t bytes = dtype_size(r.dtype);
+  for (auto d : r.shape) {
+    if (d < 0) bad(fmt::format("negative dimension {}", d));
+    const auto u = static_cast<std::uint64_t>(d);
+    if (u != 0 && bytes > kMaxTensorBytes / u) bad("byte count overflows");
+    bytes *= u;
+  }
+  if (bytes > kMaxTensorBytes) bad(fmt::format("{} bytes", bytes));
+  const Collective c = r.collective;
+  const bool rows = c == Collective::kAllgather || c == Collective::kAlltoall ||
+                    c == Collective::kReducescatter;
+  if (rows && r.shape.empty()) bad("no first dimension");
+  if (c == Collective::kAlltoall) {
+    if (r.splits.size() != static_cast<std::size_t>(world)) {
+      bad(fmt::format("{} splits for {} ranks", r.splits.size(), world));
+    }
+    std::uint64_t sum = 0;
+    for (auto s : r.splits) {
+      if (s < 0) bad(fmt::format("negative split {}", s));
+      sum += static_cast<std::uint64_t>(s);  // each split <= rows: no overflow
+      if (sum > static_cast<std::uint64_t>(r.shape[0])) break;
+    }
+    if (sum != static_cast<std::uint64_t>(r.shape[0])) {
+      bad(fmt::format("splits do not add up to the {} rows", r.shape[0]));
+    }
+  } else if (!r.splits.empty()) {
+    bad(fmt::format("{} splits", r.splits.size()));
+  }
+  const std::size_t digests = r.digests.size();
+  if (c == Collective::kFingerprint ? digests < 1
+                                    : digests != (c == Collective::kResync ? 1u : 0u)) {
+    bad(fmt::format("{} digests", digests));
+  }
+  if (c == Collective::kBroadcast ? (r.root < 0 || r.root >= world)
+                                  : (r.root < -1 || r.root >= world)) {
+    bad(fmt::format("root {} in a world of {}", r.root, world));
+  }
+  if (!std::isfinite(r.prescale) || !std::isfinite(r.postscale)) bad("scale factor not finite");
+  if ((c == Collective::kAllreduce || c == Collective::kReducescatter) &&
+      !op_defined(r.dtype, r.op)) {
+    bad(fmt::format("reduce op {} on {}", op_name(r.op), dtype_name(r.dtype)));
+  }
+  if (r.group_size == 1 || (r.group_size == 0) != r.group.empty() ||
+      r.group_size > static_cast<std::uint32_t>(kMaxMessageBytes)) {
+    bad(fmt::format("group '{}' of {}", r.group, r.group_size));
+  }
+}
 
 }  // namespace
 
@@ -217,7 +279,12 @@ std::uint32_t encoded_length(std::span<const std::byte> first_bytes) {
   return len;
 }
 
-RoundMessage decode(std::span<const std::byte> bytes, int from_rank) {
+RoundMessage decode(std::span<const std::byte> bytes, int from_rank, int world_size) {
+  if (bytes.size() > kMaxMessageBytes) {
+    throw TransportError(fmt::format(
+        "malformed negotiation message from rank {}: {} bytes (at most {})", from_rank,
+        bytes.size(), kMaxMessageBytes));
+  }
   Reader rd(bytes, from_rank);
   RoundMessage m;
   auto len = rd.pod<std::uint32_t>();
@@ -236,9 +303,14 @@ RoundMessage decode(std::span<const std::byte> bytes, int from_rank) {
     if (std::to_integer<unsigned>(bits[s / 8]) & (1u << (s % 8))) m.cache_hits.push_back(s);
   }
   auto nreq = rd.pod<std::uint32_t>();
-  for (std::uint32_t i = 0; i < nreq; ++i) m.requests.push_back(get_request(rd, from_rank));
+  for (std::uint32_t i = 0; i < nreq; ++i) {
+    m.requests.push_back(get_request(rd, from_rank));
+    validate(m.requests.back(), from_rank, world_size);
+  }
   auto nstall = rd.pod<std::uint32_t>();
-  for (std::uint32_t i = 0; i < nstall; ++i) m.stall_failures.push_back(rd.str());
+  for (std::uint32_t i = 0; i < nstall; ++i) {
+    m.stall_failures.push_back(rd.str(kMaxNameBytes, "a stalled name"));
+  }
   if (!rd.done()) {
     throw TransportError(
         fmt::format("malformed negotiation message from rank {}: trailing bytes", from_rank));

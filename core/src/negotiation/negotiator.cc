@@ -73,7 +73,7 @@ std::vector<RoundMessage> Negotiator::exchange(const RoundMessage& mine) {
   const int size = t_.size();
   std::vector<RoundMessage> out(static_cast<std::size_t>(size));
   if (size == 1) {
-    out[0] = decode(bytes, 0);
+    out[0] = decode(bytes, 0, 1);
     return out;
   }
   const std::size_t n = static_cast<std::size_t>(size);
@@ -92,6 +92,12 @@ std::vector<RoundMessage> Negotiator::exchange(const RoundMessage& mine) {
   bool more = false;
   for (std::size_t r = 0; r < n; ++r) {
     lens[r] = encoded_length(std::span<const std::byte>(first.data() + r * kInlineBytes, 4));
+    // Checked before anything is allocated for the remainder.
+    if (lens[r] < kMinMessageBytes || lens[r] > kMaxMessageBytes) {
+      throw TransportError(fmt::format(
+          "malformed negotiation message from rank {}: length {} (between {} and {})", r,
+          lens[r], kMinMessageBytes, kMaxMessageBytes));
+    }
     extra[r] = lens[r] > kInlineBytes ? lens[r] - kInlineBytes : 0;
     more = more || extra[r] > 0;
   }
@@ -112,7 +118,7 @@ std::vector<RoundMessage> Negotiator::exchange(const RoundMessage& mine) {
     std::vector<std::byte> msg(lens[r]);
     std::memcpy(msg.data(), first.data() + r * kInlineBytes, std::min(kInlineBytes, lens[r]));
     if (extra[r]) std::memcpy(msg.data() + kInlineBytes, rest.data() + rest_at[r], extra[r]);
-    out[r] = decode(msg, static_cast<int>(r));
+    out[r] = decode(msg, static_cast<int>(r), size);
   }
   return out;
 }
