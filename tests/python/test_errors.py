@@ -40,7 +40,7 @@ def assert_nothing_enqueued(size):
     (lambda: torch.ones(4, 3).t(), "not contiguous"),
     (lambda: np.ones((4, 3))[:, ::2], "not contiguous"),
     (lambda: torch.ones(3, dtype=torch.bool), "unsupported dtype bool"),
-    (lambda: torch.ones(3, dtype=torch.int16), "unsupported dtype int16"),
+    (lambda: torch.ones(3, dtype=torch.complex64), "unsupported dtype complex64"),
     (lambda: torch.ones(3, dtype=torch.complex64), "unsupported dtype complex64"),
     (lambda: np.ones(3, dtype=np.uint32), "unsupported dtype uint32"),
     (lambda: [1.0, 2.0], "expected a tensor"),

@@ -111,14 +111,18 @@ void announce(Runtime& rt, Request req, std::string why) {
   // The refused call is this rank's alone (as a duplicate name would be).
   const auto pending = rt.queue().pending_names();
   if (std::binary_search(pending.begin(), pending.end(), req.name)) return;
-  // The receivers' decoder refuses enum values out of range as a malformed
-  // message, and a failed request's fields are not compared: the unknown
-  // value that caused the refusal must not travel.
-  if (static_cast<int>(req.dtype) >= kNumDataTypes) req.dtype = DataType::kFloat32;
-  if (static_cast<int>(req.op) >= kNumReduceOps) req.op = ReduceOp::kSum;
-  if (req.device.type != DeviceType::kCPU && req.device.type != DeviceType::kCUDA) {
-    req.device = Device{};
-  }
+  // A failed request's fields are not compared, and the receivers' decoder
+  // refuses out-of-range values (an unknown enum, a NaN scale, a negative
+  // dimension) as a malformed message: the value that caused the refusal
+  // must not travel. Only the name, the collective, the group and the reason
+  // do.
+  Request announced;
+  announced.name = std::move(req.name);
+  announced.collective = req.collective;
+  announced.group = std::move(req.group);
+  announced.group_size = req.group_size;
+  announced.step = req.step;
+  req = std::move(announced);
   req.error_kind = ErrorKind::kInvalidArgument;
   req.error = std::move(why);
   rt.queue().announce_failure(std::move(req));

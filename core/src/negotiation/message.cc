@@ -207,6 +207,14 @@ void validate(const Request& r, int from, int world) {
     bytes *= u;
   }
   if (bytes > kMaxTensorBytes) bad(fmt::format("{} bytes", bytes));
+  if (r.group_size == 1 || (r.group_size == 0) != r.group.empty() ||
+      r.group_size > static_cast<std::uint32_t>(kMaxMessageBytes)) {
+    bad(fmt::format("group '{}' of {}", r.group, r.group_size));
+  }
+  // A failed request (refused on its rank, announced with the reason) is
+  // never run and its fields are never compared: the checks below are for
+  // requests that will be.
+  if (r.error_kind != ErrorKind::kNone) return;
   const Collective c = r.collective;
   const bool rows = c == Collective::kAllgather || c == Collective::kAlltoall ||
                     c == Collective::kReducescatter;
@@ -240,10 +248,6 @@ void validate(const Request& r, int from, int world) {
   if ((c == Collective::kAllreduce || c == Collective::kReducescatter) &&
       !op_defined(r.dtype, r.op)) {
     bad(fmt::format("reduce op {} on {}", op_name(r.op), dtype_name(r.dtype)));
-  }
-  if (r.group_size == 1 || (r.group_size == 0) != r.group.empty() ||
-      r.group_size > static_cast<std::uint32_t>(kMaxMessageBytes)) {
-    bad(fmt::format("group '{}' of {}", r.group, r.group_size));
   }
 }
 
