@@ -110,6 +110,7 @@ def init(comm: Any = None, process_sets: Optional[Iterable[Any]] = None) -> None
     `comm` (a list of ranks or an mpi4py communicator) and `process_sets`
     are Horovod's; gyre runs on every rank of the launch for now, so both
     must describe all ranks (anything else raises NotSupportedError)."""
+    was_running = _gyre.is_initialized()
     _gyre.init()
     try:
         if comm is not None:
@@ -125,8 +126,10 @@ def init(comm: Any = None, process_sets: Optional[Iterable[Any]] = None) -> None
                 check_process_set(ps if isinstance(ps, ProcessSet) else ProcessSet(ps),
                                   "init(process_sets=...)")
     except BaseException:
-        # Every rank receives the same arguments and refuses alike.
-        _gyre.shutdown()
+        # Every rank receives the same arguments and refuses alike; a runtime
+        # that this call started is stopped again, a running one is left be.
+        if not was_running:
+            _gyre.shutdown()
         raise
 
 
