@@ -48,6 +48,9 @@ class ReduceOp(enum.IntEnum):
     MIN = 2
     MAX = 3
     PRODUCT = 4
+    # Adaptive summation (Maleki et al., MLSys 2021): runtimes built without
+    # it refuse the op ("unknown reduction op 5") on every rank.
+    ADASUM = 5
 
 
 Sum = ReduceOp.SUM
@@ -55,6 +58,7 @@ Average = ReduceOp.AVERAGE
 Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
+Adasum = ReduceOp.ADASUM
 
 def _reduce_op(average: Optional[bool], op: Optional[Op]) -> ReduceOp:
     """Horovod's average= and op= as one ReduceOp; raises InvalidArgumentError."""
@@ -68,7 +72,7 @@ def _reduce_op(average: Optional[bool], op: Optional[Op]) -> ReduceOp:
         return ReduceOp(op)
     except ValueError:
         raise InvalidArgumentError(
-            f"unknown reduction op {op!r} (expected gyre.Average, Sum, Min, Max or Product)"
+            f"unknown reduction op {op!r} (expected gyre.Average, Sum, Min, Max, Product or Adasum)"
         ) from None
 
 
@@ -431,7 +435,7 @@ def grouped_reducescatter(tensors: Sequence[Tensor], name: Optional[str] = None,
 
 
 __all__ = list(_basics_all) + [
-    "ReduceOp", "Sum", "Average", "Min", "Max", "Product", "Handle", "poll", "synchronize",
+    "ReduceOp", "Sum", "Average", "Min", "Max", "Product", "Adasum", "Handle", "poll", "synchronize",
     "shutdown", "barrier", "join", "commit_step", "committed_steps", "version_vector",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",

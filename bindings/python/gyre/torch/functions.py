@@ -184,6 +184,6 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
         idx = ops.synchronize(indices)
         if op == ops.Average:
             vals = vals / ops.size()
-        return torch.sparse_coo_tensor(idx.t(), vals, tensor.size())
+        return torch.sparse_coo_tensor(idx.t(), vals, tensor.size(), check_invariants=True)
 
     return wait

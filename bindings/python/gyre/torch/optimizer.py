@@ -29,7 +29,7 @@ import torch
 from gyre import ops
 from gyre.basics import check_process_set, global_process_set
 from gyre.compression import Compression
-from gyre.exceptions import GyreError, InvalidArgumentError, StateError
+from gyre.exceptions import GyreError, InvalidArgumentError, NotSupportedError, StateError
 
 from .functions import sparse_allreduce_async
 
@@ -43,6 +43,11 @@ class _DistributedOptimizerMixin:
     def _gyre_setup(self, named_parameters, compression, backward_passes_per_step, op,
                     gradient_predivide_factor, groups, sparse_as_dense):
         op = ops._reduce_op(None, op)
+        if op == ops.Adasum:
+            raise NotSupportedError(
+                "DistributedOptimizer(op=Adasum) is not implemented in gyre yet: Horovod's Adasum "
+                "optimizer reduces the delta of each local step rather than the gradient; "
+                "allreduce(op=Adasum) itself is available where the runtime has it")
         if gradient_predivide_factor != 1.0 and op != ops.Average:
             raise InvalidArgumentError("gradient_predivide_factor not supported with op != Average "
                                        "(it splits Average's division around the sum)")
