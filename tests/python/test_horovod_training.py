@@ -85,7 +85,8 @@ def test_sparse_gradients(size, rank, sparse_as_dense):
 
 
 def test_sparse_allreduce_async(size, rank):
-    t = torch.sparse_coo_tensor(torch.tensor([[rank]]), torch.tensor([1.0]), (size,))
+    t = torch.sparse_coo_tensor(torch.tensor([[rank]]), torch.tensor([1.0]), (size,),
+                                check_invariants=True)
     wait = hvd.sparse_allreduce_async(t, name="sparse.direct", op=hvd.Sum)
     assert hvd.synchronize(wait).to_dense().tolist() == [1.0] * size
     with pytest.raises(TypeError):

@@ -18,8 +18,8 @@ passes are Horovod's (horovod/torch/mpi_ops.py, 0.28):
 - reducescatter: an allgather of the output gradients, divided by the
   number of ranks for Average and multiplied by prescale * postscale.
 
-Min, Max and Product have no such gradient: their results carry a backward
-that raises (Horovod would return a meaningless gradient silently). The
+Min, Max, Product and Adasum have no such gradient: their results carry a
+backward that raises (Horovod would return a meaningless gradient silently). The
 backward collectives are named after the forward ones ("<name>.grad"), so
 ranks match as long as they run the same backward. The in-place and
 asynchronous forms are never differentiable (as in Horovod).

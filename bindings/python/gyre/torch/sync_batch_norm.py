@@ -79,17 +79,13 @@ class SyncBatchNorm(_BatchNorm):
 
     Same arguments as torch.nn.BatchNorm*d (num_features, eps, momentum,
     affine, track_running_stats); takes (N, C) and (N, C, ...) inputs. Every
-    rank must call forward on the same modules in the same order (each call
-    is a collective, named after the module's position in that order)."""
-
-    _instances = 0
+    rank must run the same SyncBatchNorm forwards (and backwards) in the same
+    order: each is a collective, named by its place in that order, as
+    Horovod's unnamed operations are."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True):
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
-        self._gyre_name = f"SyncBatchNorm.{SyncBatchNorm._instances}"
-        SyncBatchNorm._instances += 1
-        self._gyre_calls = 0
 
     def _check_input_dim(self, input):
         if input.dim() < 2:
@@ -111,8 +107,7 @@ class SyncBatchNorm(_BatchNorm):
         if not use_batch_stats or ops.size() == 1:
             return F.batch_norm(input, self.running_mean, self.running_var, self.weight,
                                 self.bias, use_batch_stats, factor, self.eps)
-        name = f"{self._gyre_name}.{self._gyre_calls}"
-        self._gyre_calls += 1
+        name = ops._op_name("SyncBatchNorm", None)
         out, mean, var, total = _SyncBatchNormFunction.apply(input, self.weight, self.bias,
                                                              self.eps, name)
         if self.training and self.track_running_stats:
