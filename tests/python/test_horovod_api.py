@@ -171,3 +171,69 @@ def test_objects_take_process_set(size, rank):
     assert hvd.broadcast_object({"r": rank}, root_rank=0,
                                 process_set=hvd.global_process_set) == {"r": 0}
     assert hvd.allgather_object(rank, process_set=hvd.global_process_set) == list(range(size))
+
+
+# Parameter names, in order, of horovod.torch 0.28's functions (mpi_ops.py,
+# functions.py, optimizer.py): a script passing arguments by position or by
+# keyword means the same on gyre.torch.
+_ALLREDUCE = ["tensor", "average", "name", "op", "prescale_factor", "postscale_factor",
+              "process_set"]
+_GROUPED = ["tensors"] + _ALLREDUCE[1:]
+HOROVOD_SIGNATURES = {
+    "allreduce_async": _ALLREDUCE, "allreduce_async_": _ALLREDUCE, "allreduce_": _ALLREDUCE,
+    "allreduce": _ALLREDUCE[:3] + ["compression"] + _ALLREDUCE[3:],
+    "grouped_allreduce_async": _GROUPED, "grouped_allreduce_async_": _GROUPED,
+    "grouped_allreduce_": _GROUPED,
+    "grouped_allreduce": _GROUPED[:3] + ["compression"] + _GROUPED[3:],
+    "allgather": ["tensor", "name", "process_set"],
+    "allgather_async": ["tensor", "name", "process_set"],
+    "grouped_allgather": ["tensors", "name", "process_set"],
+    "grouped_allgather_async": ["tensors", "name", "process_set"],
+    "broadcast": ["tensor", "root_rank", "name", "process_set"],
+    "broadcast_": ["tensor", "root_rank", "name", "process_set"],
+    "broadcast_async": ["tensor", "root_rank", "name", "process_set"],
+    "broadcast_async_": ["tensor", "root_rank", "name", "process_set"],
+    "alltoall": ["tensor", "splits", "name", "process_set"],
+    "alltoall_async": ["tensor", "splits", "name", "process_set"],
+    "reducescatter": ["tensor", "name", "compression", "op", "process_set", "prescale_factor",
+                      "postscale_factor"],
+    "reducescatter_async": ["tensor", "name", "op", "process_set", "prescale_factor",
+                            "postscale_factor"],
+    "grouped_reducescatter": ["tensors", "name", "compression", "op", "process_set",
+                              "prescale_factor", "postscale_factor"],
+    "grouped_reducescatter_async": ["tensors", "name", "op", "process_set", "prescale_factor",
+                                    "postscale_factor"],
+    "sparse_allreduce_async": ["tensor", "name", "op", "process_set"],
+    "join": ["device"], "barrier": ["process_set"], "poll": ["handle"],
+    "synchronize": ["handle"], "init": ["comm", "process_sets"],
+    "broadcast_parameters": ["params", "root_rank", "process_set"],
+    "broadcast_optimizer_state": ["optimizer", "root_rank", "model", "process_set"],
+    "broadcast_object": ["obj", "root_rank", "name", "process_set"],
+    "allgather_object": ["obj", "name", "process_set"],
+    "DistributedOptimizer": ["optimizer", "named_parameters", "compression",
+                             "backward_passes_per_step", "op", "gradient_predivide_factor",
+                             "num_groups", "groups", "sparse_as_dense", "process_set"],
+}
+
+
+def test_signatures_are_horovods():
+    import inspect
+    differ = {name: list(inspect.signature(getattr(hvd, name)).parameters)
+              for name in HOROVOD_SIGNATURES
+              if list(inspect.signature(getattr(hvd, name)).parameters) != HOROVOD_SIGNATURES[name]}
+    assert differ == {}
+    for name in ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+                 "SyncBatchNorm", "Compression", "HorovodInternalError", "Average", "Sum",
+                 "Adasum", "Min", "Max", "Product", "is_homogeneous", "ccl_built", "ddl_built"]:
+        assert hasattr(hvd, name), name
+
+
+def test_init_takes_an_mpi4py_communicator(size):
+    MPI = pytest.importorskip("mpi4py.MPI")
+    hvd.init(comm=MPI.COMM_WORLD)
+    if size > 1:
+        single = MPI.COMM_WORLD.Split(color=MPI.COMM_WORLD.Get_rank(), key=0)
+        with pytest.raises(NotImplementedError, match="subset"):
+            hvd.init(comm=single)
+        single.Free()
+    assert hvd.is_initialized()

@@ -134,9 +134,9 @@ def test_broadcast_optimizer_state_for_every_optimizer(size, rank, kind):
         assert unused not in opt.state or not opt.state[unused]
 
 
-def test_broadcast_parameters_prefix_and_none(size, rank):
+def test_broadcast_parameters_skips_none_and_refuses_other_types(size, rank):
     model = small_model(10 + rank)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0, prefix="Model.")
+    hvd.broadcast_parameters(model.state_dict(), 0, hvd.global_process_set)
     for p in model.parameters():
         torch.testing.assert_close(hvd.broadcast(p.detach(), 0), p.detach())
     hvd.broadcast_parameters([("skip", None)], root_rank=0)

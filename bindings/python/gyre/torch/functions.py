@@ -62,14 +62,14 @@ def named_tensors(params, what):
     return checked
 
 
-def broadcast_parameters(params, root_rank, prefix="Parameter.", process_set=global_process_set):
+def broadcast_parameters(params, root_rank, process_set=global_process_set):
     """Copies root_rank's tensors into every rank's, in place. `params` is a
     state_dict (``model.state_dict()``), any dict of tensors, or
     ``model.named_parameters()``; None entries are skipped. All broadcasts
-    are enqueued, then awaited; each is named `prefix` + the tensor's name."""
+    are enqueued, then awaited."""
     check_process_set(process_set, "broadcast_parameters")
     staged = [(name, Staged(t)) for name, t in named_tensors(params, "broadcast_parameters")]
-    handles = [ops.broadcast_async_(s.tensor, root_rank, name=f"broadcast_parameters.{prefix}{name}")
+    handles = [ops.broadcast_async_(s.tensor, root_rank, name=f"broadcast_parameters.{name}")
                for name, s in staged]
     for h in handles:
         ops.synchronize(h)
