@@ -7,6 +7,7 @@
 // Threads: every function is called from Python threads with the GIL held;
 // each releases it around any call that can block on the runtime.
 #include <dlpack/dlpack.h>
+#include <mpi.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -237,6 +238,17 @@ PYBIND11_MODULE(_gyre, m) {
   m.def("local_size", [] { return gyre::local_size(); });
   m.def("cross_rank", [] { return gyre::cross_rank(); });
   m.def("cross_size", [] { return gyre::cross_size(); });
+  // Horovod's mpi_threads_supported(): the thread level MPI was initialised
+  // with (by gyre or by the job), asked of MPI directly: nothing in the
+  // runtime depends on it, so the runtime does not carry it.
+  m.def("mpi_threads_supported", [] {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) throw gyre::StateError("mpi_threads_supported(): MPI is not initialised");
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    return provided == MPI_THREAD_MULTIPLE;
+  });
   m.def("barrier", [] { blocking([] { gyre::barrier(); }); });
   m.def("join", [] { return blocking([] { return gyre::join(); }); });
   bind_operations(m);

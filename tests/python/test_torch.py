@@ -253,29 +253,34 @@ def test_differentiable_collectives(size, rank):
     (hvd.allreduce(x) * (rank + 1) * pattern).sum().backward()  # Average
     torch.testing.assert_close(x.grad, w_sum / size)
 
+    # Horovod's allgather and broadcast gradients average the output
+    # gradients over ranks (horovod/torch/mpi_ops.py), they do not sum them.
     x = torch.full((rank + 1, 3), float(rank), requires_grad=True)
     y = hvd.allgather(x)
     assert y.shape[0] == size * (size + 1) // 2
     (y * (rank + 1) * pattern).sum().backward()
-    torch.testing.assert_close(x.grad, w_sum.expand(rank + 1, 3))
+    torch.testing.assert_close(x.grad, (w_sum / size).expand(rank + 1, 3))
 
     root = size - 1
     x = torch.full((3,), float(rank), requires_grad=True)
     y = hvd.broadcast(x, root_rank=root)
     assert y.tolist() == [float(root)] * 3
     (y * (rank + 1) * pattern).sum().backward()
-    torch.testing.assert_close(x.grad, w_sum if rank == root else torch.zeros(3))
+    torch.testing.assert_close(x.grad, w_sum / size if rank == root else torch.zeros(3))
 
-    # Not differentiable: Min/Max/Product results and the in-place forms.
-    assert not hvd.allreduce(torch.ones(2, requires_grad=True), op=hvd.Max).requires_grad
+    # Min/Max/Product have no gradient: backward through them raises
+    # (rather than dropping that path's gradient silently).
+    y = hvd.allreduce(torch.ones(2, requires_grad=True), op=hvd.Max)
+    with pytest.raises(hvd.InvalidArgumentError, match="not differentiable"):
+        y.sum().backward()
 
 
 def test_optimizer_argument_errors():
     model = make_model(seed=9)
     base = torch.optim.SGD(model.parameters(), lr=LR)
-    with pytest.raises(hvd.InvalidArgumentError, match="does not name"):
+    with pytest.raises(hvd.InvalidArgumentError, match="were not named"):
         hvd.DistributedOptimizer(base, named_parameters=list(model.named_parameters())[:1])
-    with pytest.raises(hvd.InvalidArgumentError, match="duplicate"):
+    with pytest.raises(hvd.InvalidArgumentError, match="must be unique"):
         named = list(model.named_parameters())
         hvd.DistributedOptimizer(base, named_parameters=named + named[:1])
     with pytest.raises(hvd.InvalidArgumentError, match="backward_passes_per_step"):

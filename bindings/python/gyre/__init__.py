@@ -13,8 +13,9 @@ type hints (the package ships ``py.typed``). Run under mpirun::
 import atexit
 
 from . import exceptions
-from .exceptions import (DivergenceError, GyreError, InvalidArgumentError, MismatchError,
-                         StateError, TimeoutError, TransportError)
+from .exceptions import (DivergenceError, GyreError, HorovodInternalError, InvalidArgumentError,
+                         InvalidTypeError, MismatchError, NotSupportedError, StateError,
+                         TimeoutError, TransportError)
 
 try:
     from . import _gyre
@@ -26,7 +27,7 @@ except ImportError as e:  # pragma: no cover - an installation problem
 
 _gyre._set_exception_classes(exceptions._BY_NAME)
 
-from .compression import Compression  # noqa: E402
+from .compression import Compression, Compressor  # noqa: E402
 from .objects import allgather_object, broadcast_object  # noqa: E402
 from .ops import *  # noqa: E402,F401,F403
 from .ops import __all__ as _ops_all  # noqa: E402
@@ -46,6 +47,7 @@ def _shutdown_at_exit() -> None:
 atexit.register(_shutdown_at_exit)
 
 __all__ = list(_ops_all) + [
-    "Compression", "broadcast_object", "allgather_object", "GyreError", "InvalidArgumentError",
+    "Compression", "Compressor", "broadcast_object", "allgather_object", "GyreError",
+    "InvalidArgumentError", "InvalidTypeError", "NotSupportedError", "HorovodInternalError",
     "MismatchError", "DivergenceError", "TimeoutError", "TransportError", "StateError",
 ]

@@ -175,12 +175,19 @@ class Conversion:
         return [self.integer(v, f"{what} entry", _INT64) for v in items]
 
 
-def like_ints(values, like):
-    """A 1-D int64 tensor of values in the framework of `like`."""
+def like_ints(values, like, dtype_of=None):
+    """A 1-D integer tensor of values in the framework of `like`: of
+    dtype_of's dtype when that is a tensor or array (Horovod returns received
+    splits like the splits passed), else int32 (Horovod's default)."""
+    dtype = np.int32
+    if isinstance(dtype_of, np.ndarray):
+        dtype = dtype_of.dtype
     arr = np.asarray(values, dtype=np.int64)
     if is_torch(like):
-        return torch_module().from_numpy(arr)
-    return arr
+        torch = torch_module()
+        t = torch.from_numpy(arr)
+        return t.to(dtype_of.dtype if is_torch(dtype_of) else torch.int32)
+    return arr.astype(dtype)
 
 
 class InFlightGuard:

@@ -1,4 +1,4 @@
-"""Gradient compression for allreduce: ``gyre.Compression.none`` and ``.fp16``.
+"""Gradient compression for allreduce: ``gyre.Compression.none``, ``.fp16`` and ``.bf16``.
 
 A compressor turns a tensor into what travels (``compress`` -> (tensor, ctx))
 and back (``decompress(tensor, ctx)``). Works on torch tensors and numpy
@@ -34,20 +34,24 @@ class NoneCompressor(Compressor):
         return tensor
 
 
-class FP16Compressor(Compressor):
-    """Sends float32/float64 tensors as float16 (half the bytes; gyre sums
-    float16 in float32 and rounds once). Other dtypes travel unchanged."""
+class _CastCompressor(Compressor):
+    """Sends float32/float64 tensors as a narrower float type; other dtypes
+    travel unchanged. Subclasses name the types."""
 
-    @staticmethod
-    def compress(tensor):
+    torch_dtype_name = ""
+    numpy_dtype = None
+
+    @classmethod
+    def compress(cls, tensor):
         if _tensors.is_torch(tensor):
             torch = _tensors.torch_module()
             if tensor.dtype in (torch.float32, torch.float64):
-                return tensor.detach().to(torch.float16), tensor.dtype
+                # A differentiable cast, as in Horovod: gradients flow through.
+                return tensor.to(getattr(torch, cls.torch_dtype_name)), tensor.dtype
             return tensor, None
         arr = np.asarray(tensor)
-        if arr.dtype in (np.float32, np.float64):
-            return arr.astype(np.float16), arr.dtype
+        if cls.numpy_dtype is not None and arr.dtype in (np.float32, np.float64):
+            return arr.astype(cls.numpy_dtype), arr.dtype
         return tensor, None
 
     @staticmethod
@@ -59,8 +63,26 @@ class FP16Compressor(Compressor):
         return np.asarray(tensor).astype(ctx)
 
 
+class FP16Compressor(_CastCompressor):
+    """float32/float64 travel as float16 (half the bytes; gyre sums float16 in
+    float32 and rounds once)."""
+
+    torch_dtype_name = "float16"
+    numpy_dtype = np.float16
+
+
+class BF16Compressor(_CastCompressor):
+    """float32/float64 travel as bfloat16 (half the bytes, float32's range,
+    8 bits of mantissa). numpy has no bfloat16: numpy arrays travel unchanged."""
+
+    torch_dtype_name = "bfloat16"
+
+
 class Compression:
-    """Horovod's names: ``Compression.none`` and ``Compression.fp16``."""
+    """Horovod's names: ``Compression.none`` and ``Compression.fp16``; and
+    ``Compression.bf16``. Any Compressor subclass (or object with compress
+    and decompress) may be passed where these are."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
+    bf16 = BF16Compressor

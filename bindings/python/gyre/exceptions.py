@@ -1,8 +1,23 @@
-"""gyre's exceptions: one per gyre::Error subclass of the C++ runtime.
+"""gyre's exceptions: one per gyre::Error subclass of the C++ runtime, each
+also catchable by the class Horovod raises in the same situation.
 
 The extension translates a C++ exception into the class of the same name here,
 keeping the runtime's message (which names the tensor, the field and the
 ranks). Errors of the background thread are raised by ``synchronize()``.
+
+Horovod raises ``HorovodInternalError`` (a ``RuntimeError``) for a collective
+that failed, ``ValueError`` for bad arguments and for calls before ``init()``,
+``NotImplementedError`` for what it does not support. The hierarchy::
+
+    RuntimeError
+      GyreError
+        InvalidArgumentError (also ValueError)
+          InvalidTypeError (also TypeError)
+        NotSupportedError (also NotImplementedError)
+        HorovodInternalError
+          MismatchError, DivergenceError, TransportError,
+          TimeoutError (also builtins.TimeoutError),
+          StateError (also ValueError: Horovod's "not initialized")
 """
 
 import builtins
@@ -19,11 +34,26 @@ class InvalidArgumentError(GyreError, ValueError):
     operation of the same name fails with that rank's reason."""
 
 
-class MismatchError(GyreError):
+class InvalidTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong type, where Horovod raises TypeError."""
+
+
+class NotSupportedError(GyreError, NotImplementedError):
+    """Part of Horovod's API that gyre does not implement yet (process sets
+    other than the global one, ...). The message says what and why."""
+
+
+class HorovodInternalError(GyreError):
+    """A collective failed (Horovod's name: scripts, and elastic training,
+    catch this class). Every error of an operation that ranks agreed to run
+    is one."""
+
+
+class MismatchError(HorovodInternalError):
     """Ranks disagree on an operation: shape, dtype, op, root or collective."""
 
 
-class DivergenceError(GyreError):
+class DivergenceError(HorovodInternalError):
     """Ranks are at different training steps, or hold different parameter values.
 
     ``check_consistency`` sets ``mismatches``: {name: {digest: [ranks]}}.
@@ -34,21 +64,23 @@ class DivergenceError(GyreError):
         self.mismatches = dict(mismatches or {})
 
 
-class TimeoutError(GyreError, builtins.TimeoutError):  # noqa: A001 (Horovod-style name)
+class TimeoutError(HorovodInternalError, builtins.TimeoutError):  # noqa: A001 (Horovod-style name)
     """An operation made no progress within its deadline."""
 
 
-class TransportError(GyreError):
+class TransportError(HorovodInternalError):
     """The transport (MPI, ...) reported a failure."""
 
 
-class StateError(GyreError):
-    """gyre is not initialised, initialised twice, or was shut down while the
-    operation was pending."""
+class StateError(HorovodInternalError, ValueError):
+    """gyre is not initialised (Horovod raises ValueError there), initialised
+    twice, or was shut down while the operation was pending (Horovod raises
+    HorovodInternalError there)."""
 
 
+# The runtime's generic gyre::Error is a failed operation: Horovod's class.
 _BY_NAME = {
-    "GyreError": GyreError,
+    "GyreError": HorovodInternalError,
     "InvalidArgumentError": InvalidArgumentError,
     "MismatchError": MismatchError,
     "DivergenceError": DivergenceError,

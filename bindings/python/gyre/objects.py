@@ -7,6 +7,7 @@ import pickle
 import numpy as np
 
 from . import ops
+from .basics import check_process_set, global_process_set
 
 
 def _to_bytes(obj):
@@ -15,10 +16,11 @@ def _to_bytes(obj):
                          dtype=np.uint8)
 
 
-def broadcast_object(obj, root_rank=0, name=None):
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Returns root_rank's `obj` on every rank (a copy made by pickling). A bad
     root_rank is refused by the first broadcast_ below, on every rank."""
     name = ops._op_name("broadcast_object", name)
+    check_process_set(process_set, "broadcast_object")
     is_root = ops.rank() == root_rank
     payload = _to_bytes(obj) if is_root else None
     length = np.array([payload.size if is_root else 0], dtype=np.int64)
@@ -29,9 +31,10 @@ def broadcast_object(obj, root_rank=0, name=None):
     return pickle.loads(payload.tobytes())
 
 
-def allgather_object(obj, name=None):
+def allgather_object(obj, name=None, process_set=global_process_set):
     """Returns the list of every rank's `obj`, in rank order."""
     name = ops._op_name("allgather_object", name)
+    check_process_set(process_set, "allgather_object")
     payload = _to_bytes(obj)
     sizes = ops.allgather(np.array([payload.size], dtype=np.int64), name=f"{name}.size")
     data = ops.allgather(payload, name=f"{name}.data")

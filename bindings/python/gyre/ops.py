@@ -21,13 +21,18 @@ rank only does not shift that rank's later names against the other ranks'.
 """
 
 import enum
-import threading
-from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, List, Optional, Sequence, Tuple, Type, Union
 
 from . import _gyre
 from . import _tensors as _t
+from .basics import *  # noqa: F401,F403 (lifecycle and build information, re-exported)
+from .basics import __all__ as _basics_all
+from .basics import check_process_set, global_process_set
 from .compression import Compression, Compressor
-from .exceptions import InvalidArgumentError
+from .exceptions import InvalidArgumentError, InvalidTypeError
+from .handles import Handle, PendingGroup, forget_all, poll, synchronize
+from .handles import _name_counters  # noqa: F401 (read by tests: names consumed)
+from .handles import op_name as _op_name
 
 # A torch tensor, a numpy array or any other DLPack or buffer-protocol
 # producer; results come back in the caller's framework (see _tensors).
@@ -43,6 +48,9 @@ class ReduceOp(enum.IntEnum):
     MIN = 2
     MAX = 3
     PRODUCT = 4
+    # Adaptive summation (Maleki et al., MLSys 2021): runtimes built without
+    # it refuse the op ("unknown reduction op 5") on every rank.
+    ADASUM = 5
 
 
 Sum = ReduceOp.SUM
@@ -50,28 +58,7 @@ Average = ReduceOp.AVERAGE
 Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
-
-_name_lock = threading.Lock()  # guards _name_counters
-_name_counters = {}
-
-
-def _op_name(kind, name):
-    """The operation's name: `name`, or the next generated one of `kind`.
-
-    Called first thing in every operation, before any check that can refuse
-    the call: a generated name is consumed whatever becomes of the call, so
-    the counters advance alike on every rank even when a call is refused on
-    one rank only (its refusal reaches the other ranks' call of that name),
-    and later unnamed calls keep pairing with each other."""
-    if name is not None:
-        if not isinstance(name, str) or not name:
-            raise InvalidArgumentError(f"{kind}: name must be a non-empty string, got {name!r}")
-        return name
-    with _name_lock:
-        n = _name_counters.get(kind, 0)
-        _name_counters[kind] = n + 1
-    return f"{kind}.noname.{n}"
-
+Adasum = ReduceOp.ADASUM
 
 def _reduce_op(average: Optional[bool], op: Optional[Op]) -> ReduceOp:
     """Horovod's average= and op= as one ReduceOp; raises InvalidArgumentError."""
@@ -85,7 +72,7 @@ def _reduce_op(average: Optional[bool], op: Optional[Op]) -> ReduceOp:
         return ReduceOp(op)
     except ValueError:
         raise InvalidArgumentError(
-            f"unknown reduction op {op!r} (expected gyre.Average, Sum, Min, Max or Product)"
+            f"unknown reduction op {op!r} (expected gyre.Average, Sum, Min, Max, Product or Adasum)"
         ) from None
 
 
@@ -103,60 +90,7 @@ def _scales(c: _t.Conversion, prescale_factor: Any, postscale_factor: Any) -> Tu
                                                                   "postscale_factor")
 
 
-class Handle:
-    """An enqueued operation: pass it to :func:`poll` or :func:`synchronize`."""
-
-    __slots__ = ("name", "_op", "_finish", "_guards", "_result", "_done")
-
-    def __init__(self, name: str, op: Any, finish: Callable[[Any], Any],
-                 guards: Iterable[Any] = ()) -> None:
-        self.name = name
-        self._op = op
-        self._finish = finish
-        self._guards = list(guards)
-        self._done = False
-        self._result = None
-
-    def __repr__(self) -> str:
-        return f"<gyre.Handle {self.name!r} {'done' if self.poll() else 'pending'}>"
-
-    def poll(self) -> bool:
-        return self._done or self._op.poll()
-
-    def wait(self) -> Any:
-        return synchronize(self)
-
-
-def poll(handle: Handle) -> bool:
-    """True once the operation of `handle` has completed (successfully or not)."""
-    return handle.poll()
-
-
-def synchronize(handle: Handle) -> Any:
-    """Waits for the operation and returns its result (raises its error)."""
-    if not isinstance(handle, Handle):
-        raise InvalidArgumentError(f"synchronize() takes a gyre handle, got {type(handle).__name__}")
-    if handle._done:
-        return handle._result
-    handle._op.wait()
-    for g in handle._guards:
-        g.check()
-    handle._result = handle._finish(handle._op)
-    handle._done = True
-    handle._guards = []
-    return handle._result
-
-
-# Lifecycle and topology -------------------------------------------------------
-
-
-def init() -> None:
-    """Initialises MPI (if needed) and starts gyre's background thread.
-
-    As in Horovod, init() may be called any number of times (while gyre runs,
-    later calls do nothing) and again after shutdown(), which starts a new
-    runtime on the same MPI (a new version vector; generated names go on)."""
-    _gyre.init()
+# Lifecycle beyond basics -------------------------------------------------------
 
 
 def shutdown() -> None:
@@ -166,50 +100,20 @@ def shutdown() -> None:
     it. Also run at interpreter exit."""
     if _gyre.is_initialized():
         _gyre.shutdown()
+    forget_all()
 
 
-def is_initialized() -> bool:
-    """True between init() and shutdown()."""
-    return _gyre.is_initialized()
-
-
-def rank() -> int:
-    return _gyre.rank()
-
-
-def size() -> int:
-    return _gyre.size()
-
-
-def local_rank() -> int:
-    return _gyre.local_rank()
-
-
-def local_size() -> int:
-    return _gyre.local_size()
-
-
-def cross_rank() -> int:
-    """This rank's index among the ranks with its local rank (one per host that
-    has that many ranks), in rank order."""
-    return _gyre.cross_rank()
-
-
-def cross_size() -> int:
-    """How many ranks have this rank's local rank: the number of hosts that
-    hold at least local_rank() + 1 ranks."""
-    return _gyre.cross_size()
-
-
-def barrier() -> None:
+def barrier(process_set: Any = global_process_set) -> None:
     """Blocks until every rank has called barrier()."""
+    check_process_set(process_set, "barrier")
     _gyre.barrier()
 
 
 def join(device: int = -1) -> int:
     """This rank has no more data: it contributes zeros to other ranks'
     allreduces until every rank has joined. Returns the last rank to join.
-    ``device`` is accepted for Horovod compatibility and ignored (CPU only)."""
+    ``device`` (Horovod's: where to make the zero tensors) is accepted and
+    not needed: the runtime contributes zeros without a tensor."""
     del device
     return _gyre.join()
 
@@ -230,13 +134,19 @@ def version_vector() -> List[int]:
 
 
 # Allreduce ---------------------------------------------------------------------
+# Horovod's positional order everywhere: a script passing arguments by
+# position means the same here. process_set= takes the global set only for
+# now (basics.check_process_set).
+
+PS = Any  # a ProcessSet; only the global one for now
 
 
 def allreduce_async(tensor: Tensor, average: Optional[bool] = None, name: Optional[str] = None,
                     op: Optional[Op] = None, prescale_factor: float = 1.0,
-                    postscale_factor: float = 1.0) -> Handle:
+                    postscale_factor: float = 1.0, process_set: PS = global_process_set) -> Handle:
     """Reduces `tensor` across ranks into a new tensor (see synchronize)."""
     name = _op_name("allreduce", name)
+    check_process_set(process_set, "allreduce")
     c = _t.Conversion()
     rop = _op(c, average, op)
     pre, post = _scales(c, prescale_factor, postscale_factor)
@@ -248,9 +158,10 @@ def allreduce_async(tensor: Tensor, average: Optional[bool] = None, name: Option
 
 def allreduce_async_(tensor: Tensor, average: Optional[bool] = None, name: Optional[str] = None,
                      op: Optional[Op] = None, prescale_factor: float = 1.0,
-                     postscale_factor: float = 1.0) -> Handle:
+                     postscale_factor: float = 1.0, process_set: PS = global_process_set) -> Handle:
     """Reduces `tensor` across ranks in place; synchronize returns `tensor`."""
     name = _op_name("allreduce", name)
+    check_process_set(process_set, "allreduce")
     c = _t.Conversion()
     rop = _op(c, average, op)
     pre, post = _scales(c, prescale_factor, postscale_factor)
@@ -260,30 +171,38 @@ def allreduce_async_(tensor: Tensor, average: Optional[bool] = None, name: Optio
 
 def allreduce(tensor: Tensor, average: Optional[bool] = None, name: Optional[str] = None,
               compression: Type[Compressor] = Compression.none, op: Optional[Op] = None,
-              prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Tensor:
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: PS = global_process_set) -> Tensor:
     """Returns a new tensor: `op` (default Average) of `tensor` over all ranks."""
     name = _op_name("allreduce", name)
     compressed, ctx = compression.compress(tensor)
-    handle = allreduce_async(compressed, average, name, op, prescale_factor, postscale_factor)
+    handle = allreduce_async(compressed, average, name, op, prescale_factor, postscale_factor,
+                             process_set)
     return compression.decompress(synchronize(handle), ctx)
 
 
 def allreduce_(tensor: Tensor, average: Optional[bool] = None, name: Optional[str] = None,
                op: Optional[Op] = None, prescale_factor: float = 1.0,
-               postscale_factor: float = 1.0) -> Tensor:
+               postscale_factor: float = 1.0, process_set: PS = global_process_set) -> Tensor:
     """In-place allreduce; returns `tensor`."""
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor))
+                                        postscale_factor, process_set))
 
 
-def _grouped(tensors, average, name, op, prescale_factor, postscale_factor, in_place):
-    base = _op_name("grouped_allreduce", name)
+def _tensor_list(tensors, what):
     try:
-        tensors = list(tensors)
+        return list(tensors)
     except TypeError:
         # Raised here: without tensors there are no names to announce it under.
-        raise InvalidArgumentError(
-            f"grouped_allreduce takes a sequence of tensors, got {type(tensors).__name__}") from None
+        raise InvalidTypeError(
+            f"{what} takes a sequence of tensors, got {type(tensors).__name__}") from None
+
+
+def _grouped(tensors, average, name, op, prescale_factor, postscale_factor, in_place,
+             process_set):
+    base = _op_name("grouped_allreduce", name)
+    check_process_set(process_set, "grouped_allreduce")
+    tensors = _tensor_list(tensors, "grouped_allreduce")
     c = _t.Conversion()
     rop = _op(c, average, op)
     pre, post = _scales(c, prescale_factor, postscale_factor)
@@ -296,73 +215,109 @@ def _grouped(tensors, average, name, op, prescale_factor, postscale_factor, in_p
     pending = _gyre.grouped_allreduce(names, xs, outs, rop, pre, post, c.refusal)
     guards = [g for n, t in zip(names, tensors) for g in _t.guards_for(n, t)]
     result = tensors if in_place else outs
-    return Handle(base, pending, lambda _: result, guards)
+    return Handle(base, pending, lambda _: list(result), guards)
 
 
 def grouped_allreduce_async(tensors: Sequence[Tensor], average: Optional[bool] = None,
                             name: Optional[str] = None, op: Optional[Op] = None,
-                            prescale_factor: float = 1.0,
-                            postscale_factor: float = 1.0) -> Handle:
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: PS = global_process_set) -> Handle:
     """Allreduces a list of tensors as one group (one handle, completed
     together); tensor i is named "<name>.<i>"."""
-    return _grouped(tensors, average, name, op, prescale_factor, postscale_factor, False)
+    return _grouped(tensors, average, name, op, prescale_factor, postscale_factor, False,
+                    process_set)
 
 
 def grouped_allreduce_async_(tensors: Sequence[Tensor], average: Optional[bool] = None,
                              name: Optional[str] = None, op: Optional[Op] = None,
-                             prescale_factor: float = 1.0,
-                             postscale_factor: float = 1.0) -> Handle:
-    return _grouped(tensors, average, name, op, prescale_factor, postscale_factor, True)
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: PS = global_process_set) -> Handle:
+    return _grouped(tensors, average, name, op, prescale_factor, postscale_factor, True,
+                    process_set)
 
 
 def grouped_allreduce(tensors: Sequence[Tensor], average: Optional[bool] = None,
                       name: Optional[str] = None,
                       compression: Type[Compressor] = Compression.none,
                       op: Optional[Op] = None, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0) -> List[Tensor]:
+                      postscale_factor: float = 1.0,
+                      process_set: PS = global_process_set) -> List[Tensor]:
     """Returns a list of new tensors, each reduced over all ranks."""
     name = _op_name("grouped_allreduce", name)
-    packed = [compression.compress(t) for t in tensors]
+    packed = [compression.compress(t) for t in _tensor_list(tensors, "grouped_allreduce")]
     handle = grouped_allreduce_async([c for c, _ in packed], average, name, op, prescale_factor,
-                                     postscale_factor)
+                                     postscale_factor, process_set)
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(synchronize(handle), packed)]
 
 
 def grouped_allreduce_(tensors: Sequence[Tensor], average: Optional[bool] = None,
                        name: Optional[str] = None, op: Optional[Op] = None,
-                       prescale_factor: float = 1.0,
-                       postscale_factor: float = 1.0) -> List[Tensor]:
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: PS = global_process_set) -> List[Tensor]:
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor))
+                                                postscale_factor, process_set))
 
 
-# Other collectives ---------------------------------------------------------------
+# Allgather, broadcast ------------------------------------------------------------
 
 
-def allgather_async(tensor: Tensor, name: Optional[str] = None) -> Handle:
-    name = _op_name("allgather", name)
+def _allgather_pending(name, tensor):
     c = _t.Conversion()
     x = c.array(_t.prepare(tensor))
-    pending = _gyre.allgather(name, x, c.refusal)
+    return _gyre.allgather(name, x, c.refusal), x
+
+
+def allgather_async(tensor: Tensor, name: Optional[str] = None,
+                    process_set: PS = global_process_set) -> Handle:
+    name = _op_name("allgather", name)
+    check_process_set(process_set, "allgather")
+    pending, x = _allgather_pending(name, tensor)
     return Handle(name, pending, lambda p: _t.from_output(p.output(), x), _t.guards_for(name, tensor))
 
 
-def allgather(tensor: Tensor, name: Optional[str] = None) -> Tensor:
+def allgather(tensor: Tensor, name: Optional[str] = None,
+              process_set: PS = global_process_set) -> Tensor:
     """Concatenates every rank's tensor along the first dimension (ranks may
     differ in that dimension only)."""
-    return synchronize(allgather_async(tensor, name))
+    return synchronize(allgather_async(tensor, name, process_set))
 
 
-def broadcast_async_(tensor: Tensor, root_rank: int, name: Optional[str] = None) -> Handle:
+def grouped_allgather_async(tensors: Sequence[Tensor], name: Optional[str] = None,
+                            process_set: PS = global_process_set) -> Handle:
+    """Allgathers each tensor of the list ("<name>.<i>"); one handle, whose
+    result is the list of gathered tensors."""
+    base = _op_name("grouped_allgather", name)
+    check_process_set(process_set, "grouped_allgather")
+    tensors = _tensor_list(tensors, "grouped_allgather")
+    names = [f"{base}.{i}" for i in range(len(tensors))]
+    started = [_allgather_pending(n, t) for n, t in zip(names, tensors)]
+    guards = [g for n, t in zip(names, tensors) for g in _t.guards_for(n, t)]
+
+    def finish(group):
+        return [_t.from_output(p.output(), x) for p, (_, x) in zip(group.ops, started)]
+
+    return Handle(base, PendingGroup([p for p, _ in started]), finish, guards)
+
+
+def grouped_allgather(tensors: Sequence[Tensor], name: Optional[str] = None,
+                      process_set: PS = global_process_set) -> List[Tensor]:
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
+def broadcast_async_(tensor: Tensor, root_rank: int, name: Optional[str] = None,
+                     process_set: PS = global_process_set) -> Handle:
     name = _op_name("broadcast", name)
+    check_process_set(process_set, "broadcast")
     c = _t.Conversion()
     root = c.integer(root_rank, "root_rank")
     pending = _gyre.broadcast(name, _t.prepare(tensor), root, c.refusal)
     return Handle(name, pending, lambda _: tensor, _t.guards_for(name, tensor))
 
 
-def broadcast_async(tensor: Tensor, root_rank: int, name: Optional[str] = None) -> Handle:
+def broadcast_async(tensor: Tensor, root_rank: int, name: Optional[str] = None,
+                    process_set: PS = global_process_set) -> Handle:
     name = _op_name("broadcast", name)
+    check_process_set(process_set, "broadcast")
     c = _t.Conversion()
     root = c.integer(root_rank, "root_rank")
     x = c.array(_t.prepare(tensor))
@@ -371,19 +326,28 @@ def broadcast_async(tensor: Tensor, root_rank: int, name: Optional[str] = None) 
     return Handle(name, pending, lambda _: copy)
 
 
-def broadcast_(tensor: Tensor, root_rank: int, name: Optional[str] = None) -> Tensor:
+def broadcast_(tensor: Tensor, root_rank: int, name: Optional[str] = None,
+               process_set: PS = global_process_set) -> Tensor:
     """Overwrites `tensor` with root_rank's; returns it."""
-    return synchronize(broadcast_async_(tensor, root_rank, name))
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
-def broadcast(tensor: Tensor, root_rank: int, name: Optional[str] = None) -> Tensor:
+def broadcast(tensor: Tensor, root_rank: int, name: Optional[str] = None,
+              process_set: PS = global_process_set) -> Tensor:
     """Returns a new tensor holding root_rank's `tensor`."""
-    return synchronize(broadcast_async(tensor, root_rank, name))
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+
+# Alltoall, reducescatter ------------------------------------------------------------
 
 
 def alltoall_async(tensor: Tensor, splits: Optional[Sequence[int]] = None,
-                   name: Optional[str] = None) -> Handle:
+                   name: Optional[str] = None, process_set: PS = global_process_set) -> Handle:
+    """As Horovod: synchronize() gives (output, received_splits), with or
+    without `splits`; received_splits is int32, or of splits' dtype when
+    splits is a tensor."""
     name = _op_name("alltoall", name)
+    check_process_set(process_set, "alltoall")
     c = _t.Conversion()
     x = c.array(_t.prepare(tensor))
     split_list = c.ints(splits, "splits")
@@ -394,50 +358,89 @@ def alltoall_async(tensor: Tensor, splits: Optional[Sequence[int]] = None,
 
     def finish(p):
         out = _t.from_output(p.output(), x)
-        if splits is None:
-            return out
-        return out, _t.like_ints(p.received_splits(), x)
+        return out, _t.like_ints(p.received_splits(), x, splits)
 
     return Handle(name, pending, finish, _t.guards_for(name, tensor))
 
 
 def alltoall(tensor: Tensor, splits: Optional[Sequence[int]] = None,
-             name: Optional[str] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+             name: Optional[str] = None,
+             process_set: PS = global_process_set) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Rank r sends splits[p] rows (first dimension) to rank p; an even split
     when splits is None. Returns the received rows, and with `splits` given
-    also the number of rows received from each rank."""
-    return synchronize(alltoall_async(tensor, splits, name))
+    also the number of rows received from each rank (as Horovod)."""
+    out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+    return out if splits is None else (out, received)
 
 
-def reducescatter_async(tensor: Tensor, name: Optional[str] = None, op: Op = Average,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
-    name = _op_name("reducescatter", name)
+def _reducescatter_pending(name, tensor, op, prescale_factor, postscale_factor):
     c = _t.Conversion()
     rop = _op(c, None, op)
     pre, post = _scales(c, prescale_factor, postscale_factor)
     x = c.array(_t.prepare(tensor))
-    pending = _gyre.reducescatter(name, x, rop, pre, post, c.refusal)
+    return _gyre.reducescatter(name, x, rop, pre, post, c.refusal), x
+
+
+def reducescatter_async(tensor: Tensor, name: Optional[str] = None, op: Op = Average,
+                        process_set: PS = global_process_set, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> Handle:
+    name = _op_name("reducescatter", name)
+    check_process_set(process_set, "reducescatter")
+    pending, x = _reducescatter_pending(name, tensor, op, prescale_factor, postscale_factor)
     return Handle(name, pending, lambda p: _t.from_output(p.output(), x), _t.guards_for(name, tensor))
 
 
 def reducescatter(tensor: Tensor, name: Optional[str] = None,
                   compression: Type[Compressor] = Compression.none, op: Op = Average,
-                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Tensor:
+                  process_set: PS = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> Tensor:
     """Reduces across ranks; rank r keeps block r of the first dimension
     (earlier ranks take one extra row when it does not divide evenly)."""
     name = _op_name("reducescatter", name)
     compressed, ctx = compression.compress(tensor)
-    handle = reducescatter_async(compressed, name, op, prescale_factor, postscale_factor)
+    handle = reducescatter_async(compressed, name, op, process_set, prescale_factor,
+                                 postscale_factor)
     return compression.decompress(synchronize(handle), ctx)
 
 
-__all__ = [
-    "ReduceOp", "Sum", "Average", "Min", "Max", "Product", "Handle", "poll", "synchronize",
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size", "barrier",
-    "join", "commit_step", "committed_steps", "version_vector",
+def grouped_reducescatter_async(tensors: Sequence[Tensor], name: Optional[str] = None,
+                                op: Op = Average, process_set: PS = global_process_set,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> Handle:
+    """Reducescatters each tensor of the list ("<name>.<i>"); one handle,
+    whose result is the list of this rank's blocks."""
+    base = _op_name("grouped_reducescatter", name)
+    check_process_set(process_set, "grouped_reducescatter")
+    tensors = _tensor_list(tensors, "grouped_reducescatter")
+    names = [f"{base}.{i}" for i in range(len(tensors))]
+    started = [_reducescatter_pending(n, t, op, prescale_factor, postscale_factor)
+               for n, t in zip(names, tensors)]
+    guards = [g for n, t in zip(names, tensors) for g in _t.guards_for(n, t)]
+
+    def finish(group):
+        return [_t.from_output(p.output(), x) for p, (_, x) in zip(group.ops, started)]
+
+    return Handle(base, PendingGroup([p for p, _ in started]), finish, guards)
+
+
+def grouped_reducescatter(tensors: Sequence[Tensor], name: Optional[str] = None,
+                          compression: Type[Compressor] = Compression.none, op: Op = Average,
+                          process_set: PS = global_process_set, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> List[Tensor]:
+    name = _op_name("grouped_reducescatter", name)
+    packed = [compression.compress(t) for t in _tensor_list(tensors, "grouped_reducescatter")]
+    handle = grouped_reducescatter_async([c for c, _ in packed], name, op, process_set,
+                                         prescale_factor, postscale_factor)
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(synchronize(handle), packed)]
+
+
+__all__ = list(_basics_all) + [
+    "ReduceOp", "Sum", "Average", "Min", "Max", "Product", "Adasum", "Handle", "poll", "synchronize",
+    "shutdown", "barrier", "join", "commit_step", "committed_steps", "version_vector",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-    "grouped_allreduce_async_", "allgather", "allgather_async", "broadcast", "broadcast_",
-    "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async", "reducescatter",
-    "reducescatter_async",
+    "grouped_allreduce_async_", "allgather", "allgather_async", "grouped_allgather",
+    "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "grouped_reducescatter", "grouped_reducescatter_async",
 ]

@@ -6,10 +6,12 @@
     gyre.broadcast_parameters(model.state_dict(), root_rank=0)
     gyre.broadcast_optimizer_state(optimizer, root_rank=0)
 
-Everything in ``gyre`` (the collectives, which take torch tensors directly) is
-here too, with ``allreduce``, ``allgather`` and ``broadcast`` differentiable
-(gyre/torch/autograd.py), plus the optimizer wrapper, parameter and optimizer-state broadcast,
-and the divergence checks ``check_consistency`` and ``resync``.
+A drop-in for ``horovod.torch``: ``import gyre.torch as hvd`` (see
+docs/horovod.md). Everything in ``gyre`` (the collectives, which take torch
+tensors directly) is here too, with the collectives differentiable as in
+Horovod (gyre/torch/autograd.py), plus the optimizer wrapper, parameter and
+optimizer-state broadcast, SyncBatchNorm, sparse allreduce, and the
+divergence checks ``check_consistency`` and ``resync``.
 """
 
 import torch as _torch
@@ -17,11 +19,13 @@ import torch as _torch
 from gyre import *  # noqa: F401,F403
 from gyre import __all__ as _gyre_all
 
-# Differentiable versions of three collectives replace gyre's here.
-from .autograd import allgather, allreduce, broadcast  # noqa: F811
+# Differentiable versions of the collectives replace gyre's here.
+from .autograd import (allgather, allreduce, alltoall, broadcast, grouped_allgather,  # noqa: F811
+                       grouped_allreduce, grouped_reducescatter, reducescatter)
 from .consistency import check_consistency, resync
-from .functions import broadcast_optimizer_state, broadcast_parameters
+from .functions import broadcast_optimizer_state, broadcast_parameters, sparse_allreduce_async
 from .optimizer import DistributedOptimizer
+from .sync_batch_norm import SyncBatchNorm
 
 
 def _check_torch_version():
@@ -36,5 +40,5 @@ _check_torch_version()
 
 __all__ = list(_gyre_all) + [
     "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
-    "check_consistency", "resync",
+    "sparse_allreduce_async", "SyncBatchNorm", "check_consistency", "resync",
 ]

@@ -1,103 +1,287 @@
-"""Differentiable allreduce, allgather and broadcast for torch tensors.
+"""Differentiable collectives for torch tensors, with Horovod's gradients.
 
-``gyre.torch.allreduce/allgather/broadcast`` behave like ``gyre``'s, and in
-addition carry gradients when the input requires grad (and grad mode is on):
+``gyre.torch.allreduce``, ``grouped_allreduce``, ``allgather``,
+``grouped_allgather``, ``broadcast``, ``alltoall``, ``reducescatter`` and
+``grouped_reducescatter`` behave like ``gyre``'s, and in addition carry
+gradients when an input requires grad (and grad mode is on). The backward
+passes are Horovod's (horovod/torch/mpi_ops.py, 0.28):
 
-- allreduce (Sum or Average, with pre/postscale): y = post * op_r(pre * x_r),
-  so each rank's input gradient is the same reduction of every rank's output
-  gradient;
-- allgather: y concatenates every rank's x, so rank r's input gradient is the
-  sum over ranks of the output gradients' rows that came from r;
-- broadcast: only root's input reaches the outputs, so root's gradient is the
-  sum of every rank's output gradient and the others get zeros.
+- allreduce: the same allreduce (op, prescale, postscale) of the output
+  gradients (for Average: the average of every rank's output gradient);
+- allgather: the *average* over ranks of the output gradients, then this
+  rank's rows. (Horovod averages rather than sums: with each rank's loss
+  averaged over ranks, as DistributedOptimizer does, that is the gradient.)
+- broadcast: the average over ranks of the output gradients on the root,
+  zeros elsewhere;
+- alltoall: an alltoall of the output gradients back along the received
+  splits;
+- reducescatter: an allgather of the output gradients, divided by the
+  number of ranks for Average and multiplied by prescale * postscale.
 
-The backward collectives are named after the forward ones ("<name>.grad"), so
-ranks match as long as they run the same backward. Min, Max and Product are
-not differentiable here: their results do not require grad.
-The in-place and asynchronous forms are never differentiable (as in Horovod).
+Min, Max, Product and Adasum have no such gradient: their results carry a
+backward that raises (Horovod would return a meaningless gradient silently). The
+backward collectives are named after the forward ones ("<name>.grad"), so
+ranks match as long as they run the same backward. The in-place and
+asynchronous forms are never differentiable (as in Horovod).
 """
 
 import torch
 
 from gyre import ops
+from gyre.basics import global_process_set
 from gyre.compression import Compression
+from gyre.exceptions import InvalidArgumentError
+
+_LINEAR = (ops.Sum, ops.Average)
 
 
-def _wants_grad(tensor):
-    return torch.is_grad_enabled() and isinstance(tensor, torch.Tensor) and tensor.requires_grad
+def _wants_grad(*tensors):
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def _no_gradient(kind, name, op):
+    raise InvalidArgumentError(
+        f"{kind} '{name}' with op {ops.ReduceOp(op).name} is not differentiable (only Sum and "
+        "Average are); detach the input, or reduce with Sum/Average")
 
 
 class _Allreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale, postscale, compression):
-        compressed, cctx = compression.compress(tensor)
-        handle = ops.allreduce_async(compressed, name=name, op=op, prescale_factor=prescale,
-                                     postscale_factor=postscale)
-        ctx.meta = (handle.name, op, prescale, postscale, compression)
-        return compression.decompress(ops.synchronize(handle), cctx)
+    def forward(ctx, tensor, name, op, prescale, postscale):
+        ctx.meta = (name, op, prescale, postscale)
+        return ops.allreduce(tensor, name=name, op=op, prescale_factor=prescale,
+                             postscale_factor=postscale)
 
     @staticmethod
     def backward(ctx, grad_output):
-        name, op, prescale, postscale, compression = ctx.meta
+        name, op, prescale, postscale = ctx.meta
+        if op not in _LINEAR:
+            _no_gradient("allreduce", name, op)
         grad = ops.allreduce(grad_output.contiguous(), name=f"{name}.grad", op=op,
-                             compression=compression, prescale_factor=prescale,
-                             postscale_factor=postscale)
-        return grad, None, None, None, None, None
+                             prescale_factor=prescale, postscale_factor=postscale)
+        return grad, None, None, None, None
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale, postscale, *tensors):
+        ctx.meta = (name, op, prescale, postscale)
+        return tuple(ops.grouped_allreduce(list(tensors), name=name, op=op,
+                                           prescale_factor=prescale, postscale_factor=postscale))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        name, op, prescale, postscale = ctx.meta
+        if op not in _LINEAR:
+            _no_gradient("grouped_allreduce", name, op)
+        reduced = ops.grouped_allreduce([g.contiguous() for g in grads], name=f"{name}.grad",
+                                        op=op, prescale_factor=prescale,
+                                        postscale_factor=postscale)
+        return (None, None, None, None, *reduced)
+
+
+def _rows_of_this_rank(name, grad_output, rows):
+    """Horovod's allgather gradient: average the output gradients over ranks,
+    keep the rows this rank contributed."""
+    averaged = ops.allreduce(grad_output.contiguous(), name=f"{name}.grad", op=ops.Average)
+    counts = ops.allgather(torch.tensor([rows], dtype=torch.int64), name=f"{name}.grad.rows")
+    offset = int(counts[:ops.rank()].sum())
+    return averaged.narrow(0, offset, rows)
 
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name):
-        handle = ops.allgather_async(tensor, name=name)
-        rows = ops.allgather(torch.tensor([tensor.shape[0]], dtype=torch.int64),
-                             name=f"{handle.name}.rows")
-        r = ops.rank()
-        ctx.meta = (handle.name, int(rows[:r].sum()), int(rows[r]))
-        return ops.synchronize(handle)
+        ctx.meta = (name, tensor.shape[0])
+        return ops.allgather(tensor, name=name)
 
     @staticmethod
     def backward(ctx, grad_output):
-        name, offset, count = ctx.meta
-        total = ops.allreduce(grad_output.contiguous(), name=f"{name}.grad", op=ops.Sum)
-        return total[offset:offset + count], None
+        name, rows = ctx.meta
+        return _rows_of_this_rank(name, grad_output, rows), None
+
+
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, *tensors):
+        ctx.meta = (name, [t.shape[0] for t in tensors])
+        return tuple(ops.grouped_allgather(list(tensors), name=name))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        name, rows = ctx.meta
+        return (None, *[_rows_of_this_rank(f"{name}.{i}", g, n)
+                        for i, (g, n) in enumerate(zip(grads, rows))])
 
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name):
-        handle = ops.broadcast_async(tensor, root_rank, name=name)
-        ctx.meta = (handle.name, root_rank)
-        return ops.synchronize(handle)
+        ctx.meta = (name, root_rank)
+        return ops.broadcast(tensor, root_rank, name=name)
 
     @staticmethod
     def backward(ctx, grad_output):
         name, root_rank = ctx.meta
-        total = ops.allreduce(grad_output.contiguous(), name=f"{name}.grad", op=ops.Sum)
+        grad = ops.allreduce(grad_output.contiguous(), name=f"{name}.grad", op=ops.Average)
         if ops.rank() != root_rank:
-            total = torch.zeros_like(total)
-        return total, None, None
+            grad = torch.zeros_like(grad)
+        return grad, None, None
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name):
+        out, received = ops.synchronize(ops.alltoall_async(tensor, splits, name))
+        ctx.meta = (name, received)
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx, grad_output, _grad_received):
+        name, received = ctx.meta
+        grad, _ = ops.alltoall(grad_output.contiguous(), splits=received, name=f"{name}.grad")
+        return grad, None, None
+
+
+def _reducescatter_gradient(name, grad_output, op, prescale, postscale):
+    if op not in _LINEAR:
+        _no_gradient("reducescatter", name, op)
+    grad = ops.allgather(grad_output.contiguous(), name=f"{name}.grad")
+    scale = prescale * postscale / (ops.size() if op == ops.Average else 1)
+    return grad * scale if scale != 1.0 else grad
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale, postscale):
+        ctx.meta = (name, op, prescale, postscale)
+        return ops.reducescatter(tensor, name=name, op=op, prescale_factor=prescale,
+                                 postscale_factor=postscale)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return (_reducescatter_gradient(ctx.meta[0], grad_output, *ctx.meta[1:]),
+                None, None, None, None)
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale, postscale, *tensors):
+        ctx.meta = (name, op, prescale, postscale)
+        return tuple(ops.grouped_reducescatter(list(tensors), name=name, op=op,
+                                               prescale_factor=prescale,
+                                               postscale_factor=postscale))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        name, op, prescale, postscale = ctx.meta
+        return (None, None, None, None,
+                *[_reducescatter_gradient(f"{name}.{i}", g, op, prescale, postscale)
+                  for i, g in enumerate(grads)])
+
+
+# The functions: Horovod's signatures; compression around the differentiable
+# collective, as in Horovod, so gradients flow through the casts too.
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0):
-    """gyre.allreduce, differentiable for Sum and Average (see the module doc)."""
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """gyre.allreduce, differentiable (see the module doc)."""
     name = ops._op_name("allreduce", name)  # consumed before anything can refuse the call
+    if not _wants_grad(tensor):
+        return ops.allreduce(tensor, average, name, compression, op, prescale_factor,
+                             postscale_factor, process_set)
+    ops.check_process_set(process_set, "allreduce")
     rop = ops._reduce_op(average, op)
-    if _wants_grad(tensor) and rop in (ops.Sum, ops.Average):
-        return _Allreduce.apply(tensor, name, rop, float(prescale_factor),
-                                float(postscale_factor), compression)
-    return ops.allreduce(tensor, None, name, compression, rop, prescale_factor, postscale_factor)
+    compressed, ctx = compression.compress(tensor)
+    out = _Allreduce.apply(compressed, name, rop, float(prescale_factor), float(postscale_factor))
+    return compression.decompress(out, ctx)
 
 
-def allgather(tensor, name=None):
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """gyre.grouped_allreduce, differentiable (see the module doc)."""
+    name = ops._op_name("grouped_allreduce", name)
+    tensors = ops._tensor_list(tensors, "grouped_allreduce")
+    if not _wants_grad(*tensors):
+        return ops.grouped_allreduce(tensors, average, name, compression, op, prescale_factor,
+                                     postscale_factor, process_set)
+    ops.check_process_set(process_set, "grouped_allreduce")
+    rop = ops._reduce_op(average, op)
+    packed = [compression.compress(t) for t in tensors]
+    outs = _GroupedAllreduce.apply(name, rop, float(prescale_factor), float(postscale_factor),
+                                   *[c for c, _ in packed])
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, packed)]
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
     """gyre.allgather, differentiable (see the module doc)."""
-    if _wants_grad(tensor):
-        return _Allgather.apply(tensor, name)
-    return ops.allgather(tensor, name)
+    name = ops._op_name("allgather", name)
+    if not _wants_grad(tensor):
+        return ops.allgather(tensor, name, process_set)
+    ops.check_process_set(process_set, "allgather")
+    return _Allgather.apply(tensor, name)
 
 
-def broadcast(tensor, root_rank, name=None):
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """gyre.grouped_allgather, differentiable (see the module doc)."""
+    name = ops._op_name("grouped_allgather", name)
+    tensors = ops._tensor_list(tensors, "grouped_allgather")
+    if not _wants_grad(*tensors):
+        return ops.grouped_allgather(tensors, name, process_set)
+    ops.check_process_set(process_set, "grouped_allgather")
+    return list(_GroupedAllgather.apply(name, *tensors))
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """gyre.broadcast, differentiable (see the module doc)."""
-    if _wants_grad(tensor):
-        return _Broadcast.apply(tensor, root_rank, name)
-    return ops.broadcast(tensor, root_rank, name)
+    name = ops._op_name("broadcast", name)
+    if not _wants_grad(tensor):
+        return ops.broadcast(tensor, root_rank, name, process_set)
+    ops.check_process_set(process_set, "broadcast")
+    return _Broadcast.apply(tensor, root_rank, name)
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """gyre.alltoall, differentiable (see the module doc): the output, and
+    with `splits` given also the rows received from each rank."""
+    name = ops._op_name("alltoall", name)
+    if not _wants_grad(tensor):
+        return ops.alltoall(tensor, splits, name, process_set)
+    ops.check_process_set(process_set, "alltoall")
+    out, received = _Alltoall.apply(tensor, splits, name)
+    return out if splits is None else (out, received)
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=ops.Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """gyre.reducescatter, differentiable (see the module doc)."""
+    name = ops._op_name("reducescatter", name)
+    if not _wants_grad(tensor):
+        return ops.reducescatter(tensor, name, compression, op, process_set, prescale_factor,
+                                 postscale_factor)
+    ops.check_process_set(process_set, "reducescatter")
+    rop = ops._reduce_op(None, op)
+    compressed, ctx = compression.compress(tensor)
+    out = _Reducescatter.apply(compressed, name, rop, float(prescale_factor),
+                               float(postscale_factor))
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=ops.Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """gyre.grouped_reducescatter, differentiable (see the module doc)."""
+    name = ops._op_name("grouped_reducescatter", name)
+    tensors = ops._tensor_list(tensors, "grouped_reducescatter")
+    if not _wants_grad(*tensors):
+        return ops.grouped_reducescatter(tensors, name, compression, op, process_set,
+                                         prescale_factor, postscale_factor)
+    ops.check_process_set(process_set, "grouped_reducescatter")
+    rop = ops._reduce_op(None, op)
+    packed = [compression.compress(t) for t in tensors]
+    outs = _GroupedReducescatter.apply(name, rop, float(prescale_factor),
+                                       float(postscale_factor), *[c for c, _ in packed])
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, packed)]

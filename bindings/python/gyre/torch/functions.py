@@ -3,7 +3,8 @@
 import torch
 
 from gyre import ops
-from gyre.exceptions import InvalidArgumentError
+from gyre.basics import check_process_set, global_process_set
+from gyre.exceptions import InvalidArgumentError, InvalidTypeError
 from gyre.objects import broadcast_object
 
 # dtypes gyre does not move, and the dtype of the same width they travel as.
@@ -38,13 +39,19 @@ def named_tensors(params, what):
     if isinstance(params, dict):
         items = sorted(params.items(), key=lambda kv: kv[0])
     else:
-        items = list(params)
+        try:
+            items = list(params)
+        except TypeError:
+            raise InvalidTypeError(f"{what}: invalid params of type {type(params).__name__}: "
+                                   "expected a dict or (name, tensor) pairs") from None
     checked = []
     for item in items:
         if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
             raise InvalidArgumentError(
                 f"{what}: expected a dict or (name, tensor) pairs, got an element {item!r}")
         name, t = item
+        if t is None:  # Horovod skips entries without a tensor
+            continue
         if not isinstance(t, torch.Tensor):
             raise InvalidArgumentError(f"{what}: '{name}' is a {type(t).__name__}, not a tensor")
         checked.append((name, t))
@@ -55,10 +62,12 @@ def named_tensors(params, what):
     return checked
 
 
-def broadcast_parameters(params, root_rank):
+def broadcast_parameters(params, root_rank, process_set=global_process_set):
     """Copies root_rank's tensors into every rank's, in place. `params` is a
     state_dict (``model.state_dict()``), any dict of tensors, or
-    ``model.named_parameters()``. All broadcasts are enqueued, then awaited."""
+    ``model.named_parameters()``; None entries are skipped. All broadcasts
+    are enqueued, then awaited."""
+    check_process_set(process_set, "broadcast_parameters")
     staged = [(name, Staged(t)) for name, t in named_tensors(params, "broadcast_parameters")]
     handles = [ops.broadcast_async_(s.tensor, root_rank, name=f"broadcast_parameters.{name}")
                for name, s in staged]
@@ -116,11 +125,22 @@ def _fill(obj, tensors):
     return obj
 
 
-def broadcast_optimizer_state(optimizer, root_rank):
+def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=global_process_set):
     """Gives every rank root_rank's optimizer state (per-parameter state such
     as momentum buffers, and the hyper-parameters of each group). The
-    structure travels pickled; the tensors travel as broadcasts. Works when
-    other ranks have no state yet (a fresh optimizer)."""
+    structure travels pickled; the tensors travel as broadcasts. Works for
+    every torch optimizer, LBFGS included (Horovod refuses it), when other
+    ranks have no state yet (state created lazily by the first step), with
+    None and scalar entries, and with parameters that have no state (no
+    gradient yet). `model` is Horovod's (it restores the parameters around
+    the dummy step Horovod takes to create lazy state); gyre takes no dummy
+    step, so it needs no model and ignores it."""
+    del model
+    check_process_set(process_set, "broadcast_optimizer_state")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise InvalidTypeError(
+            f"broadcast_optimizer_state: expected a torch.optim.Optimizer, got "
+            f"{type(optimizer).__name__}")
     is_root = ops.rank() == root_rank
     tensors = []
     skeleton = _strip(optimizer.state_dict(), tensors) if is_root else None
@@ -137,3 +157,33 @@ def broadcast_optimizer_state(optimizer, root_rank):
         for s in staged:
             s.write_back()
         optimizer.load_state_dict(_fill(skeleton, tensors))
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Horovod's allreduce of a sparse COO tensor: every rank's indices and
+    values are allgathered ("<name>.indices", "<name>.values"), values
+    divided by the number of ranks for Average. Returns a callable (as
+    Horovod does) that waits and returns the reduced sparse tensor;
+    ``synchronize()`` takes it too. Duplicate indices are left uncoalesced
+    (they add up when used, as in Horovod)."""
+    check_process_set(process_set, "sparse_allreduce_async")
+    if not (isinstance(tensor, torch.Tensor) and tensor.is_sparse):
+        raise InvalidTypeError(f"sparse_allreduce_async: '{name}' is not a sparse torch tensor")
+    op = ops._reduce_op(None, op)
+    if op not in (ops.Sum, ops.Average):
+        raise InvalidArgumentError(
+            f"sparse_allreduce_async: '{name}': op {op.name}: only Sum and Average are defined "
+            "for sparse tensors (gathered indices and values)")
+    # Allgather concatenates along the first dimension: indices travel
+    # transposed, one row per non-zero.
+    indices = ops.allgather_async(tensor._indices().t().contiguous(), name=f"{name}.indices")
+    values = ops.allgather_async(tensor._values().contiguous(), name=f"{name}.values")
+
+    def wait():
+        vals = ops.synchronize(values)
+        idx = ops.synchronize(indices)
+        if op == ops.Average:
+            vals = vals / ops.size()
+        return torch.sparse_coo_tensor(idx.t(), vals, tensor.size(), check_invariants=True)
+
+    return wait

@@ -27,22 +27,33 @@ import weakref
 import torch
 
 from gyre import ops
+from gyre.basics import check_process_set, global_process_set
 from gyre.compression import Compression
-from gyre.exceptions import GyreError, InvalidArgumentError, StateError
+from gyre.exceptions import GyreError, InvalidArgumentError, NotSupportedError, StateError
+
+from .functions import sparse_allreduce_async
+
+
+_SPARSE = object()  # the compression context of a sparse gradient's reduction
 
 
 class _DistributedOptimizerMixin:
     """Mixed in before the wrapped optimizer's class (see DistributedOptimizer)."""
 
     def _gyre_setup(self, named_parameters, compression, backward_passes_per_step, op,
-                    gradient_predivide_factor):
-        if backward_passes_per_step < 1:
-            raise InvalidArgumentError(
-                f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+                    gradient_predivide_factor, groups, sparse_as_dense):
         op = ops._reduce_op(None, op)
+        if op == ops.Adasum:
+            raise NotSupportedError(
+                "DistributedOptimizer(op=Adasum) is not implemented in gyre yet: Horovod's Adasum "
+                "optimizer reduces the delta of each local step rather than the gradient; "
+                "allreduce(op=Adasum) itself is available where the runtime has it")
         if gradient_predivide_factor != 1.0 and op != ops.Average:
-            raise InvalidArgumentError("gradient_predivide_factor needs op=gyre.Average")
-        self.backward_passes_per_step = int(backward_passes_per_step)
+            raise InvalidArgumentError("gradient_predivide_factor not supported with op != Average "
+                                       "(it splits Average's division around the sum)")
+        self.set_backward_passes_per_step(backward_passes_per_step)
+        self._gyre_groups = self._gyre_check_groups(groups)
+        self._gyre_sparse_as_dense = bool(sparse_as_dense)
         self._gyre_compression = compression
         self._gyre_op = op
         # Average = sum / size: split as prescale 1/f, then postscale f.
@@ -69,6 +80,38 @@ class _DistributedOptimizerMixin:
         self._gyre_hooks = [p.register_post_accumulate_grad_hook(hook)
                             for p in self._gyre_names if p.requires_grad]
 
+    def _gyre_check_groups(self, groups):
+        """Horovod's groups=: None, a non-negative number of groups, or a list
+        of lists of the optimizer's parameters. gyre checks it as Horovod
+        does; the values are the same with or without it (gyre fuses the
+        gradients that are ready together by itself)."""
+        if groups is None or (isinstance(groups, int) and not isinstance(groups, bool)
+                              and groups >= 0):
+            return groups
+        if not isinstance(groups, list):
+            raise InvalidArgumentError(
+                f"groups should be a non-negative integer or a list of lists of torch.Tensor, "
+                f"got {groups!r}")
+        params = {p for group in self.param_groups for p in group["params"]}
+        for group in groups:
+            if not isinstance(group, (list, tuple)) or not all(
+                    isinstance(p, torch.Tensor) for p in group):
+                raise InvalidArgumentError(
+                    "groups should be a non-negative integer or a list of lists of torch.Tensor")
+            if any(p not in params for p in group):
+                raise InvalidArgumentError("groups names a tensor that is not one of the "
+                                           "optimizer's parameters")
+        return groups
+
+    def set_backward_passes_per_step(self, passes):
+        """Horovod's: how many backward passes accumulate before the reduction."""
+        if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+            raise InvalidArgumentError(f"backward_passes_per_step must be an integer >= 1, got "
+                                       f"{passes!r}")
+        self.backward_passes_per_step = passes
+        for p in getattr(self, "_gyre_passes", {}):
+            self._gyre_passes[p] = 0
+
     def _gyre_parameter_names(self, named_parameters):
         params = [p for group in self.param_groups for p in group["params"]]
         if named_parameters is None:
@@ -78,16 +121,19 @@ class _DistributedOptimizerMixin:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
                     and isinstance(item[1], torch.Tensor)):
                 raise InvalidArgumentError(
-                    f"named_parameters must hold (name, tensor) pairs, got {item!r}")
+                    "named_parameters should be a sequence of tuples (name, parameter), usually "
+                    f"produced by model.named_parameters(); got an element {item!r}")
         names = [n for n, _ in named]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
-            raise InvalidArgumentError(f"named_parameters has duplicate names {duplicates}")
+            raise InvalidArgumentError("Parameter names in named_parameters must be unique. "
+                                       f"Found duplicates: {', '.join(duplicates)}")
         by_param = {p: n for n, p in named}
         missing = [i for i, p in enumerate(params) if p not in by_param]
         if missing:
             raise InvalidArgumentError(
-                f"named_parameters does not name {len(missing)} of the optimizer's parameters "
+                "named_parameters was specified, but one or more model parameters were not named: "
+                f"{len(missing)} of the optimizer's parameters "
                 f"(indices {missing[:10]} in param_groups order)")
         return {p: by_param[p] for p in params}
 
@@ -116,6 +162,15 @@ class _DistributedOptimizerMixin:
 
     def _gyre_enqueue(self, p):
         grad = p.grad
+        if grad.is_sparse:
+            if not self._gyre_sparse_as_dense:
+                # Horovod's sparse path: indices and values gathered; the
+                # reduced sparse tensor replaces p.grad in _gyre_finish.
+                wait = sparse_allreduce_async(grad, f"DistributedOptimizer.{self._gyre_names[p]}",
+                                              self._gyre_op)
+                self._gyre_handles[p] = (wait, None, _SPARSE)
+                return
+            grad = p.grad = grad.to_dense()
         sent, ctx = self._gyre_compression.compress(grad)
         if not sent.is_contiguous():
             sent = sent.contiguous()
@@ -132,12 +187,15 @@ class _DistributedOptimizerMixin:
         the allreduce writing into p.grad."""
         handle, sent, ctx = self._gyre_handles[p]
         try:
-            ops.synchronize(handle)
+            result = ops.synchronize(handle)
         except GyreError as e:
             del self._gyre_handles[p]
             return None if discard else e
         del self._gyre_handles[p]
-        if not discard and sent is not p.grad:
+        if ctx is _SPARSE:
+            if not discard:
+                p.grad = result
+        elif not discard and sent is not p.grad:
             with torch.no_grad():
                 p.grad.copy_(self._gyre_compression.decompress(sent, ctx))
         return None
@@ -229,7 +287,9 @@ class _DistributedOptimizerMixin:
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1, op=ops.Average, gradient_predivide_factor=1.0):
+                         backward_passes_per_step=1, op=ops.Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set):
     """Wraps a torch optimizer so that step() uses gradients averaged (or
     reduced with `op`) over all ranks.
 
@@ -241,7 +301,16 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     ``backward_passes_per_step=N`` gradients are accumulated (summed) locally
     over N backward passes, then reduced once. ``gradient_predivide_factor=f``
     divides by f before the sum and multiplies by f/size after (Average only).
+    `groups` / `num_groups` (Horovod's) are checked and accepted; the
+    results do not depend on them. Sparse gradients (``nn.Embedding(sparse=
+    True)``) are reduced by gathering indices and values, or as dense tensors
+    with ``sparse_as_dense=True``. `process_set`: the global set only, for now.
     """
+    check_process_set(process_set, "DistributedOptimizer")
+    if num_groups and groups is None:
+        warnings.warn("DistributedOptimizer: num_groups is deprecated, use groups",
+                      DeprecationWarning, stacklevel=2)
+        groups = num_groups
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise InvalidArgumentError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
     base = type(optimizer)
@@ -249,5 +318,5 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._gyre_setup(named_parameters, compression, backward_passes_per_step, op,
-                        gradient_predivide_factor)
+                        gradient_predivide_factor, groups, sparse_as_dense)
     return wrapped
