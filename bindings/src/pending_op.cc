@@ -1,7 +1,11 @@
+// Python handles of enqueued operations: keeping tensors alive until
+// completion, waiting, and running Python callbacks on completion.
 #include "pending_op.h"
 
 #include <atomic>
 #include <chrono>
+#include <deque>
+#include <thread>
 
 namespace gyre::python {
 namespace {
@@ -39,6 +43,67 @@ void bury(Imports&& imports) {
   }
 }
 
+// Runs the Python callables of completed operations (add_done_callback) on
+// a thread of its own, which takes the GIL; the background thread only
+// queues them. Created on first use and never destroyed: its thread may
+// still be parked on the queue while the interpreter exits.
+class CallbackThread {
+ public:
+  static CallbackThread& instance() {
+    static auto* t = new CallbackThread();
+    return *t;
+  }
+
+  // Takes over one reference to `fn`. Any thread; no GIL needed.
+  void post(PyObject* fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(fn);
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  CallbackThread() { std::thread([this] { run(); }).detach(); }
+
+  static bool finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing() != 0;
+#else
+    return _Py_IsFinalizing() != 0;
+#endif
+  }
+
+  void run() {
+    for (;;) {
+      std::deque<PyObject*> batch;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !queue_.empty(); });
+        batch.swap(queue_);
+      }
+      // Past this point taking the GIL would park the thread for good; the
+      // references are dropped with the interpreter.
+      if (finalizing()) return;
+      py::gil_scoped_acquire gil;
+      for (PyObject* fn : batch) {
+        PyObject* result = PyObject_CallNoArgs(fn);
+        if (result == nullptr) {
+          PyErr_WriteUnraisable(fn);
+        } else {
+          Py_DECREF(result);
+        }
+        Py_DECREF(fn);
+      }
+      drain_graveyard();
+    }
+  }
+
+  std::mutex mu_;  // guards queue_
+  std::condition_variable cv_;
+  std::deque<PyObject*> queue_;
+};
+
 }  // namespace
 
 void drain_graveyard() {
@@ -74,6 +139,18 @@ std::shared_ptr<PendingOp> PendingOp::start(Imports keep, const std::function<Ha
     });
   }
   return op;
+}
+
+void PendingOp::add_done_callback(py::object fn) const {
+  if (!PyCallable_Check(fn.ptr())) {
+    throw py::type_error("add_done_callback takes a callable, got " +
+                         std::string(py::str(py::type::of(fn).attr("__name__"))));
+  }
+  // The reference travels to the callback thread, which drops it with the
+  // GIL held. The runtime completes every handle (shutdown fails pending
+  // ones), so the callback runs exactly once.
+  PyObject* raw = fn.release().ptr();
+  handle_.on_complete([raw](std::exception_ptr) { CallbackThread::instance().post(raw); });
 }
 
 bool PendingOp::poll() const { return handle_.poll(); }

@@ -63,6 +63,13 @@ class PendingOp {
   void wait() const;
   const Handle& handle() const { return handle_; }
 
+  // Calls `fn()` (no arguments) once the operation has completed, on
+  // gyre's callback thread with the GIL held; at once queued if already
+  // complete. The background thread only queues the call: it never waits for
+  // the GIL. An exception `fn` raises is reported as unraisable. GIL held on
+  // entry.
+  void add_done_callback(py::object fn) const;
+
  private:
   Handle handle_;
   std::shared_ptr<Completion> completion_;
