@@ -44,27 +44,41 @@ void bury(Imports&& imports) {
 }
 
 // Runs the Python callables of completed operations (add_done_callback) on
-// a thread of its own, which takes the GIL; the background thread only
-// queues them. Created on first use and never destroyed: its thread may
-// still be parked on the queue while the interpreter exits.
-class CallbackThread {
+// threads of their own, which take the GIL; the background thread only
+// queues them. A callable may block on a later operation (torch's PowerSGD
+// hook waits on an allreduce inside a future's callback), so when a callable
+// is queued and no callback thread is idle, another one is started (up to
+// kMaxThreads); threads beyond the first end after kIdleExit without work.
+// Created on first use and never destroyed: its threads may still be parked
+// on the queue while the interpreter exits.
+class CallbackThreads {
  public:
-  static CallbackThread& instance() {
-    static auto* t = new CallbackThread();
+  static CallbackThreads& instance() {
+    static auto* t = new CallbackThreads();
     return *t;
   }
 
   // Takes over one reference to `fn`. Any thread; no GIL needed.
   void post(PyObject* fn) {
+    bool start = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.push_back(fn);
+      if (idle_ == 0 && threads_ < kMaxThreads) {
+        ++threads_;
+        start = true;
+      }
     }
-    cv_.notify_one();
+    if (start) {
+      std::thread([this] { run(); }).detach();
+    } else {
+      cv_.notify_one();
+    }
   }
 
  private:
-  CallbackThread() { std::thread([this] { run(); }).detach(); }
+  static constexpr int kMaxThreads = 32;
+  static constexpr std::chrono::seconds kIdleExit{10};
 
   static bool finalizing() {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -76,32 +90,42 @@ class CallbackThread {
 
   void run() {
     for (;;) {
-      std::deque<PyObject*> batch;
+      PyObject* fn = nullptr;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return !queue_.empty(); });
-        batch.swap(queue_);
+        ++idle_;
+        const bool work = cv_.wait_for(lock, kIdleExit, [&] { return !queue_.empty(); });
+        --idle_;
+        if (!work) {
+          if (threads_ > 1) {
+            --threads_;
+            return;
+          }
+          continue;
+        }
+        fn = queue_.front();
+        queue_.pop_front();
       }
       // Past this point taking the GIL would park the thread for good; the
-      // references are dropped with the interpreter.
+      // reference is dropped with the interpreter.
       if (finalizing()) return;
       py::gil_scoped_acquire gil;
-      for (PyObject* fn : batch) {
-        PyObject* result = PyObject_CallNoArgs(fn);
-        if (result == nullptr) {
-          PyErr_WriteUnraisable(fn);
-        } else {
-          Py_DECREF(result);
-        }
-        Py_DECREF(fn);
+      PyObject* result = PyObject_CallNoArgs(fn);
+      if (result == nullptr) {
+        PyErr_WriteUnraisable(fn);
+      } else {
+        Py_DECREF(result);
       }
+      Py_DECREF(fn);
       drain_graveyard();
     }
   }
 
-  std::mutex mu_;  // guards queue_
+  std::mutex mu_;  // guards queue_, idle_, threads_
   std::condition_variable cv_;
   std::deque<PyObject*> queue_;
+  int idle_ = 0;     // threads waiting for work
+  int threads_ = 0;  // threads started and not ended
 };
 
 }  // namespace
@@ -150,7 +174,7 @@ void PendingOp::add_done_callback(py::object fn) const {
   // GIL held. The runtime completes every handle (shutdown fails pending
   // ones), so the callback runs exactly once.
   PyObject* raw = fn.release().ptr();
-  handle_.on_complete([raw](std::exception_ptr) { CallbackThread::instance().post(raw); });
+  handle_.on_complete([raw](std::exception_ptr) { CallbackThreads::instance().post(raw); });
 }
 
 bool PendingOp::poll() const { return handle_.poll(); }

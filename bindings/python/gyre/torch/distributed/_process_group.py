@@ -72,6 +72,8 @@ class GyreProcessGroup(dist.ProcessGroup):
     def __init__(self, rank: int, size: int, tag: str) -> None:
         super().__init__(rank, size)
         self._tag = tag
+        self._group_name = ""
+        self._group_desc = ""
         self._lock = threading.Lock()  # guards _seq
         self._seq = 0
 
@@ -80,6 +82,20 @@ class GyreProcessGroup(dist.ProcessGroup):
 
     def name(self) -> str:
         return "gyre"
+
+    # torch keeps a group's name and description in the backend, which a
+    # Python group replaces (FSDP looks groups up by name).
+    def getGroupName(self) -> str:  # noqa: N802 - torch's name
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
 
     def _name(self) -> str:
         with self._lock:
@@ -331,6 +347,36 @@ class GyreProcessGroup(dist.ProcessGroup):
         return GyreWork([pending], finish)
 
     alltoall_base = all_to_all_single
+
+    # Coalesced collectives (torch's _coalescing_manager, FSDP) ----------------------
+    # Each collective of the batch is already asynchronous: the batch is
+    # their union.
+
+    def _start_coalescing(self, device: Any) -> None:
+        del device
+
+    def _end_coalescing(self, device: Any) -> GyreWork:
+        del device
+        return GyreWork([], lambda: [])
+
+    def allgather_coalesced(self, output_lists: List[List[torch.Tensor]],
+                            inputs: List[torch.Tensor], opts: Any = None) -> GyreWork:
+        works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, inputs)]
+        return GyreWork(works, lambda: output_lists)
+
+    def all_gather_single_coalesced(self, outputs: List[torch.Tensor],
+                                    inputs: List[torch.Tensor], opts: Any = None) -> GyreWork:
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return GyreWork(works, lambda: outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter_single_coalesced(self, outputs: List[torch.Tensor],
+                                        inputs: List[torch.Tensor], opts: Any = None) -> GyreWork:
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return GyreWork(works, lambda: outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     # Synchronisation and point to point ------------------------------------------
 

@@ -1,6 +1,7 @@
 """GyreWork: the torch.distributed Work of one collective, completed by gyre.
 
 A collective of the gyre process group enqueues one or more gyre operations
+(or GyreWorks: a coalesced collective waits for several)
 and returns a GyreWork at once. Its torch future is completed by gyre's
 completion callback (PendingOp.add_done_callback, run on gyre's callback
 thread with the GIL held) when the last of those operations has completed:
@@ -94,6 +95,11 @@ class GyreWork(dist.Work):
     def source_rank(self) -> int:
         raise RuntimeError("source_rank() is only defined for a recv from any source; "
                            "the gyre backend has no point-to-point operations")
+
+    def add_done_callback(self, fn: Callable[[], Any]) -> None:
+        """Calls fn() once completed: a GyreWork can stand for one of the
+        operations of another (the coalesced collectives)."""
+        self._future.add_done_callback(lambda _: fn())
 
     def synchronize(self) -> None:
         """CPU tensors: nothing to synchronize beyond completion."""
