@@ -213,6 +213,13 @@ def test_rank_or_world_size_that_disagree_with_mpirun(world):
             _launch.check_launch(rank=(rank + 1) % size)
 
 
+def test_gyre_rendezvous_checks_given_rank_and_world_size(world):
+    rank, size = world
+    # What init_process_group("gyre", rank=..., world_size=...) runs first.
+    with pytest.raises(ValueError, match=f"world_size={size + 2} was given"):
+        next(dist.rendezvous("gyre://", rank=rank, world_size=size + 2))
+
+
 def test_started_by_torchrun_gets_one_clear_error():
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OMPI_", "PMI", "PMIX_", "MPI_", "HYDRA"))}
