@@ -153,7 +153,6 @@ def test_barrier_and_object_collectives(world):
 def test_async_future_completed_by_gyre_without_wait(world):
     rank, size = world
     t = fill(rank, 1 << 16)
-    work = dist.all_reduce(t, async_op=True)
     done = threading.Event()
     threads = []
 
@@ -162,10 +161,19 @@ def test_async_future_completed_by_gyre_without_wait(world):
         done.set()
         return fut.value()
 
+    # Rank 0 attaches its callback before the other ranks issue the
+    # allreduce (they wait for rank 0's signal, an operation of gyre's own
+    # name), so there the future cannot be complete yet.
+    if rank != 0:
+        gyre.allreduce(torch.ones(1), name="test.future_attached")
+    work = dist.all_reduce(t, async_op=True)
     work.get_future().then(on_done)
+    if rank == 0:
+        gyre.allreduce(torch.ones(1), name="test.future_attached")
     assert done.wait(30), "the future was not completed"
-    # Completed on gyre's callback thread, not by a thread of this test.
-    assert threads[0] != threading.get_ident()
+    if rank == 0 and size > 1:
+        # Completed on gyre's callback thread, not by a thread of this test.
+        assert threads[0] != threading.get_ident()
     assert work.is_completed()
     assert torch.equal(t.double(), per_rank(size, 1 << 16).sum(0))
     assert work.wait()
@@ -179,6 +187,17 @@ def test_shape_mismatch_raises_on_every_rank(world):
     with pytest.raises(gyre.MismatchError):
         work.wait()
     assert not work.is_success()
+
+
+def test_different_collectives_raise_on_every_rank(world):
+    rank, size = world
+    if size < 2:
+        pytest.skip("needs two ranks")
+    with pytest.raises(gyre.MismatchError, match="disagree on collective"):
+        if rank == 0:
+            dist.all_reduce(torch.ones(4))
+        else:
+            dist.broadcast(torch.ones(4), src=0)
 
 
 def test_refusal_on_one_rank_raises_on_every_rank(world):
