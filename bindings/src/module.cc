@@ -215,6 +215,8 @@ PYBIND11_MODULE(_gyre, m) {
              return op.poll();
            })
       .def("wait", &PendingOp::wait)
+      .def("add_done_callback", &PendingOp::add_done_callback, py::arg("fn"),
+           "Calls fn() on one of gyre's callback threads (GIL held) once the operation completes.")
       .def("output", [](const PendingOp& op) { return OutputTensor(op.handle()); })
       .def("received_splits",
            [](const PendingOp& op) { return op.handle().received_splits(); });

@@ -1,7 +1,11 @@
+// Python handles of enqueued operations: keeping tensors alive until
+// completion, waiting, and running Python callbacks on completion.
 #include "pending_op.h"
 
 #include <atomic>
 #include <chrono>
+#include <deque>
+#include <thread>
 
 namespace gyre::python {
 namespace {
@@ -39,6 +43,91 @@ void bury(Imports&& imports) {
   }
 }
 
+// Runs the Python callables of completed operations (add_done_callback) on
+// threads of their own, which take the GIL; the background thread only
+// queues them. A callable may block on a later operation (torch's PowerSGD
+// hook waits on an allreduce inside a future's callback), so when a callable
+// is queued and no callback thread is idle, another one is started (up to
+// kMaxThreads); threads beyond the first end after kIdleExit without work.
+// Created on first use and never destroyed: its threads may still be parked
+// on the queue while the interpreter exits.
+class CallbackThreads {
+ public:
+  static CallbackThreads& instance() {
+    static auto* t = new CallbackThreads();
+    return *t;
+  }
+
+  // Takes over one reference to `fn`. Any thread; no GIL needed.
+  void post(PyObject* fn) {
+    bool start = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(fn);
+      if (idle_ == 0 && threads_ < kMaxThreads) {
+        ++threads_;
+        start = true;
+      }
+    }
+    if (start) {
+      std::thread([this] { run(); }).detach();
+    } else {
+      cv_.notify_one();
+    }
+  }
+
+ private:
+  static constexpr int kMaxThreads = 32;
+  static constexpr std::chrono::seconds kIdleExit{10};
+
+  static bool finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing() != 0;
+#else
+    return _Py_IsFinalizing() != 0;
+#endif
+  }
+
+  void run() {
+    for (;;) {
+      PyObject* fn = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        ++idle_;
+        const bool work = cv_.wait_for(lock, kIdleExit, [&] { return !queue_.empty(); });
+        --idle_;
+        if (!work) {
+          if (threads_ > 1) {
+            --threads_;
+            return;
+          }
+          continue;
+        }
+        fn = queue_.front();
+        queue_.pop_front();
+      }
+      // Past this point taking the GIL would park the thread for good; the
+      // reference is dropped with the interpreter.
+      if (finalizing()) return;
+      py::gil_scoped_acquire gil;
+      PyObject* result = PyObject_CallNoArgs(fn);
+      if (result == nullptr) {
+        PyErr_WriteUnraisable(fn);
+      } else {
+        Py_DECREF(result);
+      }
+      Py_DECREF(fn);
+      drain_graveyard();
+    }
+  }
+
+  std::mutex mu_;  // guards queue_, idle_, threads_
+  std::condition_variable cv_;
+  std::deque<PyObject*> queue_;
+  int idle_ = 0;     // threads waiting for work
+  int threads_ = 0;  // threads started and not ended
+};
+
 }  // namespace
 
 void drain_graveyard() {
@@ -74,6 +163,18 @@ std::shared_ptr<PendingOp> PendingOp::start(Imports keep, const std::function<Ha
     });
   }
   return op;
+}
+
+void PendingOp::add_done_callback(py::object fn) const {
+  if (!PyCallable_Check(fn.ptr())) {
+    throw py::type_error("add_done_callback takes a callable, got " +
+                         std::string(py::str(py::type::of(fn).attr("__name__"))));
+  }
+  // The reference travels to the callback thread, which drops it with the
+  // GIL held. The runtime completes every handle (shutdown fails pending
+  // ones), so the callback runs exactly once.
+  PyObject* raw = fn.release().ptr();
+  handle_.on_complete([raw](std::exception_ptr) { CallbackThreads::instance().post(raw); });
 }
 
 bool PendingOp::poll() const { return handle_.poll(); }

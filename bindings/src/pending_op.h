@@ -63,6 +63,14 @@ class PendingOp {
   void wait() const;
   const Handle& handle() const { return handle_; }
 
+  // Calls `fn()` (no arguments) once the operation has completed, on one
+  // of gyre's callback threads with the GIL held; queued at once if already
+  // complete. The background thread only queues the call: it never waits for
+  // the GIL. `fn` may block on other operations (another callback thread
+  // then runs their callbacks). An exception `fn` raises is reported as unraisable. GIL held on
+  // entry.
+  void add_done_callback(py::object fn) const;
+
  private:
   Handle handle_;
   std::shared_ptr<Completion> completion_;

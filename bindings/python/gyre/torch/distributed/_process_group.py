@@ -1,0 +1,408 @@
+"""GyreProcessGroup: torch.distributed's collectives on gyre's runtime.
+
+Each collective becomes one gyre operation (several only for a list of
+tensors), enqueued at once; it returns a GyreWork whose future gyre's
+completion callback completes. Operations are named "torch.<group>.<seq>":
+ranks issue a group's collectives in the same order (torch's own rule), so
+the names pair up, and a rank that issues a different collective, shape,
+dtype, op or root under the same name gets gyre's MismatchError, on every
+rank. An argument this rank cannot accept (a wrong output size, an op gyre
+lacks) is a refusal passed to the runtime, which announces it to the other
+ranks: every rank's call fails with the same reason instead of hanging.
+
+Collectives are reshaped onto gyre's: allgather, gather and reduce_scatter
+flatten each rank's tensor to one row; scatter is an alltoall in which only
+the root sends; barrier is a one-element allreduce.
+"""
+
+import threading
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from gyre import _gyre
+from gyre.ops import ReduceOp as _GyreOp
+
+from ._work import GyreWork
+
+_RedOpType = dist.ReduceOp.RedOpType
+_OPS = {
+    _RedOpType.SUM: _GyreOp.SUM,
+    _RedOpType.AVG: _GyreOp.AVERAGE,
+    _RedOpType.MIN: _GyreOp.MIN,
+    _RedOpType.MAX: _GyreOp.MAX,
+    _RedOpType.PRODUCT: _GyreOp.PRODUCT,
+}
+
+
+def _reduce_op(op: Any) -> Tuple[int, float, str]:
+    """torch's ReduceOp as (gyre op, prescale factor, refusal)."""
+    kind = op.op if isinstance(op, dist.ReduceOp) else op
+    if kind == _RedOpType.PREMUL_SUM:
+        factor = op.__getstate__()[1]
+        if isinstance(factor, torch.Tensor):
+            factor = factor.item()
+        return int(_GyreOp.SUM), float(factor), ""
+    if kind in _OPS:
+        return int(_OPS[kind]), 1.0, ""
+    return int(_GyreOp.SUM), 1.0, f"reduce op {kind} is not supported by the gyre backend " \
+        "(supported: SUM, AVG, MIN, MAX, PRODUCT, PREMUL_SUM)"
+
+
+def _tensor_refusal(tensors: Sequence[Any], what: str) -> str:
+    if len(tensors) == 0:
+        return f"{what}: an empty tensor list"
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            return f"{what}: expected torch tensors, got {type(t).__name__}"
+        if t.layout != torch.strided:
+            return f"{what}: {t.layout} tensors are not supported by the gyre backend"
+    return ""
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """t as one contiguous row (a view when t is contiguous)."""
+    return t.detach().reshape(1, -1).contiguous()
+
+
+class GyreProcessGroup(dist.ProcessGroup):
+    """A torch.distributed process group whose collectives run on gyre."""
+
+    def __init__(self, rank: int, size: int, tag: str) -> None:
+        super().__init__(rank, size)
+        self._tag = tag
+        self._group_name = ""
+        self._group_desc = ""
+        self._lock = threading.Lock()  # guards _seq
+        self._seq = 0
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return "gyre"
+
+    def name(self) -> str:
+        return "gyre"
+
+    # torch keeps a group's name and description in the backend, which a
+    # Python group replaces (FSDP looks groups up by name).
+    def getGroupName(self) -> str:  # noqa: N802 - torch's name
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
+    def _name(self) -> str:
+        with self._lock:
+            seq = self._seq
+            self._seq += 1
+        return f"torch.{self._tag}.{seq}"
+
+    # Reductions ----------------------------------------------------------------
+
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> GyreWork:
+        return self._allreduce(tensors, opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> GyreWork:
+        return self._allreduce(tensors, opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+
+    def _allreduce(self, tensors: List[torch.Tensor], op: Any) -> GyreWork:
+        name = self._name()
+        gop, pre, refusal = _reduce_op(op)
+        refusal = refusal or _tensor_refusal(tensors, "allreduce")
+        bufs = [t.detach().contiguous() for t in tensors] if not refusal else [None]
+        if len(bufs) == 1:
+            pending = _gyre.allreduce(name, bufs[0], None, gop, pre, 1.0, refusal)
+        else:
+            names = [f"{name}.{i}" for i in range(len(bufs))]
+            pending = _gyre.grouped_allreduce(names, bufs, None, gop, pre, 1.0, refusal)
+
+        def finish() -> List[torch.Tensor]:
+            for t, b in zip(tensors, bufs):
+                if b.data_ptr() != t.data_ptr():
+                    t.copy_(b)
+            return list(tensors)
+
+        return GyreWork([pending], finish)
+
+    def reduce(self, tensors: List[torch.Tensor], opts: Any) -> GyreWork:
+        """Only the root's tensor receives the result; the others' are untouched."""
+        name = self._name()
+        gop, pre, refusal = _reduce_op(opts.reduceOp)
+        refusal = refusal or _tensor_refusal(tensors, "reduce")
+        if not refusal and len(tensors) != 1:
+            refusal = f"reduce takes one tensor per rank, got {len(tensors)}"
+        root = opts.rootRank
+        buf = None if refusal else tensors[0].detach().contiguous()
+        out = None if refusal or self.rank() == root else torch.empty_like(buf)
+        pending = _gyre.allreduce(name, buf, out, gop, pre, 1.0, refusal)
+
+        def finish() -> List[torch.Tensor]:
+            if out is None and buf.data_ptr() != tensors[0].data_ptr():
+                tensors[0].copy_(buf)
+            return list(tensors)
+
+        return GyreWork([pending], finish)
+
+    def reduce_scatter(self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]],
+                       opts: Any = None) -> GyreWork:
+        refusal = ""
+        if len(outputs) != 1 or len(input_lists) != 1:
+            refusal = "reduce_scatter takes one output tensor and one input list per rank"
+        elif len(input_lists[0]) != self.size():
+            refusal = (f"reduce_scatter: the input list holds {len(input_lists[0])} tensors, "
+                       f"expected one per rank ({self.size()})")
+        elif any(t.numel() != outputs[0].numel() for t in input_lists[0]):
+            refusal = "reduce_scatter: every input tensor must have the output's number of elements"
+        x = None if refusal else torch.cat([_flat(t) for t in input_lists[0]])
+        return self._reduce_scatter(x, outputs[0] if outputs else None, opts, refusal)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                              opts: Any = None) -> GyreWork:
+        refusal = ""
+        if input.numel() != output.numel() * self.size():
+            refusal = (f"reduce_scatter_tensor: the input has {input.numel()} elements, expected "
+                       f"the output's {output.numel()} times the world size {self.size()}")
+        x = None if refusal else input.detach().contiguous().reshape(self.size(), -1)
+        return self._reduce_scatter(x, output, opts, refusal)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def _reduce_scatter(self, x: Optional[torch.Tensor], output: Optional[torch.Tensor],
+                        opts: Any, refusal: str) -> GyreWork:
+        name = self._name()
+        gop, pre, op_refusal = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        pending = _gyre.reducescatter(name, x, gop, pre, 1.0, op_refusal or refusal)
+
+        def finish() -> List[torch.Tensor]:
+            output.copy_(torch.from_dlpack(pending.output()).view(output.shape))
+            return [output]
+
+        return GyreWork([pending], finish)
+
+    # Data movement -------------------------------------------------------------
+
+    def broadcast(self, tensors: List[torch.Tensor], opts: Any) -> GyreWork:
+        name = self._name()
+        refusal = _tensor_refusal(tensors, "broadcast")
+        bufs = [None] if refusal else [t.detach().contiguous() for t in tensors]
+        pendings = [
+            _gyre.broadcast(name if len(bufs) == 1 else f"{name}.{i}", b, opts.rootRank, refusal)
+            for i, b in enumerate(bufs)
+        ]
+
+        def finish() -> List[torch.Tensor]:
+            for t, b in zip(tensors, bufs):
+                if b.data_ptr() != t.data_ptr():
+                    t.copy_(b)
+            return list(tensors)
+
+        return GyreWork(pendings, finish)
+
+    def _allgather_rows(self, input: torch.Tensor, refusal: str):  # noqa: A002
+        """Starts an allgather of each rank's tensor as one row: (world, numel)."""
+        name = self._name()
+        x = None if refusal else _flat(input)
+        pending = _gyre.allgather(name, x, refusal)
+        return pending, lambda: torch.from_dlpack(pending.output())
+
+    def allgather(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor],
+                  opts: Any = None) -> GyreWork:
+        refusal = _tensor_refusal(inputs, "allgather")
+        if not refusal and (len(inputs) != 1 or len(output_lists) != 1):
+            refusal = "allgather takes one input tensor and one output list per rank"
+        elif not refusal and len(output_lists[0]) != self.size():
+            refusal = (f"allgather: the output list holds {len(output_lists[0])} tensors, "
+                       f"expected one per rank ({self.size()})")
+        elif not refusal and any(o.numel() != inputs[0].numel() or o.dtype != inputs[0].dtype
+                                 for o in output_lists[0]):
+            refusal = "allgather: every output tensor must have the input's size and dtype"
+        pending, rows = self._allgather_rows(inputs[0] if inputs else None, refusal)
+
+        def finish() -> List[List[torch.Tensor]]:
+            r = rows()
+            for i, o in enumerate(output_lists[0]):
+                o.copy_(r[i].view(o.shape))
+            return output_lists
+
+        return GyreWork([pending], finish)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                          opts: Any = None) -> GyreWork:
+        refusal = ""
+        if output.numel() != input.numel() * self.size() or output.dtype != input.dtype:
+            refusal = (f"all_gather_into_tensor: the output has {output.numel()} elements of "
+                       f"{output.dtype}, expected {input.numel()} x world size {self.size()} "
+                       f"of {input.dtype}")
+        pending, rows = self._allgather_rows(input, refusal)
+
+        def finish() -> List[torch.Tensor]:
+            output.copy_(rows().view(output.shape))
+            return [output]
+
+        return GyreWork([pending], finish)
+
+    _allgather_base = all_gather_single
+
+    def gather(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor],
+               opts: Any) -> GyreWork:
+        root = opts.rootRank
+        refusal = _tensor_refusal(inputs, "gather")
+        if not refusal and self.rank() == root and (
+                len(output_lists) != 1 or len(output_lists[0]) != self.size()):
+            refusal = f"gather: the root needs an output list of {self.size()} tensors"
+        pending, rows = self._allgather_rows(inputs[0] if inputs else None, refusal)
+
+        def finish() -> List[List[torch.Tensor]]:
+            if self.rank() == root:
+                r = rows()
+                for i, o in enumerate(output_lists[0]):
+                    o.copy_(r[i].view(o.shape))
+            return output_lists
+
+        return GyreWork([pending], finish)
+
+    def scatter(self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]],
+                opts: Any) -> GyreWork:
+        """An alltoall in which the root sends row r to rank r and the others
+        send nothing."""
+        name = self._name()
+        root, size = opts.rootRank, self.size()
+        refusal = _tensor_refusal(outputs, "scatter")
+        x, splits = None, [0] * size
+        if not refusal and self.rank() == root:
+            if len(input_lists) != 1 or len(input_lists[0]) != size:
+                refusal = f"scatter: the root needs an input list of {size} tensors"
+            elif any(t.numel() != outputs[0].numel() for t in input_lists[0]):
+                refusal = "scatter: every input tensor must have the output's number of elements"
+            else:
+                x = torch.cat([_flat(t) for t in input_lists[0]])
+                splits = [1] * size
+        elif not refusal:
+            x = outputs[0].new_empty((0, outputs[0].numel()))
+        pending = _gyre.alltoall(name, x, splits, refusal)
+
+        def finish() -> List[torch.Tensor]:
+            outputs[0].copy_(torch.from_dlpack(pending.output()).view(outputs[0].shape))
+            return outputs
+
+        return GyreWork([pending], finish)
+
+    def alltoall(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
+                 opts: Any = None) -> GyreWork:
+        name = self._name()
+        refusal = _tensor_refusal(inputs, "all_to_all") or _tensor_refusal(outputs, "all_to_all")
+        if not refusal and (len(inputs) != self.size() or len(outputs) != self.size()):
+            refusal = f"all_to_all: the input and output lists need {self.size()} tensors each"
+        elif not refusal and len({t.dtype for t in list(inputs) + list(outputs)}) != 1:
+            refusal = "all_to_all: every input and output tensor must have one dtype"
+        x = None if refusal else torch.cat([t.detach().reshape(-1) for t in inputs])
+        splits = [] if refusal else [t.numel() for t in inputs]
+        pending = _gyre.alltoall(name, x, splits, refusal)
+
+        def finish() -> List[torch.Tensor]:
+            got = list(pending.received_splits())
+            want = [o.numel() for o in outputs]
+            if got != want:
+                raise ValueError(f"all_to_all: received {got} elements from the ranks, but the "
+                                 f"output tensors hold {want}")
+            for o, piece in zip(outputs, torch.from_dlpack(pending.output()).split(got)):
+                o.copy_(piece.view(o.shape))
+            return outputs
+
+        return GyreWork([pending], finish)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                          output_split_sizes: List[int], input_split_sizes: List[int],
+                          opts: Any = None) -> GyreWork:
+        name = self._name()
+        size, rows = self.size(), (input.shape[0] if input.dim() else 1)
+        refusal = ""
+        splits = list(input_split_sizes)
+        if not splits:
+            if rows % size:
+                refusal = (f"all_to_all_single: the input's first dimension ({rows}) does not "
+                           f"divide by the world size {size}; pass input_split_sizes")
+            splits = [rows // size] * size
+        x = None if refusal else input.detach().contiguous().reshape(rows, -1)
+        pending = _gyre.alltoall(name, x, splits, refusal)
+
+        def finish() -> List[torch.Tensor]:
+            got = list(pending.received_splits())
+            if output_split_sizes and got != list(output_split_sizes):
+                raise ValueError(f"all_to_all_single: received rows {got} from the ranks, "
+                                 f"output_split_sizes says {list(output_split_sizes)}")
+            out = torch.from_dlpack(pending.output())
+            if out.numel() != output.numel():
+                raise ValueError(f"all_to_all_single: received {out.numel()} elements, the "
+                                 f"output holds {output.numel()}")
+            output.copy_(out.view(output.shape))
+            return [output]
+
+        return GyreWork([pending], finish)
+
+    alltoall_base = all_to_all_single
+
+    # Coalesced collectives (torch's _coalescing_manager, FSDP) ----------------------
+    # Each collective of the batch is already asynchronous: the batch is
+    # their union.
+
+    def _start_coalescing(self, device: Any) -> None:
+        del device
+
+    def _end_coalescing(self, device: Any) -> GyreWork:
+        del device
+        return GyreWork([], lambda: [])
+
+    def allgather_coalesced(self, output_lists: List[List[torch.Tensor]],
+                            inputs: List[torch.Tensor], opts: Any = None) -> GyreWork:
+        works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, inputs)]
+        return GyreWork(works, lambda: output_lists)
+
+    def all_gather_single_coalesced(self, outputs: List[torch.Tensor],
+                                    inputs: List[torch.Tensor], opts: Any = None) -> GyreWork:
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return GyreWork(works, lambda: outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter_single_coalesced(self, outputs: List[torch.Tensor],
+                                        inputs: List[torch.Tensor], opts: Any = None) -> GyreWork:
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return GyreWork(works, lambda: outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # Synchronisation and point to point ------------------------------------------
+
+    def barrier(self, opts: Any = None) -> GyreWork:
+        name = self._name()
+        token = torch.zeros(1)
+        pending = _gyre.allreduce(name, token, None, int(_GyreOp.SUM), 1.0, 1.0, "")
+        return GyreWork([pending], lambda: [token])
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """A barrier; a rank that never arrives ends in gyre's TimeoutError,
+        which names it, after gyre's stall timeout."""
+        del timeout, wait_all_ranks
+        self.barrier().wait()
+
+    def _no_p2p(self, what: str):
+        raise RuntimeError(
+            f"{what}: the gyre backend has no point-to-point operations (gyre runs collectives "
+            "only). Use a collective (all_to_all_single with splits, broadcast, scatter), or "
+            "a gloo group for the point-to-point traffic: dist.new_group(backend='gloo')")
+
+    def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0):
+        self._no_p2p("send/isend")
+
+    def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0):
+        self._no_p2p("recv/irecv")
+
+    def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0):
+        self._no_p2p("recv/irecv")

@@ -1,0 +1,251 @@
+"""torch.distributed on the gyre backend: every collective against a value
+computed locally (rank r fills element i with r + 1 + i % 7), asynchrony
+(futures completed by gyre's callback thread, without wait()), errors on
+every rank (mismatch, a refusal on one rank), and how a job is launched."""
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import gyre
+import gyre.torch.distributed  # noqa: F401 (registers the backend)
+from gyre.torch.distributed import _launch
+
+N = 11
+
+
+@pytest.fixture(scope="module")
+def world():
+    if not dist.is_initialized():
+        dist.init_process_group("gyre")
+    assert dist.get_backend() == "gyre"
+    return dist.get_rank(), dist.get_world_size()
+
+
+def fill(r, n=N, dtype=torch.float32):
+    return (r + 1 + torch.arange(n) % 7).to(dtype)
+
+
+def per_rank(size, n=N, dtype=torch.float64):
+    return torch.stack([fill(r, n, dtype) for r in range(size)])
+
+
+OPS = {
+    "sum": (dist.ReduceOp.SUM, lambda a: a.sum(0)),
+    "avg": (dist.ReduceOp.AVG, lambda a: a.mean(0)),
+    "min": (dist.ReduceOp.MIN, lambda a: a.min(0).values),
+    "max": (dist.ReduceOp.MAX, lambda a: a.max(0).values),
+    "product": (dist.ReduceOp.PRODUCT, lambda a: a.prod(0)),
+    "premul_sum": (dist._make_nccl_premul_sum(0.5), lambda a: 0.5 * a.sum(0)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_all_reduce(world, op, dtype):
+    rank, size = world
+    t = fill(rank, dtype=dtype)
+    dist.all_reduce(t, op=OPS[op][0])
+    assert torch.allclose(t.double(), OPS[op][1](per_rank(size)))
+
+
+def test_all_reduce_int_and_non_contiguous(world):
+    rank, size = world
+    t = fill(rank, dtype=torch.int32)
+    dist.all_reduce(t)
+    assert torch.equal(t, per_rank(size).sum(0).int())
+    m = fill(rank, 12).view(3, 4).t()  # not contiguous
+    dist.all_reduce(m)
+    assert torch.equal(m, per_rank(size, 12).sum(0).float().view(3, 4).t())
+
+
+@pytest.mark.parametrize("root", [0, -1])
+def test_broadcast(world, root):
+    rank, size = world
+    root = root % size
+    t = fill(rank)
+    dist.broadcast(t, src=root)
+    assert torch.equal(t, fill(root))
+
+
+def test_all_gather_and_into_tensor(world):
+    rank, size = world
+    out = [torch.empty(2, 3) for _ in range(size)]
+    dist.all_gather(out, fill(rank, 6).view(2, 3))
+    for r in range(size):
+        assert torch.equal(out[r], fill(r, 6).view(2, 3))
+    flat = torch.empty(size * 4)
+    dist.all_gather_into_tensor(flat, fill(rank, 4))
+    assert torch.equal(flat, torch.cat([fill(r, 4) for r in range(size)]))
+
+
+def test_reduce_scatter_and_tensor(world):
+    rank, size = world
+    out = torch.empty(N)
+    dist.reduce_scatter(out, [fill(rank + i) for i in range(size)])
+    assert torch.equal(out.double(), sum(fill(r + rank, dtype=torch.float64) for r in range(size)))
+    x = torch.cat([fill(rank + i, 3) for i in range(size)])
+    out = torch.empty(3)
+    dist.reduce_scatter_tensor(out, x, op=dist.ReduceOp.MAX)
+    assert torch.equal(out, fill(size - 1 + rank, 3))
+
+
+def test_reduce_leaves_other_ranks_untouched(world):
+    rank, size = world
+    t = fill(rank)
+    dist.reduce(t, dst=size - 1)
+    want = per_rank(size).sum(0).float() if rank == size - 1 else fill(rank)
+    assert torch.equal(t, want)
+
+
+def test_gather_and_scatter(world):
+    rank, size = world
+    out = [torch.empty(N) for _ in range(size)] if rank == 0 else None
+    dist.gather(fill(rank), out, dst=0)
+    if rank == 0:
+        assert all(torch.equal(out[r], fill(r)) for r in range(size))
+    got = torch.empty(N)
+    dist.scatter(got, [fill(10 + r) for r in range(size)] if rank == size - 1 else None,
+                 src=size - 1)
+    assert torch.equal(got, fill(10 + rank))
+
+
+def test_all_to_all(world):
+    rank, size = world
+    # Rank r sends p + 1 elements of value 100 r + p to rank p.
+    outs = [torch.empty(rank + 1) for _ in range(size)]
+    dist.all_to_all(outs, [torch.full((p + 1,), 100.0 * rank + p) for p in range(size)])
+    for r in range(size):
+        assert torch.equal(outs[r], torch.full((rank + 1,), 100.0 * r + rank))
+
+
+def test_all_to_all_single_even_and_with_splits(world):
+    rank, size = world
+    out = torch.empty(size * 2)
+    dist.all_to_all_single(out, torch.arange(size * 2.0) + 100 * rank)
+    want = torch.cat([torch.arange(2.0 * rank, 2.0 * rank + 2) + 100 * r for r in range(size)])
+    assert torch.equal(out, want)
+    # Rank r sends r + p rows of width 2 to rank p.
+    in_splits = [rank + p for p in range(size)]
+    out_splits = [r + rank for r in range(size)]
+    x = torch.full((sum(in_splits), 2), float(rank))
+    out = torch.empty(sum(out_splits), 2)
+    dist.all_to_all_single(out, x, out_splits, in_splits)
+    assert torch.equal(out, torch.cat([torch.full((r + rank, 2), float(r)) for r in range(size)]))
+
+
+def test_barrier_and_object_collectives(world):
+    rank, size = world
+    dist.barrier()
+    objs = [{"from": rank}, "two"] if rank == 0 else [None, None]
+    dist.broadcast_object_list(objs, src=0)
+    assert objs == [{"from": 0}, "two"]
+    gathered = [None] * size
+    dist.all_gather_object(gathered, ("rank", rank))
+    assert gathered == [("rank", r) for r in range(size)]
+
+
+def test_async_future_completed_by_gyre_without_wait(world):
+    rank, size = world
+    t = fill(rank, 1 << 16)
+    done = threading.Event()
+    threads = []
+
+    def on_done(fut):
+        threads.append(threading.get_ident())
+        done.set()
+        return fut.value()
+
+    # Rank 0 attaches its callback before the other ranks issue the
+    # allreduce (they wait for rank 0's signal, an operation of gyre's own
+    # name), so there the future cannot be complete yet.
+    if rank != 0:
+        gyre.allreduce(torch.ones(1), name="test.future_attached")
+    work = dist.all_reduce(t, async_op=True)
+    work.get_future().then(on_done)
+    if rank == 0:
+        gyre.allreduce(torch.ones(1), name="test.future_attached")
+    assert done.wait(30), "the future was not completed"
+    if rank == 0 and size > 1:
+        # Completed on gyre's callback thread, not by a thread of this test.
+        assert threads[0] != threading.get_ident()
+    assert work.is_completed()
+    assert torch.equal(t.double(), per_rank(size, 1 << 16).sum(0))
+    assert work.wait()
+
+
+def test_shape_mismatch_raises_on_every_rank(world):
+    rank, size = world
+    if size < 2:
+        pytest.skip("needs two ranks")
+    work = dist.all_reduce(torch.ones(3 + rank), async_op=True)
+    with pytest.raises(gyre.MismatchError):
+        work.wait()
+    assert not work.is_success()
+
+
+def test_different_collectives_raise_on_every_rank(world):
+    rank, size = world
+    if size < 2:
+        pytest.skip("needs two ranks")
+    with pytest.raises(gyre.MismatchError, match="disagree on collective"):
+        if rank == 0:
+            dist.all_reduce(torch.ones(4))
+        else:
+            dist.broadcast(torch.ones(4), src=0)
+
+
+def test_refusal_on_one_rank_raises_on_every_rank(world):
+    rank, size = world
+    if size < 2:
+        pytest.skip("needs two ranks")
+    # Rank 0 passes too short an output list: torch lets it through, gyre
+    # refuses it there and announces the refusal to the other ranks.
+    out = [torch.empty(N) for _ in range(size - (1 if rank == 0 else 0))]
+    with pytest.raises(gyre.InvalidArgumentError, match="output list"):
+        dist.all_gather(out, fill(rank))
+    dist.barrier()  # the group is still usable
+
+
+def test_unsupported_op_is_refused(world):
+    with pytest.raises(gyre.InvalidArgumentError, match="BAND"):
+        dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND)
+
+
+def test_point_to_point_is_refused_clearly(world):
+    rank, size = world
+    with pytest.raises(RuntimeError, match="no point-to-point"):
+        dist.send(torch.ones(1), dst=(rank + 1) % size)
+
+
+def test_rank_or_world_size_that_disagree_with_mpirun(world):
+    rank, size = world
+    with pytest.raises(ValueError, match="world_size=.* mpirun started"):
+        _launch.check_launch(world_size=size + 1)
+    if size > 1:
+        with pytest.raises(ValueError, match="rank=.* this process is rank"):
+            _launch.check_launch(rank=(rank + 1) % size)
+
+
+def test_gyre_rendezvous_checks_given_rank_and_world_size(world):
+    rank, size = world
+    # What init_process_group("gyre", rank=..., world_size=...) runs first.
+    with pytest.raises(ValueError, match=f"world_size={size + 2} was given"):
+        next(dist.rendezvous("gyre://", rank=rank, world_size=size + 2))
+
+
+def test_started_by_torchrun_gets_one_clear_error():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMI", "PMIX_", "MPI_", "HYDRA"))}
+    env.update(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    script = ("import torch.distributed as dist, gyre.torch.distributed\n"
+              "dist.init_process_group('gyre')\n")
+    p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode != 0
+    assert "not started by an MPI launcher" in p.stderr and "mpirun -np" in p.stderr
