@@ -65,6 +65,15 @@ struct LocalJob {
   }
 };
 
+// Options for in-process runs: short rounds, and a deadline that a failing
+// test reaches in bounded time instead of hanging.
+inline Options fast_options() {
+  Options o;
+  o.cycle_time_ms = 0.5;
+  o.op_timeout_s = 60;
+  return o;
+}
+
 inline void expect(bool ok, int rank, const std::string& what) {
   if (!ok) throw std::runtime_error(fmt::format("rank {}: expected {}", rank, what));
 }

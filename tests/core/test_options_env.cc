@@ -50,13 +50,6 @@ std::string refusal(const char* name, const char* value) {
   return "accepted";
 }
 
-Options fast_options() {
-  Options o;
-  o.cycle_time_ms = 0.5;
-  o.op_timeout_s = 60;
-  return o;
-}
-
 }  // namespace
 
 TEST_CASE("options: from_env refuses overflow, out of range, NaN, infinity and trailing text",

@@ -18,9 +18,7 @@ namespace {
 // The stall timeout stays at its default (600 s): only the announcement of
 // the refusal can end the other ranks' operations within the bound below.
 Options options() {
-  Options o;
-  o.cycle_time_ms = 0.5;
-  o.op_timeout_s = 60;
+  Options o = fast_options();
   return o;
 }
 

@@ -19,12 +19,6 @@ using core::Runtime;
 
 namespace {
 
-Options fast_options() {
-  Options o;
-  o.cycle_time_ms = 0.5;
-  o.op_timeout_s = 60;
-  return o;
-}
 
 // Rank r fills element i of tensor t with r + (i + t) % 7: the sum over n
 // ranks is n * ((i + t) % 7) + n (n - 1) / 2, exact in float32.

@@ -10,17 +10,6 @@ using namespace gyre;
 using namespace gyre::test;
 using core::Runtime;
 
-namespace {
-
-Options fast_options() {
-  Options o;
-  o.cycle_time_ms = 0.5;
-  o.op_timeout_s = 60;
-  return o;
-}
-
-}  // namespace
-
 TEST_CASE("local: a refused call of a pending name leaves the pending operation valid",
           "[runtime][errors]") {
   std::promise<void> refused;

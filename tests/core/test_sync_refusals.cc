@@ -17,9 +17,7 @@ namespace {
 // other ranks waiting for the refusing rank, and the test then fails in
 // bounded time instead of hanging.
 Options options() {
-  Options o;
-  o.cycle_time_ms = 0.5;
-  o.op_timeout_s = 60;
+  Options o = fast_options();
   o.stall_shutdown_s = 5;
   return o;
 }

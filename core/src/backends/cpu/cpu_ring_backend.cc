@@ -28,15 +28,19 @@ void CpuRingBackend::zero_ranges(std::byte* buf, std::span<const ByteRange> rang
   for (const ByteRange& r : ranges) std::memset(buf + r.offset, 0, r.bytes);
 }
 
-void CpuRingBackend::allreduce(const void* in, void* out, std::size_t count, DataType dt,
-                               const Reduction& red, const OpLabel&) {
+collectives::AllreduceOptions CpuRingBackend::allreduce_options(const Reduction& red) const {
   collectives::AllreduceOptions o;
   o.chunk_bytes = opt_.ring_chunk_bytes;
   o.small_bytes = opt_.allreduce_small_bytes;
   o.tag = kTagData;
   o.prescale = red.prescale;
   o.postscale = red.postscale;
-  collectives::allreduce(t_, in, out, count, dt, red.op, o);
+  return o;
+}
+
+void CpuRingBackend::allreduce(const void* in, void* out, std::size_t count, DataType dt,
+                               const Reduction& red, const OpLabel&) {
+  collectives::allreduce(t_, in, out, count, dt, red.op, allreduce_options(red));
 }
 
 void CpuRingBackend::broadcast(void* buf, std::size_t bytes, int root, const OpLabel&) {

@@ -12,6 +12,7 @@
 
 #include "backends/backend.h"
 #include "fusion/fusion.h"
+#include "gyre/collectives/algorithms.h"
 #include "gyre/collectives/transport.h"
 #include "gyre/options.h"
 
@@ -47,6 +48,9 @@ class CpuRingBackend : public Backend {
   const FusionBuffer& host_fusion_buffer() const { return fusion_; }
 
  protected:
+  // The ring/recursive-doubling allreduce's options: the runtime's chunk
+  // size and small-buffer threshold, the data tag, `red`'s scale factors.
+  collectives::AllreduceOptions allreduce_options(const Reduction& red) const;
   // Where a discarded result goes (a rank with no entry).
   std::byte* discard(std::size_t bytes);
 

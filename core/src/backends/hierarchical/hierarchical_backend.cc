@@ -8,12 +8,10 @@ namespace gyre::core {
 
 void HierarchicalBackend::allreduce(const void* in, void* out, std::size_t count, DataType dt,
                                     const Reduction& red, const OpLabel&) {
-  collectives::AllreduceOptions o;
-  o.chunk_bytes = opt_.ring_chunk_bytes;
-  o.small_bytes = opt_.allreduce_small_bytes;
-  o.tag = kTagData;
+  // The cross-host allreduce takes no scale factors of its own (see
+  // hierarchical_allreduce): those of `red` are passed separately.
   collectives::hierarchical_allreduce(host_->group(), *cross_, in, out, count, dt, red.op,
-                                      red.prescale, red.postscale, o);
+                                      red.prescale, red.postscale, allreduce_options(Reduction{}));
 }
 
 }  // namespace gyre::core
