@@ -17,7 +17,7 @@ void shm_allreduce(ShmGroup& g, const void* in, void* out, std::size_t count, Da
   // Every check before the first barrier: arguments are agreed across ranks,
   // so every rank throws alike and none is left waiting.
   const std::size_t esize = dtype_size(dt);
-  if (!is_floating(dt) && (prescale != 1.0 || postscale != 1.0)) {
+  if (!scaling_defined(dt) && (prescale != 1.0 || postscale != 1.0)) {
     throw InvalidArgument(fmt::format("shm allreduce: scale factors {} and {} on {} tensors",
                                       prescale, postscale, dtype_name(dt)));
   }

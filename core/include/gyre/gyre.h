@@ -135,6 +135,16 @@ void barrier();
 // until every rank has joined. Returns the last rank to join.
 int join();
 
+// Horovod's timeline at run time: records this rank's operations as a
+// Chrome trace (chrome://tracing, Perfetto) in `path` from now until
+// stop_timeline() or shutdown(). "{rank}" in `path` gives each rank its own
+// file; without it only rank 0 writes (as GYRE_TIMELINE). mark_cycles adds
+// an instant event per negotiation round. Starting again switches files.
+// Throws InvalidArgument if the file cannot be created.
+void start_timeline(const std::string& path, bool mark_cycles = false);
+// Ends the recording (the file is complete JSON); nothing if none runs.
+void stop_timeline();
+
 // Version vectors: see docs/architecture.md.
 void commit_step();                        // this rank finished one training step
 std::uint64_t committed_steps();           // this rank's own count

@@ -29,15 +29,6 @@ constexpr std::chrono::microseconds kMaxNap{200};
 // Least deadline of the first round (see loop()).
 constexpr double kStartupTimeoutS = 60.0;
 
-std::unique_ptr<Timeline> make_timeline(const Options& o, int rank) {
-  if (o.timeline_path.empty()) return nullptr;
-  std::string path = o.timeline_path;
-  auto pos = path.find("{rank}");
-  if (pos != std::string::npos) path.replace(pos, 6, std::to_string(rank));
-  else if (rank != 0) return nullptr;  // one file: rank 0's view
-  return std::make_unique<Timeline>(path, rank);
-}
-
 }  // namespace
 
 Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, RuntimeInfo info)
@@ -51,8 +42,9 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
       cache_(opt.cache_capacity),
       coord_(size_, opt.max_version_lag, opt.stall_shutdown_s),
       stall_(rank_, opt.stall_warning_s, opt.stall_shutdown_s),
-      timeline_(make_timeline(opt, rank_)),
-      executor_(*t_, opt_, queue_, vv_, timeline_.get(), log_) {
+      timeline_(rank_),
+      executor_(*t_, opt_, queue_, vv_, &timeline_, log_) {
+  if (!opt_.timeline_path.empty()) timeline_.start(opt_.timeline_path, false, "GYRE_TIMELINE");
   executor_.set_local_rank(info_.local_rank);
   if (info_.shm) executor_.use_shared_memory(info_.shm);
   // The background thread shares its rank's core with the training loop:
@@ -101,6 +93,13 @@ void Runtime::check_options_agree() {
   }
   if (auto why = options_problems(all, size_)) throw InvalidArgument(*why);
 }
+
+void Runtime::start_timeline(const std::string& path, bool mark_cycles) {
+  if (stopped_.load()) throw StateError("start_timeline(): gyre's background loop has stopped");
+  timeline_.start(path, mark_cycles, "start_timeline()");
+}
+
+void Runtime::stop_timeline() { timeline_.stop(); }
 
 std::string Runtime::internal_name(const char* what) {
   return fmt::format("__gyre.{}.{}", what, internal_seq_.fetch_add(1));
@@ -212,6 +211,7 @@ void Runtime::fatal(const std::exception& e) {
 
 bool Runtime::round() {
   const std::uint64_t round_no = rounds_.load();
+  if (timeline_.active()) timeline_.mark_cycle(Clock::now());
   phase_ = fmt::format("negotiation round {}", round_no);
   RoundMessage mine;
   mine.shutdown = shutdown_requested_.load();
