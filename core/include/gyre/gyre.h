@@ -105,7 +105,10 @@ int cross_size();
 bool nccl_built();
 
 // out may be the same view as in (in-place). Average divides by the number of
-// ranks that contributed (joined ranks excluded).
+// ranks that contributed (joined ranks excluded). Integer average and
+// pre/postscale truncate toward zero, as Horovod's do; bool reduces as
+// logical or/and; Adasum: floating CPU tensors, a power-of-two number of
+// ranks (types.h has the rules).
 Handle allreduce_async(const std::string& name, const TensorView& in, const TensorView& out,
                        ReduceOp op = ReduceOp::kAverage, double prescale = 1.0,
                        double postscale = 1.0);
