@@ -253,6 +253,11 @@ PYBIND11_MODULE(_gyre, m) {
   });
   m.def("barrier", [] { blocking([] { gyre::barrier(); }); });
   m.def("join", [] { return blocking([] { return gyre::join(); }); });
+  m.def(
+      "start_timeline",
+      [](const std::string& path, bool mark_cycles) { gyre::start_timeline(path, mark_cycles); },
+      py::arg("path"), py::arg("mark_cycles") = false);
+  m.def("stop_timeline", [] { gyre::stop_timeline(); });
   bind_operations(m);
   bind_divergence(m);
 }

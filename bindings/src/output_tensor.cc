@@ -17,6 +17,8 @@ DLDataType to_dl_dtype(DataType dt) {
     case DataType::kUInt8: return {kDLUInt, 8, 1};
     case DataType::kInt32: return {kDLInt, 32, 1};
     case DataType::kInt64: return {kDLInt, 64, 1};
+    case DataType::kInt16: return {kDLInt, 16, 1};
+    case DataType::kBool: return {6, 8, 1};  // kDLBool (newer than the DLPack 0.6 header)
   }
   throw InvalidArgument("output has an unknown dtype");
 }
@@ -32,6 +34,8 @@ const char* buffer_format(DataType dt) {
     case DataType::kUInt8: return "B";
     case DataType::kInt32: return "i";
     case DataType::kInt64: return "q";
+    case DataType::kInt16: return "h";
+    case DataType::kBool: return "?";
     case DataType::kBFloat16: break;
   }
   throw InvalidArgument("a bfloat16 output cannot be viewed through the buffer protocol; use DLPack");

@@ -10,6 +10,10 @@
 namespace gyre::python {
 namespace {
 
+// kDLBool (torch.bool, numpy.bool_: 8 bits), newer than the DLPack 0.6
+// header this builds against.
+constexpr int kDLBoolCode = 6;
+
 // Readable name of a DLPack dtype gyre does not take, for the error message.
 std::string dl_dtype_name(const DLDataType& t) {
   std::string kind;
@@ -19,7 +23,7 @@ std::string dl_dtype_name(const DLDataType& t) {
     case kDLFloat: kind = "float"; break;
     case kDLBfloat: kind = "bfloat"; break;
     case kDLComplex: kind = "complex"; break;
-    case 6: return "bool";  // kDLBool, newer than the DLPack 0.6 header
+    case kDLBoolCode: return "bool" + std::to_string(t.bits);
     default: kind = "code" + std::to_string(t.code) + "_"; break;
   }
   return kind + std::to_string(t.bits);
@@ -34,11 +38,13 @@ std::optional<DataType> from_dl_dtype(const DLDataType& t) {
   if (t.code == kDLUInt && t.bits == 8) return DataType::kUInt8;
   if (t.code == kDLInt && t.bits == 32) return DataType::kInt32;
   if (t.code == kDLInt && t.bits == 64) return DataType::kInt64;
+  if (t.code == kDLInt && t.bits == 16) return DataType::kInt16;
+  if (t.code == kDLBoolCode && t.bits == 8) return DataType::kBool;
   return std::nullopt;
 }
 
 constexpr const char* kSupported =
-    "supported: float32, float64, float16, bfloat16, int8, uint8, int32, int64";
+    "supported: float32, float64, float16, bfloat16, int8, uint8, int16, int32, int64, bool";
 
 // Compact row-major strides, in elements. Dimensions of extent 1 may carry
 // any stride (producers differ there), and an empty tensor is contiguous.
@@ -76,10 +82,12 @@ std::optional<DataType> from_buffer_format(const char* format, Py_ssize_t itemsi
   if (c == 'e' && itemsize == 2) return DataType::kFloat16;
   if (std::strchr("bhilqn", c)) {
     if (itemsize == 1) return DataType::kInt8;
+    if (itemsize == 2) return DataType::kInt16;
     if (itemsize == 4) return DataType::kInt32;
     if (itemsize == 8) return DataType::kInt64;
   }
   if (std::strchr("BHILQN", c) && itemsize == 1) return DataType::kUInt8;
+  if (c == '?' && itemsize == 1) return DataType::kBool;
   return std::nullopt;
 }
 

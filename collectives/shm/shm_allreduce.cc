@@ -60,7 +60,7 @@ void reduce_my_share(ShmGroup& g, std::size_t n, DataType dt, ReduceFn reduce, C
 // Checks made before the first barrier: arguments are agreed across ranks,
 // so every rank throws alike and none is left waiting.
 void check_scales(DataType dt, double prescale, double postscale) {
-  if (!is_floating(dt) && (prescale != 1.0 || postscale != 1.0)) {
+  if (!scaling_defined(dt) && (prescale != 1.0 || postscale != 1.0)) {
     throw InvalidArgument(fmt::format("shm allreduce: scale factors {} and {} on {} tensors",
                                       prescale, postscale, dtype_name(dt)));
   }

@@ -88,7 +88,7 @@ void shm_reduce_scatter(ShmGroup& g, const void* in, void* out,
                         std::span<const std::size_t> counts, DataType dt, ReduceOp op,
                         double prescale, double postscale) {
   check_sizes(g, counts.size(), "reduce-scatter");
-  if (!is_floating(dt) && (prescale != 1.0 || postscale != 1.0)) {
+  if (!scaling_defined(dt) && (prescale != 1.0 || postscale != 1.0)) {
     throw InvalidArgument(fmt::format("shm reduce-scatter: scale factors {} and {} on {} tensors",
                                       prescale, postscale, dtype_name(dt)));
   }

@@ -68,5 +68,13 @@ struct OpMin {
 struct OpMax {
   template <class T> static T apply(T a, T b) { return a < b ? b : a; }
 };
+// bool, stored as one byte: any non-zero byte reads as true and every
+// result is 0 or 1.
+struct OpOr {
+  template <class T> static T apply(T a, T b) { return static_cast<T>((a | b) != 0); }
+};
+struct OpAnd {
+  template <class T> static T apply(T a, T b) { return static_cast<T>((a != 0) & (b != 0)); }
+};
 
 }  // namespace gyre::collectives::kernels

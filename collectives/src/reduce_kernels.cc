@@ -24,8 +24,10 @@
 // -fopt-info-vec-optimized to this file).
 #include "gyre/collectives/reduce_kernels.h"
 
+#include <cmath>
 #include <cstdint>
 #include <fmt/format.h>
+#include <limits>
 #include <type_traits>
 
 #include "gyre/error.h"
@@ -91,13 +93,55 @@ constexpr Entry entries_for(ReduceOp op) {
     case ReduceOp::kMin: return {reduce_fn<E, OpMin>, combine_fn<E, OpMin>};
     case ReduceOp::kMax: return {reduce_fn<E, OpMax>, combine_fn<E, OpMax>};
     case ReduceOp::kProduct: return {reduce_fn<E, OpProd>, combine_fn<E, OpProd>};
+    case ReduceOp::kAdasum: break;  // not element-wise: refused by lookup()
   }
   return {nullptr, nullptr};
+}
+
+// bool: sum and max are logical or, product and min logical and.
+constexpr Entry bool_entries(ReduceOp op) {
+  using B = std::uint8_t;
+  if (op == ReduceOp::kSum || op == ReduceOp::kMax) {
+    return {reduce_fn<B, OpOr>, combine_fn<B, OpOr>};
+  }
+  return {reduce_fn<B, OpAnd>, combine_fn<B, OpAnd>};
+}
+
+// The integer value nearest to v toward zero, saturated to T's range:
+// Horovod's integer scaling (the product in float64, converted to the
+// integer type), with the out-of-range case (undefined in C++) defined.
+template <class T>
+T truncate_saturate(double v) {
+  constexpr double lo = static_cast<double>(std::numeric_limits<T>::min());
+  // max() + 1 is a power of two, exact as a double, unlike max() for int64.
+  constexpr double hi = static_cast<double>(std::numeric_limits<T>::max() / 2 + 1) * 2.0;
+  if (v != v) return 0;
+  if (v <= lo) return std::numeric_limits<T>::min();
+  if (v >= hi) return std::numeric_limits<T>::max();
+  return static_cast<T>(v);  // truncates toward zero
+}
+
+// When f is the float64 nearest to 1/k for an integer k (average's 1/n,
+// a postscale of 1/k), x / k is computed instead of x * f: the factor
+// stands for that exact fraction, and the product can fall just below an
+// exact multiple (49 * fl(1/49) < 1 would truncate to 0).
+template <class T>
+void scale_int(T* x, std::size_t n, double f) {
+  const double k = std::round(1.0 / f);
+  if (k != 0 && std::isfinite(k) && 1.0 / k == f) {
+    for (std::size_t i = 0; i < n; ++i) x[i] = truncate_saturate<T>(static_cast<double>(x[i]) / k);
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) x[i] = truncate_saturate<T>(static_cast<double>(x[i]) * f);
 }
 
 Entry lookup(DataType dt, ReduceOp op) {
   if (static_cast<int>(op) >= kNumReduceOps) {
     throw InvalidArgument(fmt::format("unknown reduce op {}", static_cast<int>(op)));
+  }
+  if (op == ReduceOp::kAdasum) {
+    throw InvalidArgument(
+        "reduce op 'adasum' has no element-wise kernel: it is computed by adasum_allreduce");
   }
   if (!op_defined(dt, op)) {
     throw InvalidArgument(fmt::format("reduce op '{}' is not defined for dtype {}", op_name(op),
@@ -112,6 +156,8 @@ Entry lookup(DataType dt, ReduceOp op) {
     case DataType::kUInt8: return entries_for<std::uint8_t>(op);
     case DataType::kInt32: return entries_for<std::int32_t>(op);
     case DataType::kInt64: return entries_for<std::int64_t>(op);
+    case DataType::kInt16: return entries_for<std::int16_t>(op);
+    case DataType::kBool: return bool_entries(op);
   }
   throw InvalidArgument(fmt::format("unknown dtype {}", static_cast<int>(dt)));
 }
@@ -149,12 +195,17 @@ void scale(void* buf, std::size_t count, DataType dt, double factor, KernelIsa i
       return scale_loop<Half>(static_cast<std::uint16_t*>(buf), count, static_cast<float>(factor));
     case DataType::kBFloat16:
       return scale_loop<BFloat>(static_cast<std::uint16_t*>(buf), count, static_cast<float>(factor));
-    default:
+    case DataType::kInt8: return scale_int(static_cast<std::int8_t*>(buf), count, factor);
+    case DataType::kUInt8: return scale_int(static_cast<std::uint8_t*>(buf), count, factor);
+    case DataType::kInt16: return scale_int(static_cast<std::int16_t*>(buf), count, factor);
+    case DataType::kInt32: return scale_int(static_cast<std::int32_t*>(buf), count, factor);
+    case DataType::kInt64: return scale_int(static_cast<std::int64_t*>(buf), count, factor);
+    case DataType::kBool:
       throw InvalidArgument(fmt::format(
-          "scale factor {} on integer dtype {}: gyre defines pre/postscale only for floating "
-          "types",
-          factor, dtype_name(dt)));
+          "scale factor {} on a bool tensor: scaling (prescale, postscale, average) is not "
+          "defined for bool", factor));
   }
+  throw InvalidArgument(fmt::format("scale: unknown dtype {}", static_cast<int>(dt)));
 }
 
 }  // namespace gyre::collectives

@@ -99,6 +99,7 @@ void pick(ReduceOp op, ReduceFn* r, CombineFn* c) {
     case ReduceOp::kMin: *r = reduce_entry<E, OpMin>; *c = combine_entry<E, OpMin>; return;
     case ReduceOp::kMax: *r = reduce_entry<E, OpMax>; *c = combine_entry<E, OpMax>; return;
     case ReduceOp::kProduct: *r = reduce_entry<E, OpProd>; *c = combine_entry<E, OpProd>; return;
+    case ReduceOp::kAdasum: return;  // not element-wise
   }
 }
 

@@ -27,6 +27,11 @@ void check_reduction(DataType dt, ReduceOp op, const char* algo) {
   if (static_cast<int>(op) >= kNumReduceOps) {
     throw InvalidArgument(fmt::format("{}: unknown reduce op value {}", algo, static_cast<int>(op)));
   }
+  if (op == ReduceOp::kAdasum) {
+    throw InvalidArgument(fmt::format(
+        "{}: op 'adasum' is not an element-wise reduction; it is computed by adasum_allreduce",
+        algo));
+  }
   if (!op_defined(dt, op)) {
     throw InvalidArgument(fmt::format("{}: op '{}' is not defined for dtype {}", algo,
                                       op_name(op), dtype_name(dt)));
@@ -49,11 +54,10 @@ void check_scaling(DataType dt, double prescale, double postscale, const char* a
     throw InvalidArgument(fmt::format("{}: prescale ({}) and postscale ({}) must be finite", algo,
                                       prescale, postscale));
   }
-  if (!is_floating(dt) && (prescale != 1.0 || postscale != 1.0)) {
+  if (!scaling_defined(dt) && (prescale != 1.0 || postscale != 1.0)) {
     throw InvalidArgument(fmt::format(
-        "{}: prescale {} / postscale {} on integer dtype {}: scaling is defined for floating "
-        "types only",
-        algo, prescale, postscale, dtype_name(dt)));
+        "{}: prescale {} / postscale {} on dtype {}: scaling is not defined for {}", algo,
+        prescale, postscale, dtype_name(dt), dtype_name(dt)));
   }
 }
 

@@ -13,7 +13,8 @@ namespace gyre::collectives::detail {
 
 // The transport has a sane rank and size.
 void check_world(const Transport& t, const char* algo);
-// dt and op are known values and op is defined on dt.
+// dt and op are known values, op is defined on dt and element-wise (not
+// adasum).
 void check_reduction(DataType dt, ReduceOp op, const char* algo);
 // A known dtype.
 void check_dtype(DataType dt, const char* algo);
@@ -21,8 +22,7 @@ void check_dtype(DataType dt, const char* algo);
 void check_chunk(std::size_t chunk_bytes, const char* algo);
 // 0 <= tag < INT_MAX (the ring algorithms use tag and tag + 1).
 void check_tag(int tag, const char* algo);
-// prescale/postscale finite, and 1 on integer types (integer scaling is not
-// defined by gyre).
+// prescale/postscale finite, and 1 on bool (scaling is not defined there).
 void check_scaling(DataType dt, double prescale, double postscale, const char* algo);
 // `p` is not null when `bytes` > 0.
 void check_buffer(const void* p, std::size_t bytes, const char* name, const char* algo);

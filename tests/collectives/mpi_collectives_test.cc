@@ -113,6 +113,9 @@ void check_allreduce(transport::Transport& t, std::size_t count, ReduceOp op, bo
       for (auto& x : abs_sum) x /= static_cast<T>(g_size);
     }
     if (op == ReduceOp::kProduct) abs_sum.assign(count, T(1));  // |product| <= 1 here
+  } else if (op == ReduceOp::kAverage) {
+    // Integers average toward zero (Horovod's rule; the sums do not wrap here).
+    for (auto& x : want) x = static_cast<T>(std::trunc(static_cast<double>(x) / g_size));
   }
   std::vector<T> got = in;
   if (!in_place) got.assign(count, T(0));

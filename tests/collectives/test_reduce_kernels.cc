@@ -70,6 +70,12 @@ void reference(DataType dt, ReduceOp op, const std::byte* a, const std::byte* b,
     default: break;
   }
   const std::size_t esz = dtype_size(dt);
+  if (dt == DataType::kBool) {  // any non-zero byte is true; results are 0 or 1
+    const bool x = a[i] != std::byte{0}, y = b[i] != std::byte{0};
+    const bool any = op == ReduceOp::kSum || op == ReduceOp::kMax;
+    out[i] = std::byte{static_cast<unsigned char>(any ? (x || y) : (x && y))};
+    return;
+  }
   std::int64_t x = 0, y = 0;
   // Sign-extend from the element width.
   auto get = [&](const std::byte* p) -> std::int64_t {
@@ -77,6 +83,7 @@ void reference(DataType dt, ReduceOp op, const std::byte* a, const std::byte* b,
       case DataType::kInt8: { std::int8_t v; std::memcpy(&v, p, 1); return v; }
       case DataType::kUInt8: { std::uint8_t v; std::memcpy(&v, p, 1); return v; }
       case DataType::kInt32: { std::int32_t v; std::memcpy(&v, p, 4); return v; }
+      case DataType::kInt16: { std::int16_t v; std::memcpy(&v, p, 2); return v; }
       default: { std::int64_t v; std::memcpy(&v, p, 8); return v; }
     }
   };
@@ -84,7 +91,8 @@ void reference(DataType dt, ReduceOp op, const std::byte* a, const std::byte* b,
   y = get(b + esz * i);
   std::int64_t r = 0;
   switch (op) {
-    case ReduceOp::kSum: r = wrap(x, y, [](std::int64_t p, std::int64_t q) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage: r = wrap(x, y, [](std::int64_t p, std::int64_t q) {
         return static_cast<std::int64_t>(static_cast<std::uint64_t>(p) + static_cast<std::uint64_t>(q)); }); break;
     case ReduceOp::kProduct: r = wrap(x, y, [](std::int64_t p, std::int64_t q) {
         return static_cast<std::int64_t>(static_cast<std::uint64_t>(p) * static_cast<std::uint64_t>(q)); }); break;
@@ -212,7 +220,7 @@ TEST_CASE("16-bit scale: hardware and portable loops agree bit for bit", "[kerne
   }
 }
 
-TEST_CASE("scale multiplies floating types and refuses integer scaling", "[kernels]") {
+TEST_CASE("scale multiplies floating types, truncates integers, refuses bool", "[kernels]") {
   std::vector<float> f = {1.0f, -2.0f, 3.5f};
   scale(f.data(), f.size(), DataType::kFloat32, 0.5);
   CHECK(f == std::vector<float>{0.5f, -1.0f, 1.75f});
@@ -228,6 +236,39 @@ TEST_CASE("scale multiplies floating types and refuses integer scaling", "[kerne
   std::int32_t i[2] = {5, 6};
   scale(i, 2, DataType::kInt32, 1.0);  // factor 1: a no-op on any type
   CHECK(i[0] == 5);
-  CHECK_THROWS_AS(scale(i, 2, DataType::kInt32, 2.0), InvalidArgument);
   CHECK_THROWS_AS(scale(nullptr, 2, DataType::kFloat32, 2.0), InvalidArgument);
+
+  // Integers, as Horovod scales them: the float64 product truncated toward zero.
+  std::int32_t k[6] = {3, -3, 7, -7, 1, 0};
+  scale(k, 6, DataType::kInt32, 0.5);
+  CHECK(std::vector<std::int32_t>(k, k + 6) == std::vector<std::int32_t>{1, -1, 3, -3, 0, 0});
+  std::int64_t big[2] = {1'000'000'007, -5};
+  scale(big, 2, DataType::kInt64, 2.5);
+  CHECK(big[0] == 2'500'000'017);  // 2500000017.5 truncated
+  CHECK(big[1] == -12);
+  std::uint8_t u[2] = {200, 9};
+  scale(u, 2, DataType::kUInt8, 0.3);
+  CHECK(u[0] == 60);  // 200 * 0.3 = 60.000000000000007 (float64) -> 60
+  CHECK(u[1] == 2);   // 2.7 -> 2
+  // Saturation beyond the type's range (C++ leaves that conversion undefined).
+  std::int8_t s8[3] = {100, -100, 5};
+  scale(s8, 3, DataType::kInt8, 3.0);
+  CHECK(std::vector<int>(s8, s8 + 3) == std::vector<int>{127, -128, 15});
+  std::int16_t s16[2] = {20000, -20000};
+  scale(s16, 2, DataType::kInt16, 2.0);
+  CHECK(s16[0] == 32767);
+  CHECK(s16[1] == -32768);
+  std::uint8_t neg[1] = {4};
+  scale(neg, 1, DataType::kUInt8, -1.0);
+  CHECK(neg[0] == 0);
+  // 1/n divides: an exact multiple of n stays exact where the float64
+  // product falls short (49 * fl(1/49) = 0.99999999999999989).
+  REQUIRE(49.0 * (1.0 / 49.0) < 1.0);
+  std::int32_t avg[3] = {49, 98, -49};
+  scale(avg, 3, DataType::kInt32, 1.0 / 49.0);
+  CHECK(std::vector<std::int32_t>(avg, avg + 3) == std::vector<std::int32_t>{1, 2, -1});
+
+  std::uint8_t b[2] = {1, 0};
+  scale(b, 2, DataType::kBool, 1.0);  // factor 1: a no-op
+  CHECK_THROWS_AS(scale(b, 2, DataType::kBool, 0.5), InvalidArgument);
 }

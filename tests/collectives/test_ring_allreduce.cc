@@ -101,7 +101,7 @@ std::string run_case(const Case& c) {
   if (c.op != ReduceOp::kProduct) factor *= c.prescale;  // linear ops only in these tests
   for (int r = 0; r < c.n; ++r) {
     for (std::size_t i = 0; i < c.count; ++i) {
-      const double want = test::expected(c.op, c.n, i) * factor;
+      const double want = test::expected(c.dt, c.op, c.n, i) * factor;
       const double got = test::load(c.dt, out[r].data(), i);
       if (!test::close_enough(got, want, tol)) {
         return "rank " + std::to_string(r) + " element " + std::to_string(i) + ": got " +
@@ -234,4 +234,51 @@ TEST_CASE("ring_allreduce: a few million elements", "[allreduce][large]") {
   check({4, 3'000'017, DataType::kFloat32, ReduceOp::kSum, false});
   check({3, 2'000'003, DataType::kInt32, ReduceOp::kSum, true, 64 * 1024});
   check({2, 4'000'037, DataType::kBFloat16, ReduceOp::kMax, false});
+}
+
+TEST_CASE("allreduce: integer average, prescale and postscale truncate as Horovod's",
+          "[allreduce]") {
+  // Rank r holds 5 + r + i % 3. Each algorithm: prescale 0.5 truncates each
+  // contribution, postscale 0.75 truncates the sum; average divides the sum
+  // by n toward zero.
+  for (int n : {1, 2, 3, 4}) {
+    for (int algo = 0; algo < 2; ++algo) {
+      for (DataType dt : {DataType::kInt8, DataType::kUInt8, DataType::kInt16, DataType::kInt32,
+                          DataType::kInt64}) {
+        INFO("n " << n << (algo ? " ring" : " recursive doubling") << " " << dtype_name(dt));
+        const std::size_t count = 50, esz = dtype_size(dt);
+        std::vector<std::vector<std::byte>> scaled(n), avg(n);
+        run_local_world(n, [&](transport::Transport& t) {
+          auto& s = scaled[t.rank()];
+          auto& a = avg[t.rank()];
+          s.resize(count * esz);
+          a.resize(count * esz);
+          for (std::size_t i = 0; i < count; ++i) {
+            test::store(dt, s.data(), i, 5 + t.rank() + static_cast<double>(i % 3));
+            test::store(dt, a.data(), i, (i % 2 ? -1.0 : 1.0) * (5 + t.rank() + i % 3));
+          }
+          if (dt == DataType::kUInt8) std::memcpy(a.data(), s.data(), a.size());
+          AllreduceOptions o;
+          o.small_bytes = algo == 0 ? std::size_t{1} << 20 : 0;
+          o.prescale = 0.5;
+          o.postscale = 0.75;
+          allreduce(t, s.data(), s.data(), count, dt, ReduceOp::kSum, o);
+          allreduce(t, a.data(), a.data(), count, dt, ReduceOp::kAverage,
+                    AllreduceOptions{.small_bytes = o.small_bytes});
+        }, kTimeout);
+        for (std::size_t i = 0; i < count; ++i) {
+          double sum = 0, plain = 0;
+          for (int r = 0; r < n; ++r) {
+            sum += std::trunc((5 + r + static_cast<double>(i % 3)) * 0.5);
+            plain += 5 + r + static_cast<double>(i % 3);
+          }
+          const double sign = (dt == DataType::kUInt8 || i % 2 == 0) ? 1.0 : -1.0;
+          for (int r = 0; r < n; ++r) {
+            CHECK(test::load(dt, scaled[r].data(), i) == std::trunc(sum * 0.75));
+            CHECK(test::load(dt, avg[r].data(), i) == sign * std::trunc(plain / n));
+          }
+        }
+      }
+    }
+  }
 }

@@ -123,7 +123,7 @@ TEST_CASE("ring_reduce_scatter: every dtype and op, uneven counts", "[reduce_sca
             for (int r = 0; r < n; ++r) {
               const std::byte* res = in_place ? in[r].data() + off[r] * esz : out[r].data();
               for (std::size_t i = 0; i < counts[r]; ++i) {
-                const double want = test::expected(op, n, off[r] + i);
+                const double want = test::expected(dt, op, n, off[r] + i);
                 wrong += !test::close_enough(test::load(dt, res, i), want, tol);
               }
             }

@@ -90,7 +90,7 @@ std::string run_case(const Case& c) {
   if (c.op != ReduceOp::kProduct) factor *= c.prescale;
   for (int r = 0; r < c.n; ++r) {
     for (std::size_t i = 0; i < c.count; ++i) {
-      const double want = test::expected(c.op, c.n, i) * factor;
+      const double want = test::expected(c.dt, c.op, c.n, i) * factor;
       const double got = test::load(c.dt, out[r].data(), i);
       if (!test::close_enough(got, want, tol)) {
         return "rank " + std::to_string(r) + " element " + std::to_string(i) + ": got " +
@@ -143,16 +143,31 @@ TEST_CASE("shm_allreduce: slots of one cache line, large buffers, scale factors"
   }
 }
 
-TEST_CASE("shm_allreduce: integer scale factors are refused on every rank before any wait",
+TEST_CASE("shm_allreduce: bool scale factors are refused on every rank before any wait",
           "[shm]") {
   ShmOptions opt;
   opt.timeout = std::chrono::milliseconds(10000);
-  std::vector<std::int32_t> buf(10, 1);
+  std::vector<std::uint8_t> buf(10, 1);
   CHECK_THROWS_AS(run_group(2, opt, [&](ShmGroup& g) {
-    std::vector<std::int32_t> mine = buf;
-    shm_allreduce(g, mine.data(), mine.data(), mine.size(), DataType::kInt32, ReduceOp::kSum,
+    std::vector<std::uint8_t> mine = buf;
+    shm_allreduce(g, mine.data(), mine.data(), mine.size(), DataType::kBool, ReduceOp::kSum,
                   2.0, 1.0);
   }), InvalidArgument);
+}
+
+TEST_CASE("shm_allreduce: integer prescale and postscale truncate as Horovod's", "[shm]") {
+  ShmOptions opt;
+  opt.timeout = std::chrono::milliseconds(10000);
+  std::vector<std::vector<std::int32_t>> out(3);
+  run_group(3, opt, [&](ShmGroup& g) {
+    // Rank r holds 5 + r: prescale 0.5 gives 2, 3, 3 (truncated), sum 8,
+    // postscale 0.75 gives 6.
+    std::vector<std::int32_t> mine(7, 5 + g.rank());
+    shm_allreduce(g, mine.data(), mine.data(), mine.size(), DataType::kInt32, ReduceOp::kSum,
+                  0.5, 0.75);
+    out[static_cast<std::size_t>(g.rank())] = mine;
+  });
+  for (const auto& o : out) CHECK(o == std::vector<std::int32_t>(7, 6));
 }
 
 TEST_CASE("shm group: a rank that never arrives is a TimeoutError naming it", "[shm]") {
@@ -294,7 +309,7 @@ TEST_CASE("shm_reduce_scatter: every dtype and op, uneven blocks, in place", "[s
               INFO("n=" << n << " " << dtype_name(dt) << " " << op_name(op) << " rank " << r
                         << " element " << i << (in_place ? " in place" : ""));
               REQUIRE(test::close_enough(test::load(dt, got, i),
-                                         test::expected(op, n, first[r] + i), tol));
+                                         test::expected(dt, op, n, first[r] + i), tol));
             }
           }
         }

@@ -28,6 +28,8 @@ inline void store(DataType dt, void* buf, std::size_t i, double v) {
     case DataType::kUInt8: static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(v); return;
     case DataType::kInt32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v); return;
     case DataType::kInt64: static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v); return;
+    case DataType::kInt16: static_cast<std::int16_t*>(buf)[i] = static_cast<std::int16_t>(v); return;
+    case DataType::kBool: static_cast<std::uint8_t*>(buf)[i] = v != 0; return;
   }
 }
 
@@ -43,6 +45,8 @@ inline double load(DataType dt, const void* buf, std::size_t i) {
     case DataType::kUInt8: return static_cast<const std::uint8_t*>(buf)[i];
     case DataType::kInt32: return static_cast<const std::int32_t*>(buf)[i];
     case DataType::kInt64: return static_cast<double>(static_cast<const std::int64_t*>(buf)[i]);
+    case DataType::kInt16: return static_cast<const std::int16_t*>(buf)[i];
+    case DataType::kBool: return static_cast<const std::uint8_t*>(buf)[i];
   }
   return 0;
 }
@@ -67,7 +71,8 @@ inline bool close_enough(double got, double want, double rel) {
 
 inline constexpr DataType kAllTypes[] = {
     DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16,
-    DataType::kInt8,    DataType::kUInt8,   DataType::kInt32,   DataType::kInt64};
+    DataType::kInt8,    DataType::kUInt8,   DataType::kInt16,   DataType::kInt32,
+    DataType::kInt64,   DataType::kBool};
 inline constexpr ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin,
                                        ReduceOp::kMax, ReduceOp::kProduct};
 
@@ -93,6 +98,25 @@ inline double expected(ReduceOp op, int n, std::size_t i) {
     }
   }
   return 0;
+}
+
+// The reduction as dtype dt defines it: integers average by truncating
+// toward zero (Horovod's rule, exact here since the factor is 1/n); bool
+// reduces the truth of each contribution (sum, max: or; min, product: and).
+inline double expected(DataType dt, ReduceOp op, int n, std::size_t i) {
+  if (dt == DataType::kBool) {
+    const bool any = op == ReduceOp::kSum || op == ReduceOp::kMax;
+    bool acc = !any;
+    for (int r = 0; r < n; ++r) {
+      const bool v = contribution(op, r, i) != 0;
+      acc = any ? (acc || v) : (acc && v);
+    }
+    return acc ? 1.0 : 0.0;
+  }
+  if (op == ReduceOp::kAverage && !is_floating(dt)) {
+    return std::trunc(expected(ReduceOp::kSum, n, i) / n);
+  }
+  return expected(op, n, i);
 }
 
 }  // namespace gyre::test

@@ -38,8 +38,8 @@ TEST_CASE("ring_allreduce rejects bad arguments", "[validation]") {
              Contains("ring_allreduce") && Contains("input buffer is null"));
   CHECK_THAT(invalid([&](auto& t) { ring_allreduce(t, buf.data(), nullptr, 10, DataType::kFloat32, ReduceOp::kSum); }),
              Contains("output buffer is null"));
-  CHECK_THAT(invalid([&](auto& t) { ring_allreduce(t, ints.data(), ints.data(), 10, DataType::kInt32, ReduceOp::kAverage); }),
-             Contains("'average' is not defined for dtype int32"));
+  CHECK_THAT(invalid([&](auto& t) { ring_allreduce(t, ints.data(), ints.data(), 10, DataType::kBool, ReduceOp::kAverage); }),
+             Contains("'average' is not defined for dtype bool"));
   CHECK_THAT(invalid([&](auto& t) { ring_allreduce(t, buf.data(), buf.data(), 10, static_cast<DataType>(42), ReduceOp::kSum); }),
              Contains("unknown dtype"));
   CHECK_THAT(invalid([&](auto& t) { ring_allreduce(t, buf.data(), buf.data(), 10, DataType::kFloat32, static_cast<ReduceOp>(9)); }),
@@ -53,9 +53,11 @@ TEST_CASE("ring_allreduce rejects bad arguments", "[validation]") {
   CHECK_THAT(invalid([&](auto& t) {
                RingAllreduceOptions o;
                o.postscale = 2.0;
-               ring_allreduce(t, ints.data(), ints.data(), 10, DataType::kInt32, ReduceOp::kSum, o);
+               ring_allreduce(t, ints.data(), ints.data(), 10, DataType::kBool, ReduceOp::kSum, o);
              }),
-             Contains("integer dtype int32"));
+             Contains("scaling is not defined for bool"));
+  CHECK_THAT(invalid([&](auto& t) { ring_allreduce(t, buf.data(), buf.data(), 10, DataType::kFloat32, ReduceOp::kAdasum); }),
+             Contains("adasum_allreduce"));
   CHECK_THAT(invalid([&](auto& t) { ring_allreduce(t, buf.data(), buf.data() + 1, 5, DataType::kFloat32, ReduceOp::kSum); }),
              Contains("overlap"));
   // Null buffers with a zero count are fine.
@@ -82,9 +84,9 @@ TEST_CASE("allgather, broadcast, reduce-scatter, alltoall reject bad arguments",
              }),
              Contains("counts has 2 entries"));
   CHECK_THAT(invalid([&](auto& t) {
-               ring_reduce_scatter(t, buf.data(), buf.data(), three, DataType::kUInt8, ReduceOp::kAverage);
+               ring_reduce_scatter(t, buf.data(), buf.data(), three, DataType::kBool, ReduceOp::kAverage);
              }),
-             Contains("not defined for dtype uint8"));
+             Contains("not defined for dtype bool"));
   CHECK_THAT(invalid([&](auto& t) {
                ring_reduce_scatter(t, buf.data(), buf.data() + 1, three, DataType::kFloat32, ReduceOp::kSum);
              }),

@@ -327,14 +327,17 @@ TEST_CASE("fingerprints: digests and mismatch groups", "[fingerprint]") {
 }
 
 TEST_CASE("timeline file is valid JSON after every event", "[timeline]") {
-  std::string path = fmt::format("gyre_core_timeline_unit_{}.json", ::getpid());
+  // "{rank}" names rank 3's file.
+  const std::string pattern = fmt::format("gyre_core_timeline_unit_{}_{{rank}}.json", ::getpid());
+  const std::string path = fmt::format("gyre_core_timeline_unit_{}_3.json", ::getpid());
   auto parses = [&] {
     std::string cmd = "python3 -c \"import json,sys; d=json.load(open(sys.argv[1])); "
                       "assert isinstance(d['traceEvents'], list)\" " + path;
     return std::system(cmd.c_str()) == 0;
   };
   {
-    Timeline t(path, 3);
+    Timeline t(3);
+    t.start(pattern, false, "test");
     CHECK(parses());
     auto t0 = Clock::now();
     t.slice("grad \"q\"\n", "NEGOTIATE", t0, t0 + std::chrono::microseconds(5));
@@ -350,7 +353,9 @@ TEST_CASE("timeline file is valid JSON after every event", "[timeline]") {
   ss << in.rdbuf();
   CHECK_THAT(ss.str(), Catch::Contains("\"ph\":\"X\"") && Catch::Contains("\"pid\":3"));
   std::remove(path.c_str());
-  CHECK_THROWS_AS(Timeline("/nonexistent-dir/x.json", 0), InvalidArgument);
+  Timeline bad(0);
+  CHECK_THROWS_AS(bad.start("/nonexistent-dir/x.json", false, "test"), InvalidArgument);
+  CHECK_FALSE(bad.active());
 }
 
 TEST_CASE("coordinator: a grouped allreduce runs once the whole group is ready", "[coordinator]") {

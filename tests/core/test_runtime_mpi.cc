@@ -216,3 +216,23 @@ TEST_CASE("mpi: the timeline file is valid JSON", "[mpi]") {
     std::remove(path.c_str());
   }
 }
+
+TEST_CASE("mpi: Adasum on a power of two, refused otherwise; integer average", "[mpi]") {
+  Session s;
+  const int n = size(), r = rank();
+  // Orthogonal contributions add under Adasum: rank r owns element r.
+  std::vector<float> g(static_cast<std::size_t>(n), 0.0f);
+  g[static_cast<std::size_t>(r)] = static_cast<float>(r + 1);
+  if ((n & (n - 1)) == 0) {
+    allreduce_async("adasum.orth", view(g), view(g), ReduceOp::kAdasum).wait();
+    for (int q = 0; q < n; ++q) CHECK(g[static_cast<std::size_t>(q)] == static_cast<float>(q + 1));
+  } else {
+    CHECK_THROWS_WITH(allreduce_async("adasum.orth", view(g), view(g), ReduceOp::kAdasum),
+                      Catch::Contains("power-of-two number of ranks"));
+  }
+  // Average of r over the ranks, truncated toward zero.
+  std::vector<std::int32_t> v(5, r);
+  TensorView tv{v.data(), DataType::kInt32, {5}};
+  allreduce_async("int.average", tv, tv, ReduceOp::kAverage).wait();
+  CHECK(v == std::vector<std::int32_t>(5, (n - 1) / 2));
+}

@@ -9,7 +9,8 @@
 namespace gyre {
 
 // The element types gyre can move and reduce. float16 and bfloat16 are
-// reduced by converting to float32, accumulating, and rounding back.
+// reduced by converting to float32, accumulating, and rounding back. New
+// types go at the end: the values travel in negotiation messages.
 enum class DataType : std::uint8_t {
   kFloat32 = 0,
   kFloat64,
@@ -19,17 +20,31 @@ enum class DataType : std::uint8_t {
   kUInt8,
   kInt32,
   kInt64,
+  kInt16,
+  kBool,  // one byte, 0 or 1 (torch.bool, numpy.bool_)
 };
-inline constexpr int kNumDataTypes = 8;
+inline constexpr int kNumDataTypes = 10;
 
+// Reductions. New ops go at the end (the values travel in messages).
+//
+// Integer semantics (Horovod's): sum and product wrap around; average is
+// the sum times 1/n, and pre/postscale multiply by their factor, each
+// computed in float64 and truncated toward zero into the integer type
+// (values beyond the type's range saturate). bool: sum and max are logical
+// or, product and min logical and (as torch.distributed defines them);
+// average and scaling are not defined on bool.
 enum class ReduceOp : std::uint8_t {
   kSum = 0,
   kAverage,  // sum, then one division by the number of contributing ranks
   kMin,
   kMax,
   kProduct,
+  // Adaptive summation (Maleki et al., MLSys 2021): floating types only, a
+  // power-of-two number of ranks; each tensor of a fused bucket is
+  // combined on its own (collectives/algorithms.h, adasum_allreduce).
+  kAdasum,
 };
-inline constexpr int kNumReduceOps = 5;
+inline constexpr int kNumReduceOps = 6;
 
 enum class DeviceType : std::uint8_t { kCPU = 0, kCUDA = 1 };
 
@@ -49,6 +64,8 @@ constexpr std::size_t dtype_size(DataType dt) {
     case DataType::kUInt8: return 1;
     case DataType::kInt32: return 4;
     case DataType::kInt64: return 8;
+    case DataType::kInt16: return 2;
+    case DataType::kBool: return 1;
   }
   return 0;
 }
@@ -68,6 +85,8 @@ constexpr std::string_view dtype_name(DataType dt) {
     case DataType::kUInt8: return "uint8";
     case DataType::kInt32: return "int32";
     case DataType::kInt64: return "int64";
+    case DataType::kInt16: return "int16";
+    case DataType::kBool: return "bool";
   }
   return "unknown";
 }
@@ -79,6 +98,7 @@ constexpr std::string_view op_name(ReduceOp op) {
     case ReduceOp::kMin: return "min";
     case ReduceOp::kMax: return "max";
     case ReduceOp::kProduct: return "product";
+    case ReduceOp::kAdasum: return "adasum";
   }
   return "unknown";
 }
@@ -87,11 +107,16 @@ constexpr std::string_view device_name(DeviceType d) {
   return d == DeviceType::kCPU ? "cpu" : "cuda";
 }
 
-// Whether `op` is defined on `dt`. Average is defined on floating types only:
-// an integer average would silently truncate, so it is refused rather than
-// guessed (sum, then divide in the caller's own arithmetic, instead).
+// Whether pre/postscale factors other than 1 (and average's 1/n) apply to
+// `dt`: every numeric type; not bool.
+constexpr bool scaling_defined(DataType dt) { return dt != DataType::kBool; }
+
+// Whether `op` is defined on `dt` (see ReduceOp for the integer and bool
+// semantics): Adasum needs a floating type, average a scalable one.
 constexpr bool op_defined(DataType dt, ReduceOp op) {
-  return op != ReduceOp::kAverage || is_floating(dt);
+  if (op == ReduceOp::kAdasum) return is_floating(dt);
+  if (op == ReduceOp::kAverage) return scaling_defined(dt);
+  return true;
 }
 
 }  // namespace gyre

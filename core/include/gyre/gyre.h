@@ -105,7 +105,10 @@ int cross_size();
 bool nccl_built();
 
 // out may be the same view as in (in-place). Average divides by the number of
-// ranks that contributed (joined ranks excluded).
+// ranks that contributed (joined ranks excluded). Integer average and
+// pre/postscale truncate toward zero, as Horovod's do; bool reduces as
+// logical or/and; Adasum: floating CPU tensors, a power-of-two number of
+// ranks (types.h has the rules).
 Handle allreduce_async(const std::string& name, const TensorView& in, const TensorView& out,
                        ReduceOp op = ReduceOp::kAverage, double prescale = 1.0,
                        double postscale = 1.0);
@@ -134,6 +137,16 @@ void barrier();
 // This rank has no more data: it takes part in others' allreduces with zeros
 // until every rank has joined. Returns the last rank to join.
 int join();
+
+// Horovod's timeline at run time: records this rank's operations as a
+// Chrome trace (chrome://tracing, Perfetto) in `path` from now until
+// stop_timeline() or shutdown(). "{rank}" in `path` gives each rank its own
+// file; without it only rank 0 writes (as GYRE_TIMELINE). mark_cycles adds
+// an instant event per negotiation round. Starting again switches files.
+// Throws InvalidArgument if the file cannot be created.
+void start_timeline(const std::string& path, bool mark_cycles = false);
+// Ends the recording (the file is complete JSON); nothing if none runs.
+void stop_timeline();
 
 // Version vectors: see docs/architecture.md.
 void commit_step();                        // this rank finished one training step

@@ -139,6 +139,10 @@ Handle reducescatter_async(const std::string& name, const TensorView& in, Reduce
 }
 void barrier() { core::barrier(*runtime("barrier")); }
 int join() { return core::join(*runtime("join")); }
+void start_timeline(const std::string& path, bool mark_cycles) {
+  runtime("start_timeline")->start_timeline(path, mark_cycles);
+}
+void stop_timeline() { runtime("stop_timeline")->stop_timeline(); }
 
 void commit_step() { runtime("commit_step")->versions().commit(); }
 std::uint64_t committed_steps() { return runtime("committed_steps")->versions().own(); }

@@ -69,23 +69,49 @@ void check_view(Runtime& rt, const std::string& what, const char* which, const T
 void check_op(const std::string& what, DataType dt, ReduceOp op) {
   if (static_cast<int>(op) >= kNumReduceOps) {
     throw InvalidArgument(fmt::format(
-        "{}: unknown reduction op {} (expected sum, average, min, max or product, 0 to {})", what,
-        static_cast<int>(op), kNumReduceOps - 1));
+        "{}: unknown reduction op {} (expected sum, average, min, max, product or adasum, 0 to "
+        "{})", what, static_cast<int>(op), kNumReduceOps - 1));
   }
   if (!op_defined(dt, op)) {
     throw InvalidArgument(fmt::format(
-        "{}: reduce op {} is not defined for {} (average needs a floating type; use sum)", what,
-        op_name(op), dtype_name(dt)));
+        "{}: reduce op {} is not defined for {} ({})", what, op_name(op), dtype_name(dt),
+        op == ReduceOp::kAdasum ? "Adasum needs float32, float64, float16 or bfloat16"
+                                : "average and scaling need a numeric type; use sum (logical "
+                                  "or) or product (logical and) on bool"));
+  }
+}
+
+// Adasum: an allreduce of CPU tensors over a power-of-two number of ranks
+// (the pairs of its binary tree). Every rank sees the same size, so every
+// rank refuses alike.
+void check_adasum(Runtime& rt, const std::string& what, const TensorView& in) {
+  if (in.device.type != DeviceType::kCPU) {
+    throw InvalidArgument(fmt::format(
+        "{}: Adasum is implemented for CPU tensors only; the input is on {}:{}", what,
+        device_name(in.device.type), in.device.index));
+  }
+  const int n = rt.size();
+  if (n < 1 || (n & (n - 1)) != 0) {
+    throw InvalidArgument(fmt::format(
+        "{}: Adasum needs a power-of-two number of ranks (1, 2, 4, 8, ...), this job has {}",
+        what, n));
   }
 }
 
 // A scale factor multiplies every element: NaN or infinity would silently
 // turn the whole result into NaN or infinity.
-void check_scales(const std::string& what, double prescale, double postscale) {
+// Integers scale as Horovod does (collectives/reduce_kernels.h: float64
+// product truncated toward zero); bool does not scale.
+void check_scales(const std::string& what, DataType dt, double prescale, double postscale) {
   if (!std::isfinite(prescale) || !std::isfinite(postscale)) {
     throw InvalidArgument(fmt::format(
         "{}: scale factors must be finite numbers, got prescale {} and postscale {}", what,
         prescale, postscale));
+  }
+  if (!scaling_defined(dt) && (prescale != 1.0 || postscale != 1.0)) {
+    throw InvalidArgument(fmt::format(
+        "{}: prescale {} / postscale {} on a {} tensor: scaling is not defined for {}", what,
+        prescale, postscale, dtype_name(dt), dtype_name(dt)));
   }
 }
 
@@ -243,7 +269,8 @@ static void validate_member(Runtime& rt, const Request& req, const std::string& 
       check_view(rt, what, "input", in);
       check_view(rt, what, "output", out);
       check_op(what, in.dtype, op);
-      check_scales(what, req.prescale, req.postscale);
+      check_scales(what, in.dtype, req.prescale, req.postscale);
+      if (op == ReduceOp::kAdasum) check_adasum(rt, what, in);
       if (out.device != in.device) {
         throw InvalidArgument(fmt::format("{}: output is on {}:{} but input on {}:{}", what,
                                           device_name(out.device.type), out.device.index,
@@ -329,7 +356,11 @@ Handle reducescatter_async(Runtime& rt, const std::string& name, const TensorVie
     check_user_name(what, name);
     check_view(rt, what, "input", in);
     check_op(what, in.dtype, op);
-    check_scales(what, prescale, postscale);
+    if (op == ReduceOp::kAdasum) {
+      throw InvalidArgument(what + ": Adasum is an allreduce op; reducescatter takes sum, "
+                                   "average, min, max or product");
+    }
+    check_scales(what, in.dtype, prescale, postscale);
     if (in.shape.empty()) throw InvalidArgument(what + ": needs at least one dimension");
   });
   return submit(rt, std::move(req), in, in);

@@ -41,6 +41,7 @@
 #include <fmt/format.h>
 
 #include "execution/plan.h"
+#include "gyre/error.h"
 #include "gyre/types.h"
 
 namespace gyre::core {
@@ -108,6 +109,18 @@ class Backend {
   // of block `rank` (counts[rank] elements).
   virtual void reducescatter(const void* in, std::span<const std::size_t> counts, void* out,
                              DataType dt, const Reduction& red, const OpLabel& what) = 0;
+  // Allreduce with red.op == kAdasum: `tensors` are the byte ranges of the
+  // bucket's members in `in`/`out` (one range for a lone tensor), each
+  // combined on its own. Backends without Adasum throw InvalidArgument
+  // (from agreed arguments: alike on every rank, before any transfer).
+  virtual void adasum(const void* in, void* out, std::size_t count, DataType dt,
+                      const Reduction& red, std::span<const ByteRange> tensors,
+                      const OpLabel& what) {
+    (void)in, (void)out, (void)count, (void)dt, (void)red, (void)tensors;
+    throw InvalidArgument(fmt::format("{}: Adasum is not implemented for {} tensors (backend "
+                                      "'{}'); it runs on CPU tensors", what.str(), name(),
+                                      name()));
+  }
 };
 
 }  // namespace gyre::core

@@ -35,7 +35,7 @@ std::exception_ptr response_error(const Response& r) {
 
 void Executor::trace(const Entry& e, const char* phase, Clock::time_point a, Clock::time_point b,
                      std::size_t bytes, std::size_t bucket_size) {
-  if (!timeline_ || !e) return;
+  if (!timeline_ || !timeline_->active() || !e) return;
   timeline_->slice(e->request.name, phase, a, b,
                    fmt::format(R"({{"bytes":{},"bucket_tensors":{}}})", bytes, bucket_size));
 }
@@ -132,7 +132,13 @@ void Executor::run_allreduce(Backend& be, std::vector<Response*>& resps,
       in = out = z;
     }
     auto t0 = Clock::now();
-    be.allreduce(in, out, static_cast<std::size_t>(numel(head.agreed.shape)), dt, red, what);
+    const auto count = static_cast<std::size_t>(numel(head.agreed.shape));
+    if (red.op == ReduceOp::kAdasum) {
+      const ByteRange whole{0, bytes};
+      be.adasum(in, out, count, dt, red, std::span(&whole, 1), what);
+    } else {
+      be.allreduce(in, out, count, dt, red, what);
+    }
     be.synchronize(what);
     trace(entries[0], "ALLREDUCE", t0, Clock::now(), bytes);
     if (entries[0]) entries[0]->state->complete_one();
@@ -151,7 +157,14 @@ void Executor::run_allreduce(Backend& be, std::vector<Response*>& resps,
     if (entries[i]) be.copy(buf + layout.offsets[i], entries[i]->in.data, layout.sizes[i], what);
   }
   auto t1 = Clock::now();
-  be.allreduce(buf, buf, layout.total / dtype_size(dt), dt, red, what);
+  if (red.op == ReduceOp::kAdasum) {
+    // Adasum combines each member with its own dot products.
+    std::vector<ByteRange> members(resps.size());
+    for (std::size_t i = 0; i < resps.size(); ++i) members[i] = {layout.offsets[i], layout.sizes[i]};
+    be.adasum(buf, buf, layout.total / dtype_size(dt), dt, red, members, what);
+  } else {
+    be.allreduce(buf, buf, layout.total / dtype_size(dt), dt, red, what);
+  }
   auto t2 = Clock::now();
   for (std::size_t i = 0; i < resps.size(); ++i) {
     if (entries[i]) be.copy(entries[i]->out.data, buf + layout.offsets[i], layout.sizes[i], what);

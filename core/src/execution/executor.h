@@ -2,7 +2,8 @@
 // handles of this rank's entries.
 //
 // Allreduces are planned into buckets (fusion.h) and each bucket becomes one
-// Backend::allreduce, on the fusion buffer when it has several members (the
+// Backend::allreduce (Backend::adasum, with the members' ranges, for
+// Adasum), on the fusion buffer when it has several members (the
 // executor packs and unpacks it with the backend's memory calls) or on the
 // caller's buffers when alone; every other collective is planned by
 // plan.h and is one Backend call. The backend is the registry's for the

@@ -35,15 +35,6 @@ NegotiatorOptions negotiator_options(const Options& o) {
   return n;
 }
 
-std::unique_ptr<Timeline> make_timeline(const Options& o, int rank) {
-  if (o.timeline_path.empty()) return nullptr;
-  std::string path = o.timeline_path;
-  auto pos = path.find("{rank}");
-  if (pos != std::string::npos) path.replace(pos, 6, std::to_string(rank));
-  else if (rank != 0) return nullptr;  // one file: rank 0's view
-  return std::make_unique<Timeline>(path, rank);
-}
-
 }  // namespace
 
 Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, RuntimeInfo info)
@@ -56,8 +47,9 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
       vv_(rank_, size_),
       negotiator_(*t_, negotiator_options(opt), vv_),
       stall_(rank_, opt.stall_warning_s, opt.stall_shutdown_s),
-      timeline_(make_timeline(opt, rank_)),
-      executor_(*t_, opt_, queue_, vv_, timeline_.get(), log_) {
+      timeline_(rank_),
+      executor_(*t_, opt_, queue_, vv_, &timeline_, log_) {
+  if (!opt_.timeline_path.empty()) timeline_.start(opt_.timeline_path, false, "GYRE_TIMELINE");
   executor_.set_local_rank(info_.local_rank);
   if (info_.shm && info_.cross) {
     executor_.use_hierarchical(info_.shm, info_.cross);
@@ -110,6 +102,13 @@ void Runtime::check_options_agree() {
   }
   if (auto why = options_problems(all, size_)) throw InvalidArgument(*why);
 }
+
+void Runtime::start_timeline(const std::string& path, bool mark_cycles) {
+  if (stopped_.load()) throw StateError("start_timeline(): gyre's background loop has stopped");
+  timeline_.start(path, mark_cycles, "start_timeline()");
+}
+
+void Runtime::stop_timeline() { timeline_.stop(); }
 
 std::string Runtime::internal_name(const char* what) {
   return fmt::format("__gyre.{}.{}", what, internal_seq_.fetch_add(1));
@@ -221,6 +220,7 @@ void Runtime::fatal(const std::exception& e) {
 
 bool Runtime::round() {
   const std::uint64_t round_no = rounds_.load();
+  if (timeline_.active()) timeline_.mark_cycle(Clock::now());
   phase_ = fmt::format("negotiation round {}", round_no);
   RoundFlags flags;
   flags.shutdown = shutdown_requested_.load();

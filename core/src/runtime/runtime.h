@@ -89,6 +89,12 @@ class Runtime {
   // round), waits for it, fails what is still pending with StateError.
   void shutdown();
 
+  // Horovod's start_timeline / stop_timeline: see Timeline::start (a path
+  // with "{rank}" gives every rank a file; without it rank 0 records). Any
+  // thread, while the runtime runs.
+  void start_timeline(const std::string& path, bool mark_cycles);
+  void stop_timeline();
+
   // Statistics for tests and benchmarks (background-thread counters).
   std::uint64_t rounds() const { return rounds_.load(); }
   const char* host_backend() const { return executor_.host_backend(); }
@@ -113,7 +119,7 @@ class Runtime {
   VersionVector vv_;
   Negotiator negotiator_;
   StallInspector stall_;
-  std::unique_ptr<Timeline> timeline_;
+  Timeline timeline_;
   Executor executor_;
 
   std::atomic<bool> shutdown_requested_{false};

@@ -1,3 +1,4 @@
+// Timeline (timeline.h): the trace-event file and its start and stop.
 #include "runtime/timeline.h"
 
 #include <cerrno>
@@ -36,22 +37,47 @@ std::string json_escape(std::string_view s) {
   return out;
 }
 
-Timeline::Timeline(const std::string& path, int rank) : rank_(rank), origin_(Clock::now()) {
-  file_ = std::fopen(path.c_str(), "w");
+Timeline::~Timeline() { stop(); }
+
+void Timeline::start(const std::string& path, bool mark_cycles, std::string_view what) {
+  std::string file = path;
+  const auto pos = file.find("{rank}");
+  if (pos != std::string::npos) file.replace(pos, 6, std::to_string(rank_));
+  std::lock_guard<std::mutex> lock(mu_);
+  close_file();
+  if (pos == std::string::npos && rank_ != 0) return;  // one file: rank 0's view
+  file_ = std::fopen(file.c_str(), "w");
   if (!file_) {
-    throw InvalidArgument(
-        fmt::format("GYRE_TIMELINE='{}': cannot create the file: {}", path, std::strerror(errno)));
+    throw InvalidArgument(fmt::format("{}: cannot create the timeline file '{}': {}", what, file,
+                                      std::strerror(errno)));
   }
+  origin_ = Clock::now();
+  mark_cycles_ = mark_cycles;
+  tids_.clear();
+  events_ = 0;
   std::fputs(kHead, file_);
   std::fputs(kTail, file_);
   std::fflush(file_);
   append(fmt::format(
       R"({{"name":"process_name","ph":"M","pid":{},"tid":0,"args":{{"name":"gyre rank {}"}}}})",
       rank_, rank_));
+  active_ = true;
 }
 
-Timeline::~Timeline() {
+void Timeline::stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  close_file();
+}
+
+void Timeline::close_file() {
+  active_ = false;
   if (file_) std::fclose(file_);
+  file_ = nullptr;
+}
+
+int Timeline::events() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return events_;
 }
 
 long long Timeline::micros(Clock::time_point t) const {
@@ -80,12 +106,21 @@ int Timeline::tid_for(std::string_view tensor) {
 
 void Timeline::slice(std::string_view tensor, std::string_view phase, Clock::time_point start,
                      Clock::time_point end, std::string_view args_json) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!file_ || end < origin_) return;  // not recording, or over before it started
   int tid = tid_for(tensor);
-  long long ts = micros(start);
+  long long ts = micros(std::max(start, origin_));
   long long dur = std::max(0LL, micros(end) - ts);
   append(fmt::format(R"({{"name":"{}","cat":"gyre","ph":"X","ts":{},"dur":{},"pid":{},"tid":{}{}}})",
                      json_escape(phase), ts, dur, rank_, tid,
                      args_json.empty() ? std::string() : fmt::format(",\"args\":{}", args_json)));
+}
+
+void Timeline::mark_cycle(Clock::time_point t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!file_ || !mark_cycles_ || t < origin_) return;
+  append(fmt::format(R"({{"name":"CYCLE_START","cat":"gyre","ph":"i","s":"p","ts":{},"pid":{},"tid":0}})",
+                     micros(t), rank_));
 }
 
 }  // namespace gyre::core

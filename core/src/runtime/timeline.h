@@ -1,19 +1,29 @@
 // Timeline: a Chrome trace-event JSON file of what happened to each tensor
 // (QUEUE, NEGOTIATE, MEMCPY_IN_FUSION_BUFFER, ALLREDUCE or the other
-// collectives, MEMCPY_OUT_FUSION_BUFFER),
-// viewable in Perfetto or chrome://tracing.
+// collectives, MEMCPY_OUT_FUSION_BUFFER), viewable in Perfetto or
+// chrome://tracing. Recording starts with GYRE_TIMELINE at init, or at run
+// time with start() (gyre::start_timeline, Horovod's hvd.start_timeline),
+// and ends with stop() or the runtime's end.
 //
 // Events are complete ("X") events with microsecond timestamps relative to
-// the timeline's start; pid is the rank and each tensor gets its own tid
-// (named by an "M" metadata event), so slices of one tensor never overlap
-// on a track. The file is valid JSON after every event: the closing "]}" is
-// written after each event and overwritten by the next one.
+// the start of the recording; pid is the rank and each tensor gets its own
+// tid (named by an "M" metadata event), so slices of one tensor never
+// overlap on a track. A slice that began before the recording started is
+// cut at its start; one that ended before it is left out. With mark_cycles,
+// each negotiation round is an instant ("i") event CYCLE_START. The file is
+// valid JSON after every event: the closing "]}" is written after each
+// event and overwritten by the next one.
 //
-// Thread: background thread only.
+// Threads: start() and stop() from user threads, slice() and mark_cycle()
+// from the background thread; the recording is guarded by a mutex, and
+// active() is a lock-free check so that the background thread formats
+// nothing while no recording runs.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -24,25 +34,43 @@ class Timeline {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // Throws InvalidArgument if the file cannot be created.
-  Timeline(const std::string& path, int rank);
+  explicit Timeline(int rank) : rank_(rank) {}
   ~Timeline();
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
 
+  // Starts recording to `path`: "{rank}" in it is replaced by the rank;
+  // without it only rank 0 records (one file: rank 0's view), the other
+  // ranks do nothing. A recording already running is stopped first (its
+  // file stays complete). Throws InvalidArgument if the file cannot be
+  // created. `what` names the caller in that message ("GYRE_TIMELINE").
+  void start(const std::string& path, bool mark_cycles, std::string_view what);
+  // Stops recording and closes the file; nothing when not recording.
+  void stop();
+  bool active() const { return active_.load(std::memory_order_relaxed); }
+
   // One slice [start, end) named `phase` on the track of `tensor`.
   void slice(std::string_view tensor, std::string_view phase, Clock::time_point start,
              Clock::time_point end, std::string_view args_json = {});
-  int events() const { return events_; }
+  // An instant CYCLE_START event at `t`, when recording with mark_cycles.
+  void mark_cycle(Clock::time_point t);
+  // Events written to the current (or last) file.
+  int events() const;
 
  private:
+  // The helpers below run with mu_ held.
   int tid_for(std::string_view tensor);
   void append(const std::string& event_json);
   long long micros(Clock::time_point t) const;
+  void close_file();
 
+  const int rank_;
+  std::atomic<bool> active_{false};
+  // Guards file_, origin_, mark_cycles_, tids_ and events_.
+  mutable std::mutex mu_;
   std::FILE* file_ = nullptr;
-  int rank_;
   Clock::time_point origin_;
+  bool mark_cycles_ = false;
   std::unordered_map<std::string, int> tids_;
   int events_ = 0;
 };

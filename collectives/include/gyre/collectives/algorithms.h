@@ -8,8 +8,9 @@
 // its own arguments never leaves a peer half-way through a ring.
 //
 // What is checked locally, on each rank: known dtype and op, op defined on
-// the dtype (average only on floating types), prescale/postscale finite and
-// equal to 1 on integer types (gyre does not define integer scaling),
+// the dtype (average and scaling: not on bool; adasum: floating types, its
+// own entry point only), prescale/postscale finite and equal to 1 on bool
+// (integers scale as reduce_kernels.h says),
 // chunk_bytes > 0 where an algorithm has it, 0 <= tag < INT_MAX, null
 // buffers with a non-zero size, per-rank spans with exactly one entry per
 // rank, sizes whose byte count overflows,
@@ -119,6 +120,19 @@ struct BarrierOptions {
   int tag = 0;
 };
 
+// Adasum exchanges halves on `tag` and per-tensor dot products on `tag + 1`.
+struct AdasumOptions {
+  int tag = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+};
+
+// One tensor of a fused buffer, in elements: [offset, offset + count).
+struct TensorExtent {
+  std::size_t offset = 0;
+  std::size_t count = 0;
+};
+
 
 // Allreduce, the algorithm chosen by size: recursive_doubling_allreduce for
 // buffers of at most opt.small_bytes, ring_allreduce above. Arguments and
@@ -174,6 +188,28 @@ void ring_reduce_scatter(Transport& t, const void* in, void* out,
 void alltoall(Transport& t, const void* in, std::span<const std::size_t> send_bytes,
               void* out, std::span<const std::size_t> recv_bytes,
               const AlltoallOptions& opt = {});
+
+// Adasum (adaptive summation; Maleki et al., "Scaling Distributed Training
+// with Adaptive Summation", MLSys 2021) of `count` elements, float32,
+// float64, float16 or bfloat16, over a power-of-two number of ranks
+// (anything else is refused before any transfer). Pairs of partial results
+// a, b are combined as
+//   a' = (1 - a.b / (2 |a|^2)) a + (1 - a.b / (2 |b|^2)) b
+// (a coefficient is 1 when its norm is 0), level by level along a binary
+// tree: at level l rank r and r ^ 2^l combine, the lower rank's partial
+// result as a. Recursive vector halving: each level halves the part of the
+// buffer a rank works on (the lower rank keeps the first half) and the dot
+// products of the halves are summed over the 2^(l+1) ranks that hold the
+// pieces, so every rank reduces 1/n of the buffer; an all-gather along the
+// same pairs then assembles the result on every rank, bit-identical.
+// `tensors` are the tensors of a fused buffer, sorted and disjoint: each is
+// combined with its own dot products (empty: the whole buffer is one
+// tensor). Elements outside every tensor (fusion padding) keep the value
+// the rank that reduces them had, which is the result when they are zero on
+// every rank. Dot products and combinations are computed in float64;
+// prescale and postscale as for allreduce. `in == out` is in place.
+void adasum_allreduce(Transport& t, const void* in, void* out, std::size_t count, DataType dt,
+                      std::span<const TensorExtent> tensors, const AdasumOptions& opt = {});
 
 // Returns once every rank has entered the barrier (dissemination barrier,
 // ceil(log2 n) rounds of empty messages).

@@ -2,6 +2,8 @@
 //
 // Semantics shared by every kernel:
 // - Integers wrap around on overflow (two's complement), for sum and product.
+// - bool (one byte): sum and max are logical or, product and min logical
+//   and; any non-zero byte reads as true, results are 0 or 1.
 // - float16 and bfloat16 are converted to float32, combined, and rounded back
 //   to nearest even: each call accumulates in float32, and a ring rounds once
 //   per hop, as a 16-bit wire format must.
@@ -34,14 +36,19 @@ enum class KernelIsa { kBest, kPortable };
 
 // The kernel for (dt, op); kAverage returns the sum kernel (the division is
 // applied once, at the end, by scale()). Throws InvalidArgument when the op
-// is not defined for the type.
+// is not defined for the type, and for kAdasum (not element-wise: see
+// adasum_allreduce in algorithms.h).
 ReduceFn reduce_kernel(DataType dt, ReduceOp op, KernelIsa isa = KernelIsa::kBest);
 CombineFn combine_kernel(DataType dt, ReduceOp op, KernelIsa isa = KernelIsa::kBest);
 
 // buf[i] *= factor, computed in float32 for float32/float16/bfloat16 and in
-// float64 for float64. Integer types: factor 1 is a no-op and any other
-// factor throws InvalidArgument (gyre does not define integer scaling: it
-// would have to pick a rounding; scale in the caller's arithmetic instead).
+// float64 for float64. Integer types, as Horovod scales them: the product is
+// computed in float64 and truncated toward zero (3 * 0.5 -> 1, -3 * 0.5 ->
+// -1); a product beyond the type's range saturates to its min or max (int64
+// values beyond 2^53 lose precision in the float64 product, as Horovod's
+// do). A factor that is the float64 nearest to 1/k for an integer k
+// (average's 1/n) divides by k instead, so that exact multiples of k divide
+// exactly. bool: factor 1 is a no-op, any other throws InvalidArgument.
 void scale(void* buf, std::size_t count, DataType dt, double factor,
            KernelIsa isa = KernelIsa::kBest);
 

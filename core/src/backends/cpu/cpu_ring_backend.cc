@@ -43,6 +43,20 @@ void CpuRingBackend::allreduce(const void* in, void* out, std::size_t count, Dat
   collectives::allreduce(t_, in, out, count, dt, red.op, allreduce_options(red));
 }
 
+void CpuRingBackend::adasum(const void* in, void* out, std::size_t count, DataType dt,
+                            const Reduction& red, std::span<const ByteRange> tensors,
+                            const OpLabel&) {
+  const std::size_t esize = dtype_size(dt);
+  std::vector<collectives::TensorExtent> extents;
+  extents.reserve(tensors.size());
+  for (const ByteRange& r : tensors) extents.push_back({r.offset / esize, r.bytes / esize});
+  collectives::AdasumOptions o;
+  o.tag = kTagData;
+  o.prescale = red.prescale;
+  o.postscale = red.postscale;
+  collectives::adasum_allreduce(t_, in, out, count, dt, extents, o);
+}
+
 void CpuRingBackend::broadcast(void* buf, std::size_t bytes, int root, const OpLabel&) {
   collectives::BroadcastOptions o;
   o.chunk_bytes = opt_.ring_chunk_bytes;

@@ -43,6 +43,10 @@ class CpuRingBackend : public Backend {
                 std::span<const std::size_t> recv_bytes, const OpLabel& what) override;
   void reducescatter(const void* in, std::span<const std::size_t> counts, void* out, DataType dt,
                      const Reduction& red, const OpLabel& what) override;
+  // collectives::adasum_allreduce over the transport (also under ShmBackend:
+  // its pairwise exchanges are point-to-point).
+  void adasum(const void* in, void* out, std::size_t count, DataType dt, const Reduction& red,
+              std::span<const ByteRange> tensors, const OpLabel& what) override;
 
   // The host fusion buffer (its allocation count is a runtime statistic).
   const FusionBuffer& host_fusion_buffer() const { return fusion_; }

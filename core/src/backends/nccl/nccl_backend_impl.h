@@ -30,14 +30,15 @@ inline constexpr auto kNcclPollPause = std::chrono::microseconds(20);
 // How messages name an operation of this backend.
 inline std::string describe(const OpLabel& what) { return what.str() + " (CUDA)"; }
 
-// Integer pre/postscale is undefined in gyre (collectives::scale refuses it
-// too); refused before anything is enqueued, from agreed arguments.
+// Integer scaling (average's 1/n, pre/postscale) has no CUDA kernel yet
+// (the CPU path truncates as Horovod does: collectives/reduce_kernels.h);
+// refused before anything is enqueued, from agreed arguments.
 inline void check_scale(const std::string& what, DataType dt, double prescale,
                         double postscale) {
   if (is_floating(dt) || (prescale == 1.0 && postscale == 1.0)) return;
   throw InvalidArgument(fmt::format(
-      "{}: prescale {} / postscale {} on integer dtype {}: gyre defines scaling only for "
-      "floating types", what, prescale, postscale, dtype_name(dt)));
+      "{}: average or prescale {} / postscale {} on {} CUDA tensors is not implemented (it is "
+      "on CPU tensors); use sum", what, prescale, postscale, dtype_name(dt)));
 }
 
 // A device buffer that only grows; allocated once for the common case.

@@ -17,6 +17,10 @@ std::optional<ncclDataType_t> nccl_dtype(DataType dt) {
     case DataType::kUInt8: return ncclUint8;
     case DataType::kInt32: return ncclInt32;
     case DataType::kInt64: return ncclInt64;
+    // NCCL has no 16-bit integer; a bool sum would count rather than or.
+    // Byte-moving collectives use ncclUint8 for every type.
+    case DataType::kInt16:
+    case DataType::kBool: return std::nullopt;
   }
   return std::nullopt;
 }
@@ -27,7 +31,8 @@ std::optional<ncclRedOp_t> nccl_op(ReduceOp op) {
     case ReduceOp::kMin: return ncclMin;
     case ReduceOp::kMax: return ncclMax;
     case ReduceOp::kProduct: return ncclProd;
-    case ReduceOp::kAverage: return std::nullopt;
+    case ReduceOp::kAverage:
+    case ReduceOp::kAdasum: return std::nullopt;
   }
   return std::nullopt;
 }

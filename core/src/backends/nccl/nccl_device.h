@@ -17,9 +17,10 @@
 
 namespace gyre::core {
 
-// Every gyre dtype has an NCCL type of the same size and representation.
+// The NCCL type reductions use; none for int16 (NCCL has no such type) and
+// bool (a sum would count, not or): their reductions are refused on CUDA.
 std::optional<ncclDataType_t> nccl_dtype(DataType dt);
-// sum, min, max, product. kAverage has no entry on purpose: the executor
+// sum, min, max, product (none for kAdasum: CPU only). kAverage has no entry on purpose: the executor
 // turns it into a sum with 1/contributors in the postscale (ncclAvg would
 // divide by all ranks, joined ones included).
 std::optional<ncclRedOp_t> nccl_op(ReduceOp op);
