@@ -47,7 +47,7 @@ Region kept_half(Region r, bool lower) {
 
 void exchange(Transport& t, int peer, int tag, const std::byte* send, std::size_t send_bytes,
               std::byte* recv, std::size_t recv_bytes) {
-  transport::Request rr, sr;
+  transport::Transfer rr, sr;
   if (recv_bytes > 0) rr = t.irecv(peer, tag, {recv, recv_bytes});
   if (send_bytes > 0) sr = t.isend(peer, tag, {send, send_bytes});
   t.wait(rr);

@@ -422,7 +422,7 @@ TEST_CASE("hierarchical_allreduce: every dtype and op against the closed form, 2
             for (std::size_t i = 0; i < count; ++i) {
               INFO(hosts << "x" << per_host << " " << dtype_name(dt) << " " << op_name(op) << " count "
                          << count << " rank " << r << " element " << i);
-              REQUIRE(test::close_enough(test::load(dt, buf[r].data(), i), test::expected(op, n, i), tol));
+              REQUIRE(test::close_enough(test::load(dt, buf[r].data(), i), test::expected(dt, op, n, i), tol));
             }
           }
         }

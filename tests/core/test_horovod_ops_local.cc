@@ -19,12 +19,6 @@ using core::Runtime;
 
 namespace {
 
-Options fast_options() {
-  Options o;
-  o.cycle_time_ms = 0.5;
-  o.op_timeout_s = 60;
-  return o;
-}
 
 template <typename T>
 TensorView view_of(std::vector<T>& v, DataType dt) {

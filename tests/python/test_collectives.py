@@ -45,7 +45,8 @@ class DLPackOnly:
 
 
 DTYPES = [np.float32, np.float64, np.float16, np.int32, np.int64, np.int8, np.uint8]
-# Average is defined on floating types only (its refusal is in test_errors).
+# Integer average truncates toward zero, as Horovod's (tested in
+# test_integer_average_truncates_as_horovod); here the floating types.
 DTYPE_OPS = [(d, op) for d in DTYPES for op in REDUCERS
              if not (op == gyre.Average and np.issubdtype(d, np.integer))]
 
@@ -276,3 +277,21 @@ def test_topology_on_one_host():
     assert gyre.local_size() == gyre.size()
     assert gyre.cross_rank() == 0
     assert gyre.cross_size() == 1
+
+
+def test_integer_average_truncates_as_horovod(size, rank):
+    # Rank r holds 5 + r: the average of 5..5+size-1, truncated toward zero.
+    t = torch.full((4,), 5 + rank, dtype=torch.int32)
+    want = (sum(5 + r for r in range(size))) // size
+    out = gyre.allreduce(t, op=gyre.Average)
+    assert out.dtype == torch.int32
+    assert out.tolist() == [want] * 4
+
+
+def test_int16_and_bool_allreduce(size, rank):
+    s = gyre.allreduce(torch.full((3,), rank + 1, dtype=torch.int16), op=gyre.Sum)
+    assert s.dtype == torch.int16 and s.tolist() == [size * (size + 1) // 2] * 3
+    b = gyre.allreduce(torch.tensor([rank == 0, False, True]), op=gyre.Sum)  # logical or
+    assert b.dtype == torch.bool and b.tolist() == [True, False, True]
+    b = gyre.allreduce(torch.tensor([rank == 0, True, True]), op=gyre.Min)  # logical and
+    assert b.tolist() == [size == 1, True, True]

@@ -39,8 +39,6 @@ def assert_nothing_enqueued(size):
 @pytest.mark.parametrize("make,match", [
     (lambda: torch.ones(4, 3).t(), "not contiguous"),
     (lambda: np.ones((4, 3))[:, ::2], "not contiguous"),
-    (lambda: torch.ones(3, dtype=torch.bool), "unsupported dtype bool"),
-    (lambda: torch.ones(3, dtype=torch.complex64), "unsupported dtype complex64"),
     (lambda: torch.ones(3, dtype=torch.complex64), "unsupported dtype complex64"),
     (lambda: np.ones(3, dtype=np.uint32), "unsupported dtype uint32"),
     (lambda: [1.0, 2.0], "expected a tensor"),
@@ -76,8 +74,8 @@ def test_bad_arguments(size):
         gyre.allreduce(t, op=17)
     with pytest.raises(gyre.InvalidArgumentError, match="either average= or op="):
         gyre.allreduce(t, average=True, op=gyre.Sum)
-    with pytest.raises(gyre.InvalidArgumentError):
-        gyre.allreduce(torch.ones(2, dtype=torch.int32), op=gyre.Average)  # would truncate
+    with pytest.raises(gyre.InvalidArgumentError, match="not defined for bool"):
+        gyre.allreduce(torch.ones(2, dtype=torch.bool), op=gyre.Average)
     with pytest.raises(gyre.InvalidArgumentError, match="root rank"):
         gyre.broadcast(t, root_rank=size)
     with pytest.raises(gyre.InvalidArgumentError, match="root rank"):

@@ -2,6 +2,8 @@
 lifecycle and build information, signatures and positional order, handles,
 alltoall and reducescatter results, process_set= arguments and error classes."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -237,3 +239,21 @@ def test_init_takes_an_mpi4py_communicator(size):
             hvd.init(comm=single)
         single.Free()
     assert hvd.is_initialized()
+
+
+def test_start_and_stop_timeline_at_run_time(rank):
+    import json
+    import gyre.torch as hvd
+    path = f"/tmp/gyre-timeline-test-{os.getpid()}-{{rank}}.json"
+    mine = path.replace("{rank}", str(rank))
+    hvd.allreduce(torch.ones(3), name="before.timeline")      # not in the file
+    hvd.start_timeline(path, mark_cycles=True)
+    hvd.allreduce(torch.ones(3), name="inside.timeline")
+    hvd.stop_timeline()
+    hvd.allreduce(torch.ones(3), name="after.timeline")       # not in the file
+    with open(mine) as f:
+        events = json.load(f)["traceEvents"]
+    text = json.dumps(events)
+    os.unlink(mine)
+    assert "inside.timeline" in text
+    assert "before.timeline" not in text and "after.timeline" not in text

@@ -39,10 +39,10 @@ CASES = {
         lambda n, s: gyre.allgather([1.0, 2.0], name=n),
         lambda n, s: gyre.allgather(_valid(s), name=n),
         "expected a tensor"),
-    "refused.average_of_ints": (
-        lambda n, s: gyre.allreduce(torch.ones(2 * s, dtype=torch.int32), name=n),
-        lambda n, s: gyre.allreduce(torch.ones(2 * s, dtype=torch.int32), name=n, op=gyre.Sum),
-        "not defined for int32"),
+    "refused.average_of_bools": (
+        lambda n, s: gyre.allreduce(torch.ones(2 * s, dtype=torch.bool), name=n),
+        lambda n, s: gyre.allreduce(torch.ones(2 * s, dtype=torch.bool), name=n, op=gyre.Sum),
+        "not defined for bool"),
     "refused.unknown_op": (
         lambda n, s: gyre.allreduce(_valid(s), name=n, op=17),
         lambda n, s: gyre.allreduce(_valid(s), name=n),
@@ -60,10 +60,10 @@ CASES = {
         lambda n, s: gyre.alltoall(_valid(s), splits=[2] * s, name=n),
         "add up to"),
     "refused.group_member": (
-        lambda n, s: gyre.grouped_allreduce([_valid(s), torch.ones(2, dtype=torch.bool)],
+        lambda n, s: gyre.grouped_allreduce([_valid(s), torch.ones(2, dtype=torch.complex64)],
                                             name=n),
         lambda n, s: gyre.grouped_allreduce([_valid(s), _valid(s)], name=n),
-        "unsupported dtype bool"),
+        "unsupported dtype complex64"),
 }
 
 

@@ -239,10 +239,25 @@ def sycl_built() -> bool:
     return False
 
 
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Starts writing a Chrome trace (chrome://tracing, Perfetto) of gyre's
+    operations to `file_path` while the job runs, as Horovod's. A path with
+    "{rank}" gives each rank a file of its own; otherwise rank 0 writes.
+    `mark_cycles` adds an event per negotiation round. Calling it again
+    switches files."""
+    _gyre.start_timeline(str(file_path), bool(mark_cycles))
+
+
+def stop_timeline() -> None:
+    """Stops the timeline started by start_timeline() (or GYRE_TIMELINE) and
+    closes its file, which stays valid JSON."""
+    _gyre.stop_timeline()
+
+
 __all__ = [
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported", "mpi_built",
     "mpi_enabled", "gloo_built", "gloo_enabled", "nccl_built", "cuda_built", "rocm_built",
-    "ddl_built", "ccl_built", "mlsl_built", "sycl_built",
+    "ddl_built", "ccl_built", "mlsl_built", "sycl_built", "start_timeline", "stop_timeline",
 ]
