@@ -2,9 +2,9 @@
 # Usage: run_stopped_rank.sh DELAY_US MPIEXEC NP EXE [mpiexec flags...]
 # Rank 1 stops itself (SIGSTOP) mid-collective. Passes when the job ends
 # non-zero within GYRE_OP_TIMEOUT_S plus a margin, every other rank logged
-# the deadline error naming rank 1 as the one it waited for (directly, or
-# for the ring over MPI through the chain of predecessors the message
-# describes), and no process of the job is left, stopped or not.
+# the deadline error naming whom it waited for (over shared memory rank 1;
+# over MPI its ring predecessor, a chain that leads back to rank 1), and no
+# process of the job is left, stopped or not.
 set -u
 delay_us=$1 mpiexec=$2 np=$3 exe=$4
 shift 4
@@ -41,6 +41,15 @@ for r in $(seq 0 $((np - 1))); do
   line=$(grep "^\[gyre $r ERROR\] timed out during" <<<"$out" | head -1)
   [ -n "$line" ] || { fail "rank $r did not log the deadline error"; continue; }
   grep -q "GYRE_OP_TIMEOUT_S=$deadline_s" <<<"$line" || fail "rank $r's error does not name the deadline"
+  # Whom it waited for: over shared memory, the stopped rank itself; over
+  # MPI (negotiation, or the ring with GYRE_SHM=0), its ring predecessor,
+  # so that the lines form a chain back to the stopped rank.
+  if grep -q "shared memory group" <<<"$line"; then
+    grep -q "local rank(s) 1 to reach" <<<"$line" || fail "rank $r's error does not name rank 1"
+  else
+    pred=$(( (r + np - 1) % np ))
+    grep -q "from rank $pred " <<<"$line" || fail "rank $r's error does not name its predecessor $pred"
+  fi
 done
 grep -qE "^\[gyre [0-9]+ ERROR\] timed out during.*(from rank 1 |local rank\(s\) 1 )" <<<"$out" ||
   fail "no rank's error names rank 1 as the one it waited for"
