@@ -6,7 +6,7 @@
 #   GYRE_BUILD=build bash benchmarks/soak.sh [STEPS]
 #
 # Needs a build with -DGYRE_BUILD_TESTS=ON (the program is a test binary;
-# CTest runs it with 1,500 steps as core_soak_np3).
+# CTest runs it with 1,000 steps as core_soak_np3).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/../scripts/env.sh"

@@ -18,7 +18,7 @@
 // run) and after the last step. Growth beyond --rss-bound-mib (default 1 MiB)
 // on any rank fails the run: a leak of b bytes per step grows RSS by about
 // b * (steps - warm-up), so 20,000 steps expose leaks from ~60 bytes per
-// step, the 1,500 steps of CTest (1,000 after the warm-up) from ~1 KiB per
+// step, the 1,000 steps of CTest (750 after the warm-up) from ~1.4 KiB per
 // step. Runs measured 4-16 KiB of growth. Under AddressSanitizer, whose
 // quarantine keeps freed memory resident, the figures are printed but not
 // checked.
@@ -26,7 +26,7 @@
 //   mpirun -np 3 gyre_core_soak [--steps N] [--warmup N] [--rss-bound-mib M]
 //
 // Exits 0 when every result was right and the RSS bound held on every rank.
-// CTest runs 1,500 steps (tests/core/CMakeLists.txt); benchmarks/soak.sh the
+// CTest runs 1,000 steps (tests/core/CMakeLists.txt); benchmarks/soak.sh the
 // 20,000-step version whose figures are in docs/benchmarks.md.
 #include <chrono>
 #include <cstdint>
@@ -226,7 +226,7 @@ long arg(int argc, char** argv, const char* flag, long fallback) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const long steps = arg(argc, argv, "--steps", 1500);
+  const long steps = arg(argc, argv, "--steps", 1000);
   const long warm = arg(argc, argv, "--warmup", std::min(1000L, steps / 3));
   const long bound_mib = arg(argc, argv, "--rss-bound-mib", 1);
   if (steps < 2 || warm < 1 || warm >= steps) {
