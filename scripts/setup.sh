@@ -3,7 +3,9 @@
 # Idempotent: packages already present are not fetched again.
 set -euo pipefail
 
-apt_packages=(build-essential cmake libopenmpi-dev openmpi-bin catch2 libfmt-dev libdlpack-dev iproute2)
+# clang and its runtime (libFuzzer): the fuzz targets of tests/fuzz.
+apt_packages=(build-essential cmake libopenmpi-dev openmpi-bin catch2 libfmt-dev libdlpack-dev iproute2
+              clang-14 libclang-rt-14-dev)
 # A Python with pip and headers, unless one is already on PATH (pyenv, venv).
 if ! python3 -m pip --version >/dev/null 2>&1; then
   apt_packages+=(python3-dev python3-pip python3-venv)

@@ -6,6 +6,9 @@
 #   4. the C++ suite again under AddressSanitizer + UndefinedBehaviorSanitizer,
 #      and the in-process tests (ranks as threads) under ThreadSanitizer,
 #      each in a build directory of its own.
+#   5. the libFuzzer targets of the negotiation stage (tests/fuzz), 30 s each
+#      over the seed corpus in the tree (clang; the seeded mutation test of
+#      step 1 runs without it).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bash "$here/setup.sh"
@@ -59,4 +62,12 @@ if sanitizer_build "$GYRE_ROOT/build-tsan" thread --target gyre_core_local_tests
 else
   status=1
 fi
+echo "== libFuzzer: the negotiation decoder and the coordinator, 30 s each"
+fuzz_status=0
+bash "$GYRE_ROOT/tests/fuzz/run_fuzz.sh" "$GYRE_ROOT/build-fuzz" 30 || fuzz_status=$?
+case $fuzz_status in
+  0) ;;
+  77) echo "libFuzzer targets skipped: no clang (the seeded mutation test ran in ctest)" ;;
+  *) status=1 ;;
+esac
 exit "$status"

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -25,6 +26,10 @@ struct ShmGroup::Header {
   };
   Counter arrived[kShmMaxRanks];  // barriers passed by each rank
   Counter failed;                 // nonzero: 1 + the rank that failed
+  // Set before `failed` by a rank whose barrier timed out: bit r for each
+  // rank that had not arrived, so that every peer can name the rank they
+  // all waited for rather than the one that gave up first.
+  Counter late;
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
               "counters in shared memory need lock-free 64-bit atomics");
@@ -73,6 +78,16 @@ void ShmGroup::barrier() {
       continue;
     }
     if (auto f = header_->failed.value.load(std::memory_order_acquire)) {
+      if (auto late = header_->late.value.load(std::memory_order_acquire)) {
+        std::vector<int> ranks;
+        for (int r = 0; r < size_; ++r) {
+          if (late & (std::uint64_t{1} << r)) ranks.push_back(r);
+        }
+        throw TimeoutError(fmt::format(
+            "shared memory group: local rank {} waited {} ms for local rank(s) {} to reach "
+            "barrier {} and gave up; rank {} stops waiting",
+            f - 1, opt_.timeout.count(), fmt::join(ranks, ", "), epoch_, rank_));
+      }
       throw TransportError(fmt::format(
           "shared memory group: local rank {} failed inside a collective; rank {} stops waiting",
           f - 1, rank_));
@@ -80,9 +95,18 @@ void ShmGroup::barrier() {
     const auto waited = Clock::now() - start;
     if (opt_.timeout.count() > 0 && waited > opt_.timeout) {
       std::vector<int> late;
+      std::uint64_t mask = 0;
       for (int r = 0; r < size_; ++r) {
-        if (header_->arrived[r].value.load(std::memory_order_acquire) < epoch_) late.push_back(r);
+        if (header_->arrived[r].value.load(std::memory_order_acquire) < epoch_) {
+          late.push_back(r);
+          mask |= std::uint64_t{1} << r;
+        }
       }
+      // Every rank arrived after all: this rank was itself stopped or
+      // descheduled past the deadline, and the barrier is complete.
+      if (mask == 0) continue;
+      std::uint64_t none = 0;  // the first rank to time out names the late ones
+      header_->late.value.compare_exchange_strong(none, mask, std::memory_order_acq_rel);
       fail();
       throw TimeoutError(fmt::format(
           "shared memory group: rank {} waited {} ms for local rank(s) {} to reach barrier {}",

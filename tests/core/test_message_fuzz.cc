@@ -3,10 +3,17 @@
 // either decode or fail with a TransportError naming the peer, and what
 // decodes must go through the coordinator without crashing. Fixed seeds,
 // so a failure reproduces; run it under ASan to catch out-of-bounds reads.
+// The seed corpus of the libFuzzer targets (tests/fuzz/corpus) is read too:
+// its messages must still decode (else the wire format changed: rerun
+// tests/fuzz/make_corpus.sh), and are mutated like the built-in seeds.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <span>
 
 #include "negotiation/coordinator.h"
 #include "negotiation/message.h"
@@ -132,5 +139,101 @@ TEST_CASE("negotiation messages: mutated bytes decode or fail with TransportErro
   // Both outcomes were reached: the mutations are neither all fatal nor
   // all harmless.
   CHECK(decoded > 100);
+  CHECK(refused > 100);
+}
+
+namespace {
+
+std::vector<std::byte> read_file(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::vector<char> c((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> out(c.size());
+  std::memcpy(out.data(), c.data(), c.size());
+  return out;
+}
+
+std::vector<std::filesystem::path> corpus(const char* target) {
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(GYRE_FUZZ_CORPUS) / target)) {
+    files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// Splits a coordinator corpus file into its messages (each starts with its
+// length) and groups them into rounds of kWorld.
+std::vector<std::vector<std::byte>> split(const std::vector<std::byte>& all) {
+  std::vector<std::vector<std::byte>> out;
+  std::size_t at = 0;
+  while (at < all.size()) {
+    const std::size_t len = encoded_length(std::span<const std::byte>(all).subspan(at));
+    REQUIRE(len >= kMinMessageBytes);
+    REQUIRE(at + len <= all.size());
+    out.emplace_back(all.begin() + static_cast<long>(at), all.begin() + static_cast<long>(at + len));
+    at += len;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("negotiation messages: the fuzz corpus decodes, runs through the coordinator, and "
+          "its mutations decode or fail with TransportError",
+          "[message][fuzz]") {
+  const auto messages = corpus("message");
+  const auto rounds = corpus("coordinator");
+  REQUIRE(messages.size() >= 10);
+  REQUIRE(rounds.size() >= 5);
+  std::vector<std::vector<std::byte>> seeds_bytes;
+  for (const auto& p : messages) {
+    INFO(p.string());
+    auto bytes = read_file(p);
+    REQUIRE_NOTHROW(decode(bytes, 1, kWorld));
+    seeds_bytes.push_back(std::move(bytes));
+  }
+  // Every coordinator file is a valid sequence of rounds: two coordinators
+  // decide the same, and the scenarios reach responses.
+  std::size_t responses = 0;
+  for (const auto& p : rounds) {
+    INFO(p.string());
+    const auto parts = split(read_file(p));
+    REQUIRE(parts.size() % kWorld == 0);
+    Coordinator a(kWorld, 1, 1.0), b(kWorld, 1, 1.0);
+    ResponseCache ca(8), cb(8);
+    for (std::size_t i = 0; i < parts.size(); i += kWorld) {
+      std::vector<RoundMessage> msgs;
+      for (int r = 0; r < kWorld; ++r) msgs.push_back(decode(parts[i + static_cast<std::size_t>(r)], r, kWorld));
+      const auto x = a.process(msgs, ca, Clock::now());
+      const auto y = b.process(msgs, cb, Clock::now());
+      REQUIRE(x.responses.size() == y.responses.size());
+      for (std::size_t k = 0; k < x.responses.size(); ++k) {
+        CHECK(x.responses[k].name == y.responses[k].name);
+        CHECK(x.responses[k].error == y.responses[k].error);
+      }
+      responses += x.responses.size();
+    }
+  }
+  CHECK(responses > 10);
+  int refused = 0;
+  std::mt19937 rng(20261125);
+  for (int i = 0; i < 3000; ++i) {
+    const auto bytes = mutate(seeds_bytes[static_cast<std::size_t>(i) % seeds_bytes.size()], rng);
+    try {
+      const RoundMessage m = decode(bytes, 1, kWorld);
+      Coordinator coord(kWorld, 0, 1.0);
+      ResponseCache cache(4);
+      std::vector<RoundMessage> msgs(kWorld);
+      msgs[1] = m;
+      try {
+        coord.process(msgs, cache, Clock::now());
+      } catch (const TransportError& e) {
+        REQUIRE_THAT(e.what(), Catch::Contains("rank 1"));
+      }
+    } catch (const TransportError& e) {
+      ++refused;
+      REQUIRE_THAT(e.what(), Catch::Contains("rank 1"));
+    }
+  }
   CHECK(refused > 100);
 }

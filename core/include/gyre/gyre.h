@@ -148,6 +148,17 @@ void start_timeline(const std::string& path, bool mark_cycles = false);
 // Ends the recording (the file is complete JSON); nothing if none runs.
 void stop_timeline();
 
+// Counters of this rank's runtime since init(), for tests and benchmarks.
+// Each valid request this rank negotiates is sent either in full or, when it
+// repeats the previous request of its name unchanged, as one response-cache
+// bit: the hit rate is cache_hits_sent / (requests_sent + cache_hits_sent).
+struct RuntimeStats {
+  std::uint64_t rounds = 0;           // negotiation rounds run
+  std::uint64_t requests_sent = 0;    // requests sent in full
+  std::uint64_t cache_hits_sent = 0;  // requests sent as a cache bit
+};
+RuntimeStats runtime_stats();
+
 // Version vectors: see docs/architecture.md.
 void commit_step();                        // this rank finished one training step
 std::uint64_t committed_steps();           // this rank's own count

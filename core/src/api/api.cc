@@ -144,6 +144,11 @@ void start_timeline(const std::string& path, bool mark_cycles) {
 }
 void stop_timeline() { runtime("stop_timeline")->stop_timeline(); }
 
+RuntimeStats runtime_stats() {
+  auto rt = runtime("runtime_stats");
+  return RuntimeStats{rt->rounds(), rt->requests_sent(), rt->cache_hits_sent()};
+}
+
 void commit_step() { runtime("commit_step")->versions().commit(); }
 std::uint64_t committed_steps() { return runtime("committed_steps")->versions().own(); }
 std::vector<std::uint64_t> version_vector() {

@@ -46,9 +46,11 @@ Agreement Negotiator::round(std::vector<Request> fresh, RoundFlags flags) {
     if (r.error_kind == ErrorKind::kNone && r.step == mine.step && !sent_in_full) {
       if (auto slot = cache_.find(r)) {
         mine.cache_hits.push_back(*slot);
+        cache_hits_sent_.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
     }
+    if (r.error_kind == ErrorKind::kNone) requests_sent_.fetch_add(1, std::memory_order_relaxed);
     mine.requests.push_back(std::move(r));
   }
   mine.stall_failures = std::move(flags.stall_failures);

@@ -13,6 +13,7 @@
 // transport calls it in the same sequence).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -63,6 +64,10 @@ class Negotiator {
 
   const Coordinator& coordinator() const { return coord_; }
   const ResponseCache& cache() const { return cache_; }
+  // This rank's valid requests so far: sent in full, and sent as a cache
+  // bit (announced failures are not counted). Any thread.
+  std::uint64_t requests_sent() const { return requests_sent_.load(); }
+  std::uint64_t cache_hits_sent() const { return cache_hits_sent_.load(); }
 
  private:
   // Allgathers the encoded messages: every rank's first kInlineBytes in one
@@ -74,6 +79,8 @@ class Negotiator {
   VersionVector& vv_;
   ResponseCache cache_;
   Coordinator coord_;
+  std::atomic<std::uint64_t> requests_sent_{0};
+  std::atomic<std::uint64_t> cache_hits_sent_{0};
 };
 
 }  // namespace gyre::core

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <iterator>
 #include <cstring>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -24,6 +26,9 @@ constexpr std::chrono::microseconds kIdleCycleMax{16000};
 constexpr std::chrono::microseconds kMaxNap{200};
 // Least deadline of the first round (see loop()).
 constexpr double kStartupTimeoutS = 60.0;
+// After its deadline expired, how long a rank waits before aborting the job
+// (at most a quarter of the deadline): see fatal().
+constexpr double kAbortGraceS = 1.0;
 
 NegotiatorOptions negotiator_options(const Options& o) {
   NegotiatorOptions n;
@@ -213,6 +218,14 @@ void Runtime::fatal(const std::exception& e) {
               : std::string("The ranks can no longer agree: aborting the job"));
   log_.error("{}", text);
   stopped_ = true;
+  if (timeout && info_.abort) {
+    // The peers waiting in the same round reach their deadlines at about
+    // the same moment. Aborting at once would let the launcher kill them
+    // before they log whom they waited for, and the stuck rank is found by
+    // following those lines (see above), so each gets a short grace first.
+    std::this_thread::sleep_for(std::chrono::milliseconds(
+        static_cast<long>(1000.0 * std::min(kAbortGraceS, opt_.op_timeout_s / 4))));
+  }
   if (info_.abort) info_.abort(1);
   // abort returned (in-process tests): fail everything and stop.
   fail_all(timeout ? ErrorKind::kTimeout : ErrorKind::kTransport, text);

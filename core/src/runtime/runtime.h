@@ -99,6 +99,8 @@ class Runtime {
   std::uint64_t rounds() const { return rounds_.load(); }
   const char* host_backend() const { return executor_.host_backend(); }
   int fusion_allocations() const { return executor_.fusion_buffer().allocations(); }
+  std::uint64_t requests_sent() const { return negotiator_.requests_sent(); }
+  std::uint64_t cache_hits_sent() const { return negotiator_.cache_hits_sent(); }
 
  private:
   void loop();

@@ -86,8 +86,10 @@ class ShmGroup {
   std::byte* slot(int r) const;
 
   // Barrier: publishes that this rank reached the next point, waits until
-  // every rank has. Throws TimeoutError after opt.timeout, TransportError if
-  // another rank marked the group failed.
+  // every rank has. Throws TimeoutError after opt.timeout, naming the ranks
+  // that had not arrived; when another rank marked the group failed,
+  // TimeoutError naming the same ranks if that rank timed out, else
+  // TransportError.
   void barrier();
   // Marks the group failed, so peers blocked in barrier() throw instead of
   // waiting for this rank. Called when a rank leaves a collective early.

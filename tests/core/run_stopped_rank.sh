@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Usage: run_stopped_rank.sh DELAY_US MPIEXEC NP EXE [mpiexec flags...]
+# Rank 1 stops itself (SIGSTOP) mid-collective. Passes when the job ends
+# non-zero within GYRE_OP_TIMEOUT_S plus a margin, every other rank logged
+# the deadline error naming whom it waited for (over shared memory rank 1;
+# over MPI its ring predecessor, a chain that leads back to rank 1), and no
+# process of the job is left, stopped or not.
+set -u
+delay_us=$1 mpiexec=$2 np=$3 exe=$4
+shift 4
+deadline_s=5
+bound_s=$((deadline_s + 25))
+start=$(date +%s%N)
+out=$(GYRE_OP_TIMEOUT_S=$deadline_s timeout 120 "$mpiexec" -n "$np" "$@" "$exe" "$delay_us" 2>&1)
+status=$?
+elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+elapsed="$((elapsed_ms / 1000)).$(printf %03d $((elapsed_ms % 1000)))"
+echo "$out" | tail -n 30
+echo "exit status: $status after ${elapsed}s (GYRE_OP_TIMEOUT_S=$deadline_s, GYRE_SHM=${GYRE_SHM:-1})"
+failed=""
+fail() { echo "FAIL: $*"; failed=1; }
+# Whatever else happens, nothing of the job may stay behind: a process left
+# stopped would hold its memory and shared-memory mappings for ever.
+pids=$(sed -n 's/^rank [0-9]* pid \([0-9]*\)$/\1/p' <<<"$out")
+[ "$(wc -w <<<"$pids")" -eq "$np" ] || fail "not every rank reported its pid"
+for pid in $pids; do
+  # A zombie (state Z) has ended and freed everything; its parent, mpirun,
+  # is gone, and whoever adopted it may not reap it at once.
+  state=$(ps -o stat= -p "$pid" 2>/dev/null | tr -d ' ')
+  if [ -n "$state" ] && [[ "$state" != Z* ]]; then
+    fail "process $pid of the job is still there after the job ended (state $state)"
+    kill -CONT "$pid" 2>/dev/null; kill -KILL "$pid" 2>/dev/null
+  fi
+done
+[ "$status" -ne 0 ] || fail "the job exited 0 although rank 1 stopped"
+[ "$status" -ne 124 ] || fail "the job did not end within 120 s"
+(( elapsed_ms < bound_s * 1000 )) || fail "the job took ${elapsed}s to end (bound ${bound_s}s)"
+(( elapsed_ms >= deadline_s * 1000 )) || fail "the job ended before the deadline: not by it"
+for r in $(seq 0 $((np - 1))); do
+  [ "$r" -eq 1 ] && continue
+  line=$(grep "^\[gyre $r ERROR\] timed out during" <<<"$out" | head -1)
+  [ -n "$line" ] || { fail "rank $r did not log the deadline error"; continue; }
+  grep -q "GYRE_OP_TIMEOUT_S=$deadline_s" <<<"$line" || fail "rank $r's error does not name the deadline"
+  # Whom it waited for: over shared memory, the stopped rank itself; over
+  # MPI (negotiation, or the ring with GYRE_SHM=0), its ring predecessor,
+  # so that the lines form a chain back to the stopped rank.
+  if grep -q "shared memory group" <<<"$line"; then
+    grep -q "local rank(s) 1 to reach" <<<"$line" || fail "rank $r's error does not name rank 1"
+  else
+    pred=$(( (r + np - 1) % np ))
+    grep -q "from rank $pred " <<<"$line" || fail "rank $r's error does not name its predecessor $pred"
+  fi
+done
+grep -qE "^\[gyre [0-9]+ ERROR\] timed out during.*(from rank 1 |local rank\(s\) 1 )" <<<"$out" ||
+  fail "no rank's error names rank 1 as the one it waited for"
+[ -z "$failed" ] || exit 1
+echo "PASS: job ended with status $status in ${elapsed}s, every other rank logged the deadline, nothing left"
