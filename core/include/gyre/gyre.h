@@ -88,7 +88,13 @@ class Handle {
 // every other rank, whose runtimes stop in the same round. MPI, if init()
 // initialised it, is finalised at process exit, so that init() may be
 // called again after shutdown().
-void init(const Options& options = Options::from_env());
+// Every rank's set-up is agreed at the end of init(): if it fails on any
+// rank (a GYRE_* variable that does not parse, a timeline file that cannot
+// be created, options that must agree but differ), init() throws on every
+// rank alike, at once, naming the failing ranks and their reasons.
+// init() reads the options from the environment (Options::from_env()).
+void init();
+void init(const Options& options);
 void shutdown();
 bool is_initialized();
 int rank();

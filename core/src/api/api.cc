@@ -23,7 +23,6 @@ namespace {
 std::mutex g_mu;
 std::shared_ptr<core::Runtime> g_runtime;
 bool g_atexit_registered = false;
-
 std::shared_ptr<core::Runtime> runtime(const char* call) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (!g_runtime) {
@@ -34,7 +33,11 @@ std::shared_ptr<core::Runtime> runtime(const char* call) {
 
 }  // namespace
 
-void init(const Options& options) {
+namespace {
+
+// init(): `failure` is why this rank cannot start (its options did not
+// parse), told to every rank by the Runtime's start-up agreement.
+void start(const Options& options, const std::string& failure) {
   std::lock_guard<std::mutex> lock(g_mu);
   // Horovod's semantics: init() may be called any number of times; while a
   // runtime runs, later calls do nothing (their options are not applied).
@@ -66,28 +69,52 @@ void init(const Options& options) {
   info.cross_rank = world.cross_rank();
   info.cross_size = world.cross_size();
   info.abort = [&world](int code) { world.abort(code); };
+  if (!failure.empty()) {
+    info.start_failure_kind = core::ErrorKind::kInvalidArgument;
+    info.start_failure = failure;
+  }
   if (world.size() > 1) {
-    // Collective: every rank takes part, and all get a group or none do.
-    collectives::ShmOptions so;
-    so.slot_bytes = options.shm_slot_bytes;
-    so.timeout = std::chrono::milliseconds(static_cast<long>(
-        std::isfinite(options.op_timeout_s) ? std::clamp(options.op_timeout_s, 0.0, 1e7) * 1000.0
-                                            : 0.0));
-    so.spin = std::chrono::microseconds(static_cast<long>(
-        std::isfinite(options.spin_wait_us) ? std::clamp(options.spin_wait_us, 0.0, 1e7) : 0.0));
-    // Every rank sees the same layout, so all take the same branch; each
-    // set-up is collective and votes, so all get a group or none do.
-    const bool one_host = world.local_size() == world.size();
-    if (one_host) {
-      info.shm = transport::ShmHost::create(so, options.shared_memory != 0);
-    } else if (world.uniform_hosts() && world.local_size() > 1) {
-      info.shm = transport::ShmHost::create_per_host(
-          so, options.shared_memory != 0 && options.hierarchical_allreduce != 0);
-      if (info.shm) info.cross = world.make_cross_transport();
-    }
+    // Run by the Runtime once every rank has agreed to start (so no rank
+    // waits here for one whose init() failed).
+    info.connect_host = [&world, options](core::RuntimeInfo& ri) {
+      collectives::ShmOptions so;
+      so.slot_bytes = options.shm_slot_bytes;
+      so.timeout = std::chrono::milliseconds(static_cast<long>(
+          std::isfinite(options.op_timeout_s) ? std::clamp(options.op_timeout_s, 0.0, 1e7) * 1000.0
+                                              : 0.0));
+      so.spin = std::chrono::microseconds(static_cast<long>(
+          std::isfinite(options.spin_wait_us) ? std::clamp(options.spin_wait_us, 0.0, 1e7) : 0.0));
+      // Every rank sees the same layout, so all take the same branch; each
+      // set-up is collective and votes, so all get a group or none do.
+      const bool one_host = world.local_size() == world.size();
+      if (one_host) {
+        ri.shm = transport::ShmHost::create(so, options.shared_memory != 0);
+      } else if (world.uniform_hosts() && world.local_size() > 1) {
+        ri.shm = transport::ShmHost::create_per_host(
+            so, options.shared_memory != 0 && options.hierarchical_allreduce != 0);
+        if (ri.shm) ri.cross = world.make_cross_transport();
+      }
+    };
   }
   g_runtime = std::make_shared<core::Runtime>(options, world.make_transport(), std::move(info));
 }
+
+}  // namespace
+
+void init() {
+  // A variable that does not parse fails init() on every rank (through the
+  // start-up agreement), not on this rank alone while the others wait.
+  Options options;
+  std::string failure;
+  try {
+    options = Options::from_env();
+  } catch (const InvalidArgument& e) {
+    failure = e.what();
+  }
+  start(options, failure);
+}
+
+void init(const Options& options) { start(options, {}); }
 
 void shutdown() {
   std::shared_ptr<core::Runtime> rt;

@@ -1,0 +1,101 @@
+"""Failures that must reach every rank at once, and waits that must end:
+init() failing on one rank fails it on every rank with that rank's number
+and reason; Ctrl-C interrupts barrier(), join(), fingerprint_check() and
+resync() as it does synchronize(); an operation one rank never calls ends at
+the stall deadline; the timeline file's safety and size limit.
+
+Each test that changes options or leaves an operation in flight shuts gyre
+down and starts it again on every rank, so the next test starts afresh
+(internal names, pending operations). Ranks that must wait for rank 0
+without taking part in its operation wait for a file it writes (they share
+the host's /tmp), polled with a deadline.
+"""
+
+import contextlib
+import os
+import time
+
+import pytest
+import torch
+
+import gyre
+
+
+def _marker(name):
+    # Names unique to the job: its ranks on this host share their parent
+    # (the launcher daemon), and no other job does.
+    return f"/tmp/gyre-test-failures-{os.getppid()}-{name}"
+
+
+def _signal_done(name):
+    with open(_marker(name), "w") as f:
+        f.write("done")
+
+
+def _wait_done(name, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(_marker(name)):
+        assert time.monotonic() < deadline, f"rank 0 did not finish '{name}' in {timeout} s"
+        time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def _restarted(env=None, on_ranks=None):
+    """Shuts gyre down, sets `env` on `on_ranks` (all when None), yields, then
+    restores the environment and leaves gyre running with the default
+    options again."""
+    rank, size = gyre.rank(), gyre.size()
+    # Every rank has finished the tests before: a shutdown stops every
+    # rank's runtime, also under a rank still in a test of its own.
+    gyre.barrier()
+    gyre.shutdown()
+    env = env or {}
+    saved = {k: os.environ.get(k) for k in env}
+    if on_ranks is None or rank in on_ranks:
+        os.environ.update(env)
+    try:
+        yield rank, size
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if gyre.is_initialized():
+            gyre.shutdown()
+        gyre.init()
+
+
+def _init_fails_everywhere(match, cls=gyre.InvalidArgumentError):
+    t0 = time.monotonic()
+    with pytest.raises(cls, match=match):
+        gyre.init()
+    elapsed = time.monotonic() - t0
+    assert not gyre.is_initialized()
+    # Before, the other ranks waited for the start-up deadline (60 s) or
+    # forever; the agreement takes one exchange.
+    assert elapsed < 15, f"init() took {elapsed:.1f} s to fail"
+
+
+def test_bad_variable_on_one_rank_fails_init_on_every_rank(multi_rank):
+    last = gyre.size() - 1
+    with _restarted({"GYRE_CYCLE_TIME_MS": "fast"}, on_ranks=[last]):
+        _init_fails_everywhere(rf"init\(\) failed on rank {last}: GYRE_CYCLE_TIME_MS='fast' is "
+                               r"not a number")
+    assert gyre.allreduce(torch.ones(2), op=gyre.Sum, name="after_bad_variable").tolist() == \
+        [gyre.size()] * 2
+
+
+def test_timeline_that_cannot_be_created_fails_init_on_every_rank(multi_rank):
+    last = gyre.size() - 1
+    with _restarted({"GYRE_TIMELINE": "/nonexistent-gyre-dir/t{rank}.json"}, on_ranks=[last]):
+        _init_fails_everywhere(rf"init\(\) failed on rank {last}: GYRE_TIMELINE: cannot create "
+                               rf"the timeline file '/nonexistent-gyre-dir/t{last}.json'")
+    assert gyre.allreduce(torch.ones(1), op=gyre.Sum, name="after_bad_timeline").item() == \
+        gyre.size()
+
+
+def test_failures_on_several_ranks_are_all_named(multi_rank):
+    with _restarted({"GYRE_SPIN_WAIT_US": "-1"}, on_ranks=[0, 1]):
+        _init_fails_everywhere(r"init\(\) failed on ranks 0, 1: rank 0: GYRE_SPIN_WAIT_US='-1' .*; "
+                               r"rank 1: GYRE_SPIN_WAIT_US='-1'")
