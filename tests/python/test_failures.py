@@ -13,6 +13,8 @@ the host's /tmp), polled with a deadline.
 
 import contextlib
 import os
+import signal
+import threading
 import time
 
 import pytest
@@ -99,3 +101,58 @@ def test_failures_on_several_ranks_are_all_named(multi_rank):
     with _restarted({"GYRE_SPIN_WAIT_US": "-1"}, on_ranks=[0, 1]):
         _init_fails_everywhere(r"init\(\) failed on ranks 0, 1: rank 0: GYRE_SPIN_WAIT_US='-1' .*; "
                                r"rank 1: GYRE_SPIN_WAIT_US='-1'")
+
+
+# --- Ctrl-C and deadlines of the blocking calls -----------------------------
+
+def _raw_call(what):
+    """The binding's blocking call itself (no Python-level wrapper)."""
+    from gyre import _gyre
+    t = torch.ones(4)
+    if what == "barrier":
+        _gyre.barrier()
+    elif what == "join":
+        _gyre.join()
+    elif what == "fingerprint_check":
+        _gyre.fingerprint_check([("w", t)])
+    else:
+        _gyre.resync([("w", t)], "newest")
+
+
+@pytest.mark.parametrize("what", ["barrier", "join", "fingerprint_check", "resync"])
+def test_ctrl_c_interrupts_a_blocking_call(multi_rank, what):
+    """Rank 0 calls `what`, which the other ranks never call; SIGINT after
+    0.3 s raises KeyboardInterrupt at once (the wait is sliced as
+    synchronize()'s), the call's operation staying in flight."""
+    with _restarted() as (rank, size):
+        gyre.init()
+        if rank == 0:
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+            t0 = time.monotonic()
+            timer.start()
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    _raw_call(what)
+                late = time.monotonic() - t0 - 0.3
+            finally:
+                timer.join()
+            _signal_done(f"ctrl_c_{what}")
+            # ~50 ms by design; generous for a loaded machine.
+            assert late < 2.0, f"KeyboardInterrupt came {late:.2f} s after SIGINT"
+        else:
+            _wait_done(f"ctrl_c_{what}")
+
+
+@pytest.mark.parametrize("what", ["barrier", "fingerprint_check", "resync"])
+def test_operation_one_rank_never_calls_ends_at_the_stall_deadline(multi_rank, what):
+    with _restarted({"GYRE_STALL_SHUTDOWN_S": "1"}) as (rank, size):
+        gyre.init()
+        if rank == 0:
+            t0 = time.monotonic()
+            with pytest.raises(gyre.TimeoutError, match="never"):
+                _raw_call(what)
+            elapsed = time.monotonic() - t0
+            _signal_done(f"stall_{what}")
+            assert elapsed < 15, f"{what} took {elapsed:.1f} s to time out"
+        else:
+            _wait_done(f"stall_{what}")

@@ -166,6 +166,8 @@ Handle reducescatter_async(const std::string& name, const TensorView& in, Reduce
 }
 void barrier() { core::barrier(*runtime("barrier")); }
 int join() { return core::join(*runtime("join")); }
+Handle barrier_async() { return core::barrier_async(*runtime("barrier")); }
+Handle join_async() { return core::join_async(*runtime("join")); }
 void start_timeline(const std::string& path, bool mark_cycles) {
   runtime("start_timeline")->start_timeline(path, mark_cycles);
 }
@@ -181,6 +183,12 @@ std::vector<FingerprintMismatch> fingerprint_check(const std::vector<NamedBuffer
 }
 void resync(const std::vector<NamedBuffer>& buffers, ResyncPolicy policy) {
   core::resync(*runtime("resync"), buffers, policy);
+}
+Handle fingerprint_check_async(const std::vector<NamedBuffer>& buffers) {
+  return core::fingerprint_check_async(*runtime("fingerprint_check"), buffers);
+}
+Handle resync_async(const std::vector<NamedBuffer>& buffers, ResyncPolicy policy) {
+  return core::resync_async(*runtime("resync"), buffers, policy);
 }
 
 }  // namespace gyre

@@ -366,18 +366,22 @@ Handle reducescatter_async(Runtime& rt, const std::string& name, const TensorVie
   return submit(rt, std::move(req), in, in);
 }
 
-void barrier(Runtime& rt) {
+Handle barrier_async(Runtime& rt) {
   Request req;
   req.name = rt.internal_name("barrier");
   req.collective = Collective::kBarrier;
   req.step = rt.versions().own();
-  submit(rt, std::move(req), {}, {}).wait();
+  return submit(rt, std::move(req), {}, {});
 }
 
+void barrier(Runtime& rt) { barrier_async(rt).wait(); }
+
+Handle join_async(Runtime& rt) { return Handle(rt.request_join()); }
+
 int join(Runtime& rt) {
-  auto state = rt.request_join();
-  Handle(state).wait();
-  return state->join_last_rank;
+  Handle h = join_async(rt);
+  h.wait();
+  return h.join_last_rank();
 }
 
 }  // namespace gyre::core
