@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include <pthread.h>
+
 #include <fmt/format.h>
 
 #include "gyre/collectives/mpi_transport.h"
@@ -23,10 +25,36 @@ namespace {
 std::mutex g_mu;
 std::shared_ptr<core::Runtime> g_runtime;
 bool g_atexit_registered = false;
+// Set in the child of a fork() (see after_fork_in_child); guarded by g_mu.
+bool g_forked_child = false;
+
+// fork() copies only the calling thread. The child of a process running
+// gyre has the Runtime object but not its background thread, and MPI's state
+// but not the right to use it (its connections belong to the parent). So
+// the child forgets both: it is a process in which gyre is not initialised
+// (calls throw StateError, init() refuses), and its exit neither joins a
+// thread it does not have nor finalises the parent's MPI. g_mu is held
+// across fork() (pthread_atfork's prepare), so the child's copy is never
+// left locked by a thread that does not exist there.
+void before_fork() { g_mu.lock(); }
+void after_fork_in_parent() { g_mu.unlock(); }
+void after_fork_in_child() {
+  g_forked_child = true;
+  // Deliberately leaked: destroying it would join the missing thread and
+  // free MPI objects that are the parent's.
+  if (g_runtime) new std::shared_ptr<core::Runtime>(std::move(g_runtime));
+  transport::MpiWorld::instance().forget_after_fork();
+  g_mu.unlock();
+}
+
 std::shared_ptr<core::Runtime> runtime(const char* call) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (!g_runtime) {
-    throw StateError(fmt::format("gyre::{}: gyre is not initialised (call gyre::init() first)", call));
+    throw StateError(fmt::format("gyre::{}: gyre is not initialised ({})", call,
+                                 g_forked_child
+                                     ? "this process is the child of a fork() of a process "
+                                       "running gyre, and gyre cannot run in it"
+                                     : "call gyre::init() first"));
   }
   return g_runtime;
 }
@@ -42,6 +70,11 @@ void start(const Options& options, const std::string& failure) {
   // Horovod's semantics: init() may be called any number of times; while a
   // runtime runs, later calls do nothing (their options are not applied).
   if (g_runtime) return;
+  if (g_forked_child) {
+    throw StateError(
+        "gyre::init(): this process is the child of a fork() of a process running gyre: MPI "
+        "belongs to the parent, so gyre cannot run in the child");
+  }
   auto& world = transport::MpiWorld::instance();
   if (!g_atexit_registered) {
     // MPI is finalised at process exit rather than in shutdown(), so a
@@ -61,6 +94,7 @@ void start(const Options& options, const std::string& failure) {
       if (rt) rt->shutdown();
       transport::MpiWorld::instance().finalize();
     });
+    pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
     g_atexit_registered = true;
   }
   core::RuntimeInfo info;
