@@ -12,8 +12,10 @@ the host's /tmp), polled with a deadline.
 """
 
 import contextlib
+import json
 import os
 import signal
+import stat
 import threading
 import time
 
@@ -156,3 +158,57 @@ def test_operation_one_rank_never_calls_ends_at_the_stall_deadline(multi_rank, w
             assert elapsed < 15, f"{what} took {elapsed:.1f} s to time out"
         else:
             _wait_done(f"stall_{what}")
+
+
+# --- the timeline file ------------------------------------------------------
+
+def test_timeline_refuses_a_symlink_at_its_path(tmp_path):
+    target = tmp_path / "target.txt"
+    target.write_text("keep me")
+    link = tmp_path / f"timeline{gyre.rank()}.json"
+    link.symlink_to(target)
+    with pytest.raises(gyre.InvalidArgumentError, match=f"'{link}'.*symbolic link"):
+        gyre.start_timeline(str(tmp_path / "timeline{rank}.json"))
+    assert target.read_text() == "keep me"
+
+
+def test_symlink_at_the_timeline_path_fails_init_on_every_rank(multi_rank, tmp_path):
+    last = gyre.size() - 1
+    rank = gyre.rank()
+    target = tmp_path / "target.txt"
+    target.write_text("keep me")
+    link = tmp_path / f"t{rank}.json"
+    link.symlink_to(target)
+    with _restarted({"GYRE_TIMELINE": str(tmp_path / "t{rank}.json")}, on_ranks=[last]):
+        _init_fails_everywhere(rf"init\(\) failed on rank {last}: .*symbolic link")
+    assert target.read_text() == "keep me"
+
+
+def test_timeline_file_follows_the_umask(tmp_path):
+    old = os.umask(0o027)
+    try:
+        gyre.start_timeline(str(tmp_path / "umask{rank}.json"))
+        gyre.stop_timeline()
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE(os.stat(tmp_path / f"umask{gyre.rank()}.json").st_mode)
+    assert mode == 0o640, oct(mode)
+
+
+def test_timeline_stops_at_its_size_limit(capfd, tmp_path):
+    limit = 4096
+    with _restarted({"GYRE_TIMELINE_MAX_BYTES": str(limit)}) as (rank, size):
+        gyre.init()
+        path = tmp_path / f"limited{rank}.json"
+        gyre.start_timeline(str(tmp_path / "limited{rank}.json"))
+        for i in range(60):
+            gyre.allreduce(torch.ones(3), op=gyre.Sum, name=f"timeline_limit_{i}")
+        gyre.stop_timeline()
+        data = path.read_bytes()
+        assert len(data) <= limit
+        events = json.loads(data)["traceEvents"]
+        # Far fewer than the ~5 events per allreduce the recording would hold.
+        assert 0 < len(events) < 60
+        err = capfd.readouterr().err
+        assert err.count("GYRE_TIMELINE_MAX_BYTES") == 1, err
+        assert "recording stopped" in err

@@ -58,7 +58,8 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
       vv_(rank_, size_),
       negotiator_(*t_, negotiator_options(opt), vv_),
       stall_(rank_, opt.stall_warning_s, opt.stall_shutdown_s),
-      timeline_(rank_),
+      timeline_(rank_, opt.timeline_max_bytes,
+                [this](const std::string& why) { log_.warn("{}", why); }),
       executor_(*t_, opt_, queue_, vv_, &timeline_, log_) {
   // Local set-up first; a failure here is told to every rank by the
   // agreement below instead of leaving them waiting for this rank.
