@@ -212,3 +212,26 @@ def test_timeline_stops_at_its_size_limit(capfd, tmp_path):
         err = capfd.readouterr().err
         assert err.count("GYRE_TIMELINE_MAX_BYTES") == 1, err
         assert "recording stopped" in err
+
+
+# --- rank-local facts checked at enqueue ------------------------------------
+
+def test_partly_overlapping_buffers_are_refused_on_every_rank(multi_rank):
+    """Where the buffers lie is known on one rank only: refused at enqueue
+    (and announced), not inside the collective on that rank alone while the
+    others wait in it."""
+    from gyre import _gyre
+    sum_op = 0  # ReduceOp::kSum
+    if gyre.rank() == 0:
+        buf = torch.arange(8, dtype=torch.float32)
+        with pytest.raises(gyre.InvalidArgumentError, match="input and output overlap"):
+            _gyre.allreduce("partly_overlapping", buf[0:4], buf[2:6], sum_op, 1.0, 1.0)
+    else:
+        t0 = time.monotonic()
+        op = _gyre.allreduce("partly_overlapping", torch.ones(4), None, sum_op, 1.0, 1.0)
+        with pytest.raises(gyre.InvalidArgumentError,
+                           match="failed on rank 0: .*input and output overlap"):
+            op.wait()
+        assert time.monotonic() - t0 < 10
+    # The ranks are still in step.
+    assert gyre.allreduce(torch.ones(1), op=gyre.Sum, name="after_overlap").item() == gyre.size()

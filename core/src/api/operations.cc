@@ -66,6 +66,16 @@ void check_view(Runtime& rt, const std::string& what, const char* which, const T
   }
 }
 
+// Two views of one device that share bytes without starting at the same
+// address (compared as integers: the buffers are separate objects).
+bool partly_overlap(const TensorView& a, const TensorView& b) {
+  if (a.data == b.data || a.device != b.device) return false;
+  const auto pa = reinterpret_cast<std::uintptr_t>(a.data);
+  const auto pb = reinterpret_cast<std::uintptr_t>(b.data);
+  const std::size_t na = a.nbytes(), nb = b.nbytes();
+  return na > 0 && nb > 0 && pa < pb + nb && pb < pa + na;
+}
+
 void check_op(const std::string& what, DataType dt, ReduceOp op) {
   if (static_cast<int>(op) >= kNumReduceOps) {
     throw InvalidArgument(fmt::format(
@@ -280,6 +290,14 @@ static void validate_member(Runtime& rt, const Request& req, const std::string& 
         throw InvalidArgument(fmt::format("{}: output ({} x {}) does not match input ({} x {})",
                                           what, dtype_name(out.dtype), out.numel(),
                                           dtype_name(in.dtype), in.numel()));
+      }
+      // Where the buffers lie is this rank's own fact: checked here, where
+      // a refusal reaches every rank, not inside the collective, where it
+      // would fail on this rank alone while the others went on.
+      if (partly_overlap(in, out)) {
+        throw InvalidArgument(fmt::format(
+            "{}: input and output overlap without being the same buffer (in-place needs the "
+            "output to be the input)", what));
       }
   });
 }

@@ -21,7 +21,6 @@ namespace {
 constexpr std::chrono::microseconds kIdleCycleMax{16000};
 // Longest nap of the background thread's waits (GYRE_SPIN_WAIT_US).
 constexpr std::chrono::microseconds kMaxNap{200};
-constexpr int kTagNegotiate = 1;
 // Least deadline of the first round (see loop()).
 constexpr double kStartupTimeoutS = 60.0;
 // Longest reason of a local start-up failure carried by the agreement.
