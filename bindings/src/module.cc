@@ -166,13 +166,15 @@ void bind_divergence(py::module_& m) {
         drain_graveyard();
         Imports keep;
         auto buffers = import_named(items, Access::kRead, keep);
-        std::vector<FingerprintMismatch> result;
-        {
-          py::gil_scoped_release release;
-          result = fingerprint_check(buffers);
-        }
+        // The tensors stay alive with the operation, even if Ctrl-C ends
+        // the wait (see barrier).
+        auto op = PendingOp::start(std::move(keep),
+                                   [&] { return fingerprint_check_async(buffers); });
+        op->wait();
         py::list out;
-        for (const auto& mm : result) out.append(py::make_tuple(mm.name, mm.groups));
+        for (const auto& mm : op->handle().mismatches()) {
+          out.append(py::make_tuple(mm.name, mm.groups));
+        }
         return out;
       },
       py::arg("buffers"),
@@ -192,8 +194,7 @@ void bind_divergence(py::module_& m) {
         }
         Imports keep;
         auto buffers = import_named(items, Access::kWrite, keep);
-        py::gil_scoped_release release;
-        resync(buffers, p);
+        PendingOp::start(std::move(keep), [&] { return resync_async(buffers, p); })->wait();
       },
       py::arg("buffers"), py::arg("policy"));
 }
@@ -251,8 +252,19 @@ PYBIND11_MODULE(_gyre, m) {
     MPI_Query_thread(&provided);
     return provided == MPI_THREAD_MULTIPLE;
   });
-  m.def("barrier", [] { blocking([] { gyre::barrier(); }); });
-  m.def("join", [] { return blocking([] { return gyre::join(); }); });
+  // The blocking calls wait as synchronize() does (PendingOp::wait): in
+  // slices, so that Ctrl-C raises KeyboardInterrupt at once; the operation
+  // stays in flight.
+  m.def("barrier", [] {
+    drain_graveyard();
+    PendingOp::start({}, [] { return gyre::barrier_async(); })->wait();
+  });
+  m.def("join", [] {
+    drain_graveyard();
+    auto op = PendingOp::start({}, [] { return gyre::join_async(); });
+    op->wait();
+    return op->handle().join_last_rank();
+  });
   m.def(
       "start_timeline",
       [](const std::string& path, bool mark_cycles) { gyre::start_timeline(path, mark_cycles); },

@@ -2,7 +2,10 @@
 // this process over LocalTransport: refused calls, reused names.
 #include <catch2/catch.hpp>
 
+#include <array>
+#include <atomic>
 #include <future>
+#include <thread>
 
 #include "local_job.h"
 
@@ -91,4 +94,65 @@ TEST_CASE("local: a joined rank keeps count of a reused name", "[runtime][join][
     wait_for(core::allreduce_async(rt, "w", view(w), view(w), ReduceOp::kSum));
     GYRE_EXPECT(r, w[0] == 3.0f);
   });
+}
+
+TEST_CASE("local: a rank-local failure inside a collective ends the job with its cause",
+          "[runtime][errors]") {
+  // Rank 0's allreduce has an input and output that partly overlap. The
+  // API refuses that at enqueue (and announces it); here the entry is put
+  // in the queue directly, as if a rank-local condition had escaped the
+  // enqueue checks: the algorithm refuses it on rank 0 alone, after every
+  // rank agreed to run it. Rank 0 must not go on (its peer waits in the
+  // collective): it ends the job naming the cause (its handle carries it),
+  // and rank 1 reaches its deadline instead of reading rank 0's next
+  // messages as data.
+  auto world = transport::make_local_world(2);
+  std::atomic<int> aborts{0};
+  std::array<std::string, 2> errors;
+  Options opt = fast_options();
+  opt.op_timeout_s = 2;
+  opt.fusion_threshold_bytes = 0;  // reduced from the caller's buffers
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      core::RuntimeInfo info;
+      info.abort = [&](int) { aborts.fetch_add(1); };  // returns: the runtime fails its handles
+      Runtime rt(opt, std::make_unique<transport::LocalTransport>(world, r), info);
+      // Past the first round, whose transfers get the start-up deadline
+      // (at least 60 s) rather than op_timeout_s.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (rt.rounds() < 2 && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      std::vector<float> buf(8, 1.0f);
+      Handle h;
+      if (r == 0) {
+        core::LocalEntry e;
+        e.request.name = "x";
+        e.request.collective = core::Collective::kAllreduce;
+        e.request.shape = {4};
+        e.in = TensorView{buf.data(), DataType::kFloat32, {4}};
+        e.out = TensorView{buf.data() + 2, DataType::kFloat32, {4}};
+        e.state = std::make_shared<core::OpState>();
+        h = Handle(e.state);
+        std::vector<core::LocalEntry> v;
+        v.push_back(std::move(e));
+        rt.queue().push(std::move(v));
+      } else {
+        buf.resize(4);
+        h = core::allreduce_async(rt, "x", view(buf), view(buf), ReduceOp::kSum);
+      }
+      try {
+        wait_for(h, 30.0);
+      } catch (const std::exception& ex) {
+        errors[static_cast<std::size_t>(r)] = ex.what();
+      }
+      rt.shutdown();
+    });
+  }
+  for (auto& t : threads) t.join();
+  INFO("rank 0: " << errors[0] << "\nrank 1: " << errors[1]);
+  CHECK(contains(errors[0], "input and output overlap"));  // the cause, on the rank that failed
+  CHECK(contains(errors[1], "from rank 0"));  // its peer: the deadline, not a result
+  CHECK(aborts.load() == 2);                  // both ended the job
 }

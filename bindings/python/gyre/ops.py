@@ -104,7 +104,9 @@ def shutdown() -> None:
 
 
 def barrier(process_set: Any = global_process_set) -> None:
-    """Blocks until every rank has called barrier()."""
+    """Blocks until every rank has called barrier(). Ctrl-C interrupts the
+    wait (KeyboardInterrupt); a rank that never calls it makes it fail with
+    TimeoutError after GYRE_STALL_SHUTDOWN_S."""
     check_process_set(process_set, "barrier")
     _gyre.barrier()
 
@@ -113,7 +115,8 @@ def join(device: int = -1) -> int:
     """This rank has no more data: it contributes zeros to other ranks'
     allreduces until every rank has joined. Returns the last rank to join.
     ``device`` (Horovod's: where to make the zero tensors) is accepted and
-    not needed: the runtime contributes zeros without a tensor."""
+    not needed: the runtime contributes zeros without a tensor. Ctrl-C
+    interrupts the wait (KeyboardInterrupt; this rank stays joined)."""
     del device
     return _gyre.join()
 

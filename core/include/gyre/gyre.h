@@ -50,6 +50,7 @@ struct OwnedTensor {
 };
 
 namespace core { struct OpState; }
+struct FingerprintMismatch;
 
 // The completion of one enqueued operation. Copies share the same state.
 class Handle {
@@ -71,6 +72,10 @@ class Handle {
   const OwnedTensor& output() const;
   // Rows this rank received from each rank (alltoall); valid after wait().
   const std::vector<std::int64_t>& received_splits() const;
+  // The last rank to join (join_async); valid after wait().
+  int join_last_rank() const;
+  // The buffers that differ (fingerprint_check_async); valid after wait().
+  const std::vector<FingerprintMismatch>& mismatches() const;
 
   bool valid() const { return state_ != nullptr; }
 
@@ -88,7 +93,13 @@ class Handle {
 // every other rank, whose runtimes stop in the same round. MPI, if init()
 // initialised it, is finalised at process exit, so that init() may be
 // called again after shutdown().
-void init(const Options& options = Options::from_env());
+// Every rank's set-up is agreed at the end of init(): if it fails on any
+// rank (a GYRE_* variable that does not parse, a timeline file that cannot
+// be created, options that must agree but differ), init() throws on every
+// rank alike, at once, naming the failing ranks and their reasons.
+// init() reads the options from the environment (Options::from_env()).
+void init();
+void init(const Options& options);
 void shutdown();
 bool is_initialized();
 int rank();
@@ -137,6 +148,13 @@ void barrier();
 // This rank has no more data: it takes part in others' allreduces with zeros
 // until every rank has joined. Returns the last rank to join.
 int join();
+// barrier() and join() as operations: each returns at once, and its
+// Handle's wait() returns when the blocking call would have (rethrowing its
+// error). For callers that wait in their own way: the Python package waits
+// in slices, so that Ctrl-C interrupts it. An operation whose waiter gave up
+// stays in flight. join_async(): Handle::join_last_rank() after wait().
+Handle barrier_async();
+Handle join_async();
 
 // Horovod's timeline at run time: records this rank's operations as a
 // Chrome trace (chrome://tracing, Perfetto) in `path` from now until
@@ -179,6 +197,8 @@ struct FingerprintMismatch {
 // buffers that differ (empty: all agree). Collective: every rank passes the
 // same names in the same order.
 std::vector<FingerprintMismatch> fingerprint_check(const std::vector<NamedBuffer>& buffers);
+// As an operation (see barrier_async): Handle::mismatches() after wait().
+Handle fingerprint_check_async(const std::vector<NamedBuffer>& buffers);
 
 enum class ResyncPolicy {
   kNewest,   // broadcast from the rank with the highest step (ties: lowest rank)
@@ -186,5 +206,8 @@ enum class ResyncPolicy {
 };
 // Repairs `buffers` and sets every rank's committed step to the agreed one.
 void resync(const std::vector<NamedBuffer>& buffers, ResyncPolicy policy);
+// As an operation (see barrier_async); the buffers must stay alive and
+// untouched until the Handle completes, even if its waiter gives up.
+Handle resync_async(const std::vector<NamedBuffer>& buffers, ResyncPolicy policy);
 
 }  // namespace gyre

@@ -49,6 +49,9 @@ struct Options {
   long hierarchical_allreduce = -1;
   // GYRE_TIMELINE: path of a Chrome trace-event JSON file; empty: off.
   std::string timeline_path;
+  // GYRE_TIMELINE_MAX_BYTES: largest size of a timeline file; recording
+  // stops (with one warning) before an event would pass it. 0: no limit.
+  std::size_t timeline_max_bytes = std::size_t{1} << 30;
   // GYRE_LOG_LEVEL: trace, debug, info, warning, error, fatal.
   LogLevel log_level = LogLevel::kWarning;
   // GYRE_STALL_WARNING_S: warn about tensors some ranks have not enqueued.

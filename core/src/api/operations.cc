@@ -66,6 +66,16 @@ void check_view(Runtime& rt, const std::string& what, const char* which, const T
   }
 }
 
+// Two views of one device that share bytes without starting at the same
+// address (compared as integers: the buffers are separate objects).
+bool partly_overlap(const TensorView& a, const TensorView& b) {
+  if (a.data == b.data || a.device != b.device) return false;
+  const auto pa = reinterpret_cast<std::uintptr_t>(a.data);
+  const auto pb = reinterpret_cast<std::uintptr_t>(b.data);
+  const std::size_t na = a.nbytes(), nb = b.nbytes();
+  return na > 0 && nb > 0 && pa < pb + nb && pb < pa + na;
+}
+
 void check_op(const std::string& what, DataType dt, ReduceOp op) {
   if (static_cast<int>(op) >= kNumReduceOps) {
     throw InvalidArgument(fmt::format(
@@ -281,6 +291,14 @@ static void validate_member(Runtime& rt, const Request& req, const std::string& 
                                           what, dtype_name(out.dtype), out.numel(),
                                           dtype_name(in.dtype), in.numel()));
       }
+      // Where the buffers lie is this rank's own fact: checked here, where
+      // a refusal reaches every rank, not inside the collective, where it
+      // would fail on this rank alone while the others went on.
+      if (partly_overlap(in, out)) {
+        throw InvalidArgument(fmt::format(
+            "{}: input and output overlap without being the same buffer (in-place needs the "
+            "output to be the input)", what));
+      }
   });
 }
 
@@ -366,18 +384,22 @@ Handle reducescatter_async(Runtime& rt, const std::string& name, const TensorVie
   return submit(rt, std::move(req), in, in);
 }
 
-void barrier(Runtime& rt) {
+Handle barrier_async(Runtime& rt) {
   Request req;
   req.name = rt.internal_name("barrier");
   req.collective = Collective::kBarrier;
   req.step = rt.versions().own();
-  submit(rt, std::move(req), {}, {}).wait();
+  return submit(rt, std::move(req), {}, {});
 }
 
+void barrier(Runtime& rt) { barrier_async(rt).wait(); }
+
+Handle join_async(Runtime& rt) { return Handle(rt.request_join()); }
+
 int join(Runtime& rt) {
-  auto state = rt.request_join();
-  Handle(state).wait();
-  return state->join_last_rank;
+  Handle h = join_async(rt);
+  h.wait();
+  return h.join_last_rank();
 }
 
 }  // namespace gyre::core

@@ -32,5 +32,10 @@ int join(Runtime& rt);
 std::vector<FingerprintMismatch> fingerprint_check(Runtime& rt,
                                                    const std::vector<NamedBuffer>& buffers);
 void resync(Runtime& rt, const std::vector<NamedBuffer>& buffers, ResyncPolicy policy);
+// The four blocking calls above as operations (gyre.h: barrier_async).
+Handle barrier_async(Runtime& rt);
+Handle join_async(Runtime& rt);
+Handle fingerprint_check_async(Runtime& rt, const std::vector<NamedBuffer>& buffers);
+Handle resync_async(Runtime& rt, const std::vector<NamedBuffer>& buffers, ResyncPolicy policy);
 
 }  // namespace gyre::core

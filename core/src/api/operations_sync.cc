@@ -55,8 +55,7 @@ void refuse_everywhere(Runtime& rt, const Request& req, F&& validate) {
   }
 }
 
-std::shared_ptr<OpState> run(Runtime& rt, Request req,
-                                   const std::vector<NamedBuffer>& buffers) {
+Handle submit(Runtime& rt, Request req, const std::vector<NamedBuffer>& buffers) {
   auto state = std::make_shared<OpState>();
   LocalEntry e;
   e.request = std::move(req);
@@ -68,14 +67,23 @@ std::shared_ptr<OpState> run(Runtime& rt, Request req,
   std::vector<LocalEntry> v;
   v.push_back(std::move(e));
   rt.queue().push(std::move(v));
-  Handle(state).wait();
-  return state;
+  return Handle(state);
 }
 
 }  // namespace
 
 std::vector<FingerprintMismatch> fingerprint_check(Runtime& rt,
                                                    const std::vector<NamedBuffer>& buffers) {
+  Handle h = fingerprint_check_async(rt, buffers);
+  h.wait();
+  return h.mismatches();
+}
+
+void resync(Runtime& rt, const std::vector<NamedBuffer>& buffers, ResyncPolicy policy) {
+  resync_async(rt, buffers, policy).wait();
+}
+
+Handle fingerprint_check_async(Runtime& rt, const std::vector<NamedBuffer>& buffers) {
   Request req;
   req.name = rt.internal_name("fingerprint");
   req.collective = Collective::kFingerprint;
@@ -88,10 +96,10 @@ std::vector<FingerprintMismatch> fingerprint_check(Runtime& rt,
     req.digests.push_back(hash_bytes(b.tensor.data, b.tensor.nbytes(),
                                            static_cast<std::uint64_t>(b.tensor.dtype)));
   }
-  return run(rt, std::move(req), buffers)->mismatches;
+  return submit(rt, std::move(req), buffers);
 }
 
-void resync(Runtime& rt, const std::vector<NamedBuffer>& buffers, ResyncPolicy policy) {
+Handle resync_async(Runtime& rt, const std::vector<NamedBuffer>& buffers, ResyncPolicy policy) {
   Request req;
   req.name = rt.internal_name("resync");
   req.collective = Collective::kResync;
@@ -114,7 +122,7 @@ void resync(Runtime& rt, const std::vector<NamedBuffer>& buffers, ResyncPolicy p
       }
     }
   });
-  run(rt, std::move(req), buffers);
+  return submit(rt, std::move(req), buffers);
 }
 
 }  // namespace gyre::core

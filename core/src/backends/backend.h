@@ -46,9 +46,19 @@
 
 namespace gyre::core {
 
-// Message tags on the runtime's transport: negotiation uses 1 (runtime.cc).
-inline constexpr int kTagData = 2;     // the CPU backend's collectives
-inline constexpr int kTagNcclId = 3;   // the NCCL communicator's set-up
+// Message tags on the runtime's transport, all defined here: one stream of
+// traffic each. The ring algorithms send on `tag` and `tag + 1`
+// (collectives/src/ring_pipeline.h), so each stream owns kTagsPerStream
+// tags and no two streams share one: a message of one stream can never be
+// matched to a receive of another (negotiation bytes read as data, say),
+// even by a rank that left a collective early.
+inline constexpr int kTagsPerStream = 2;
+inline constexpr int kTagNegotiate = 1;  // negotiation rounds, start-up agreement (runtime.cc)
+inline constexpr int kTagData = 3;       // the CPU backend's collectives
+inline constexpr int kTagNcclId = 5;     // the NCCL communicator's set-up
+static_assert(kTagNegotiate + kTagsPerStream <= kTagData &&
+                  kTagData + kTagsPerStream <= kTagNcclId,
+              "message tags of negotiation, data and NCCL set-up must not overlap");
 
 // The operation and tensors a call is for, as error messages name them:
 // "allreduce of 'a', 'b'". Views: valid for the duration of the call.

@@ -31,6 +31,20 @@ std::exception_ptr response_error(const Response& r) {
   return std::make_exception_ptr(DivergenceError(r.error, std::move(d)));
 }
 
+// A refusal the executor makes itself from agreed facts (the agreed device
+// has no backend in this build, a collective that device does not run):
+// every rank refuses alike, so it fails only that operation. Any other
+// error inside a collective is not known to be alike on every rank (an
+// algorithm's check of this rank's own buffers, a transfer that failed
+// here): it leaves run() and ends the job with its cause (Runtime::fatal)
+// rather than letting this rank go on while its peers wait in the
+// collective. Conditions that depend on one rank's facts are checked at
+// enqueue (api/operations.cc), so none should reach an algorithm.
+class AgreedRefusal : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
 }  // namespace
 
 void Executor::trace(const Entry& e, const char* phase, Clock::time_point a, Clock::time_point b,
@@ -65,7 +79,9 @@ void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at
     }
   }
 
-  for (const Bucket& b : plan_buckets(items, opt_.fusion_threshold_bytes)) {
+  const std::vector<Bucket> buckets = plan_buckets(items, opt_.fusion_threshold_bytes);
+  for (std::size_t k = 0; k < buckets.size(); ++k) {
+    const Bucket& b = buckets[k];
     Response& first = responses[b.members.front()];
     if (!first.ok()) continue;  // completed above
     std::vector<Response*> resps;
@@ -81,11 +97,26 @@ void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at
       } else {
         run_single(be, first, bucket_entries.front());
       }
-    } catch (const InvalidArgument& e) {
-      // Thrown before any transfer, from agreed arguments: alike on every rank.
+    } catch (const AgreedRefusal& e) {
+      // Thrown before any transfer, from agreed facts: alike on every rank.
       for (auto& ent : bucket_entries) {
         if (ent) ent->state->complete_one(std::make_exception_ptr(e));
       }
+    } catch (...) {
+      // Not known to be alike on every rank: the job ends (the caller,
+      // Runtime::loop, rethrows it to Runtime::fatal). This round's
+      // operations that have not completed fail with the cause first: they
+      // are no longer in the queue, where the runtime's end would fail them.
+      const std::exception_ptr err = std::current_exception();
+      for (auto& ent : bucket_entries) {
+        if (ent) ent->state->complete_one(err);
+      }
+      for (std::size_t later = k + 1; later < buckets.size(); ++later) {
+        for (auto m : buckets[later].members) {
+          if (entries[m] && responses[m].ok()) entries[m]->state->complete_one(err);
+        }
+      }
+      throw;
     }
   }
 }
@@ -98,7 +129,7 @@ Backend& Executor::backend_for(const Response& head, const Entry& entry) {
   if (Backend* be = backends_.get(device)) return *be;
   // Refused at enqueue; reaching here means a rank enqueued what this
   // build refuses, so refuse it alike.
-  throw InvalidArgument(fmt::format(
+  throw AgreedRefusal(fmt::format(
       "{} '{}': the tensors are on {}, but this build of gyre has no backend for them (built "
       "without NCCL)", collective_name(head.collective), head.name,
       device_name(head.agreed.device.type)));
@@ -199,7 +230,7 @@ void Executor::run_single(Backend& be, Response& resp, Entry& entry) {
     case Collective::kResync:
       if (&be != &backends_.cpu()) {
         // Refused at enqueue (operations.cc); refused alike here.
-        throw InvalidArgument(fmt::format("{} '{}': not supported on {} tensors yet",
+        throw AgreedRefusal(fmt::format("{} '{}': not supported on {} tensors yet",
                                           collective_name(resp.collective), resp.name,
                                           device_name(resp.agreed.device.type)));
       }

@@ -84,4 +84,10 @@ const std::vector<std::int64_t>& Handle::received_splits() const {
   return checked(state_).received_splits;
 }
 
+int Handle::join_last_rank() const { return checked(state_).join_last_rank; }
+
+const std::vector<FingerprintMismatch>& Handle::mismatches() const {
+  return checked(state_).mismatches;
+}
+
 }  // namespace gyre

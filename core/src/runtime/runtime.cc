@@ -19,7 +19,6 @@ namespace gyre::core {
 
 namespace {
 
-constexpr int kTagNegotiate = 1;
 // Longest sleep between idle negotiation rounds (see loop()).
 constexpr std::chrono::microseconds kIdleCycleMax{16000};
 // Longest nap of the background thread's waits (GYRE_SPIN_WAIT_US).
@@ -29,6 +28,17 @@ constexpr double kStartupTimeoutS = 60.0;
 // After its deadline expired, how long a rank waits before aborting the job
 // (at most a quarter of the deadline): see fatal().
 constexpr double kAbortGraceS = 1.0;
+// Longest reason of a local start-up failure carried by the agreement.
+constexpr std::size_t kStartReasonBytes = 1024;
+
+ErrorKind error_kind_of(const Error& e) {
+  if (dynamic_cast<const InvalidArgument*>(&e)) return ErrorKind::kInvalidArgument;
+  if (dynamic_cast<const MismatchError*>(&e)) return ErrorKind::kMismatch;
+  if (dynamic_cast<const DivergenceError*>(&e)) return ErrorKind::kDivergence;
+  if (dynamic_cast<const TimeoutError*>(&e)) return ErrorKind::kTimeout;
+  if (dynamic_cast<const TransportError*>(&e)) return ErrorKind::kTransport;
+  return ErrorKind::kState;
+}
 
 NegotiatorOptions negotiator_options(const Options& o) {
   NegotiatorOptions n;
@@ -52,9 +62,23 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
       vv_(rank_, size_),
       negotiator_(*t_, negotiator_options(opt), vv_),
       stall_(rank_, opt.stall_warning_s, opt.stall_shutdown_s),
-      timeline_(rank_),
+      timeline_(rank_, opt.timeline_max_bytes,
+                [this](const std::string& why) { log_.warn("{}", why); }),
       executor_(*t_, opt_, queue_, vv_, &timeline_, log_) {
-  if (!opt_.timeline_path.empty()) timeline_.start(opt_.timeline_path, false, "GYRE_TIMELINE");
+  // Local set-up first; a failure here is told to every rank by the
+  // agreement below instead of leaving them waiting for this rank.
+  ErrorKind failure_kind = info_.start_failure_kind;
+  std::string failure = info_.start_failure;
+  if (failure_kind == ErrorKind::kNone && !opt_.timeline_path.empty()) {
+    try {
+      timeline_.start(opt_.timeline_path, false, "GYRE_TIMELINE");
+    } catch (const Error& e) {
+      failure_kind = error_kind_of(e);
+      failure = e.what();
+    }
+  }
+  agree_at_start(failure_kind, failure);
+  if (info_.connect_host) info_.connect_host(info_);
   executor_.set_local_rank(info_.local_rank);
   if (info_.shm && info_.cross) {
     executor_.use_hierarchical(info_.shm, info_.cross);
@@ -66,7 +90,6 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
   // microseconds), then naps, so that a late peer costs no core time.
   t_->set_wait_policy({std::chrono::microseconds(static_cast<long>(opt_.spin_wait_us)),
                        kMaxNap});
-  check_options_agree();
   log_.debug("runtime started: {} ranks over {}, fusion threshold {} B, cycle {} ms", size_,
              t_->name(), opt_.fusion_threshold_bytes, opt_.cycle_time_ms);
   thread_ = std::thread([this] { loop(); });
@@ -74,23 +97,34 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
 
 Runtime::~Runtime() { shutdown(); }
 
-// Each rank plans fusion buckets, ring chunks, the allreduce algorithm and
-// cache slots, and judges version lag and stalls, from its own options; a
-// difference would pair mismatched transfers or split the ranks' decisions.
-// One allgather at start-up compares them (the options table says which),
-// so a job with a GYRE_* variable set on some ranks only fails in init() on
-// every rank, naming the variable. The same words carry every option, so a
-// value out of range on one rank (Options set in code bypass the parser)
-// fails every rank too, rather than that rank alone. It is also the first
-// contact between the ranks: it waits as long as the first negotiation
-// round would (see loop()).
-void Runtime::check_options_agree() {
-  const std::vector<std::uint64_t> mine = option_words(opt_);
+// The start-up agreement. Each rank plans fusion buckets, ring chunks, the
+// allreduce algorithm and cache slots, and judges version lag and stalls,
+// from its own options; a difference would pair mismatched transfers or
+// split the ranks' decisions. One allgather at start-up compares them (the
+// options table says which), so a job with a GYRE_* variable set on some
+// ranks only fails in init() on every rank, naming the variable. The same
+// words carry every option, so a value out of range on one rank (Options set
+// in code bypass the parser) fails every rank too, rather than that rank
+// alone. They also carry each rank's local failure (its kind and reason, cut
+// to kStartReasonBytes), so that a rank whose set-up failed takes part in
+// the exchange and every rank throws its error with its rank number, at
+// once, instead of the others waiting for it until the deadline. It is the
+// first contact between the ranks: it waits as long as the first
+// negotiation round would (see loop()).
+void Runtime::agree_at_start(ErrorKind failure_kind, const std::string& failure) {
+  const std::size_t k = option_word_count();
+  const std::size_t reason_words = kStartReasonBytes / sizeof(std::uint64_t);
+  const std::size_t per_rank = k + 2 + reason_words;
+  std::vector<std::uint64_t> mine = option_words(opt_);
+  mine.push_back(static_cast<std::uint64_t>(failure_kind));
+  const std::size_t reason_len = std::min(failure.size(), kStartReasonBytes);
+  mine.push_back(reason_len);
+  mine.resize(per_rank, 0);
+  std::memcpy(mine.data() + k + 2, failure.data(), reason_len);
   std::vector<std::uint64_t> all = mine;
+  const auto n = static_cast<std::size_t>(size_);
   if (size_ > 1) {
-    const std::size_t k = mine.size();
-    const auto n = static_cast<std::size_t>(size_);
-    all.assign(k * n, 0);
+    all.assign(per_rank * n, 0);
     // The options under test may differ or be out of range: the exchange
     // depends on none of them. One chunk carries the few words.
     collectives::AllgatherOptions ro;
@@ -103,9 +137,42 @@ void Runtime::check_options_agree() {
       t_->set_timeout(std::chrono::milliseconds(static_cast<long>(s * 1000.0)));
     }
     collectives::ring_allgather(*t_, mine.data(), all.data(),
-                                std::vector<std::size_t>(n, k * sizeof(std::uint64_t)), ro);
+                                std::vector<std::size_t>(n, per_rank * sizeof(std::uint64_t)), ro);
   }
-  if (auto why = options_problems(all, size_)) throw InvalidArgument(*why);
+  // Every rank reads the same words, so every rank throws the same error.
+  std::vector<int> failed;
+  std::vector<std::string> reasons;
+  ErrorKind first_kind = ErrorKind::kNone;
+  std::vector<std::uint64_t> options(k * n);
+  for (std::size_t r = 0; r < n; ++r) {
+    const std::uint64_t* w = all.data() + r * per_rank;
+    std::copy(w, w + k, options.begin() + static_cast<std::ptrdiff_t>(r * k));
+    const auto kind = w[k];
+    if (kind == static_cast<std::uint64_t>(ErrorKind::kNone)) continue;
+    const std::size_t len = std::min<std::uint64_t>(w[k + 1], kStartReasonBytes);
+    std::string why(len, '\0');
+    std::memcpy(why.data(), w + k + 2, len);
+    if (failed.empty()) {
+      first_kind = kind <= static_cast<std::uint64_t>(ErrorKind::kState)
+                       ? static_cast<ErrorKind>(kind)
+                       : ErrorKind::kState;
+    }
+    failed.push_back(static_cast<int>(r));
+    reasons.push_back(std::move(why));
+  }
+  if (failed.size() == 1) {
+    std::rethrow_exception(make_error(
+        first_kind, fmt::format("gyre::init() failed on rank {}: {}", failed[0], reasons[0])));
+  }
+  if (!failed.empty()) {
+    for (std::size_t i = 0; i < failed.size(); ++i) {
+      reasons[i] = fmt::format("rank {}: {}", failed[i], reasons[i]);
+    }
+    std::rethrow_exception(make_error(
+        first_kind, fmt::format("gyre::init() failed on ranks {}: {}", fmt::join(failed, ", "),
+                                fmt::join(reasons, "; "))));
+  }
+  if (auto why = options_problems(options, size_)) throw InvalidArgument(*why);
 }
 
 void Runtime::start_timeline(const std::string& path, bool mark_cycles) {

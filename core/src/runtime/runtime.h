@@ -27,6 +27,7 @@
 #include "gyre/collectives/shm_host.h"
 #include "gyre/collectives/transport.h"
 #include "gyre/options.h"
+#include "negotiation/message.h"
 #include "negotiation/negotiator.h"
 #include "negotiation/version_vector.h"
 #include "queue/tensor_queue.h"
@@ -52,6 +53,16 @@ struct RuntimeInfo {
   // With `shm` a group per host (not the whole job): the transport among
   // the ranks with this local rank, for hierarchical allreduces.
   std::shared_ptr<transport::Transport> cross;
+  // Why this rank cannot start, found before the Runtime was built (a
+  // GYRE_* variable that does not parse); kNone: nothing. The start-up
+  // agreement tells every rank, so init() fails everywhere at once.
+  ErrorKind start_failure_kind = ErrorKind::kNone;
+  std::string start_failure;
+  // Sets up `shm` and `cross` (collective over MPI: api.cc), run by the
+  // constructor only once the start-up agreement has succeeded on every
+  // rank, so that no rank waits in that set-up for a rank whose init()
+  // failed. Empty: `shm` and `cross` are used as given (tests).
+  std::function<void(RuntimeInfo&)> connect_host;
 };
 
 class Runtime {
@@ -104,10 +115,13 @@ class Runtime {
 
  private:
   void loop();
-  // Throws InvalidArgument on every rank when the options that every rank
-  // must share differ between ranks, or any rank's option is out of range
-  // (see runtime.cc and options_table.h).
-  void check_options_agree();
+  // The start-up agreement, the first exchange between the ranks: each
+  // rank's local failure (start_failure, a timeline file that cannot be
+  // created) and its options travel in one allgather. Throws on every rank
+  // alike: the failing ranks' error with their numbers and reasons, or
+  // InvalidArgument when the options that every rank must share differ or
+  // any rank's option is out of range (see runtime.cc and options_table.h).
+  void agree_at_start(ErrorKind failure_kind, const std::string& failure);
   bool round();  // false: leave the loop
   void fail_all(ErrorKind kind, const std::string& why);
   void fatal(const std::exception& e);

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "gyre/error.h"
@@ -46,11 +49,26 @@ void Timeline::start(const std::string& path, bool mark_cycles, std::string_view
   std::lock_guard<std::mutex> lock(mu_);
   close_file();
   if (pos == std::string::npos && rank_ != 0) return;  // one file: rank 0's view
-  file_ = std::fopen(file.c_str(), "w");
-  if (!file_) {
-    throw InvalidArgument(fmt::format("{}: cannot create the timeline file '{}': {}", what, file,
-                                      std::strerror(errno)));
+  // O_NOFOLLOW: a symbolic link planted at the path (in a shared /tmp, say)
+  // must not make gyre overwrite the file it points to. Mode 0666 less the
+  // umask, as any file the user's programs create.
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    const int err = errno;
+    throw InvalidArgument(fmt::format(
+        "{}: cannot create the timeline file '{}': {}", what, file,
+        err == ELOOP ? std::string("it is a symbolic link, which gyre does not follow (remove it "
+                                   "or choose another path)")
+                     : std::string(std::strerror(err))));
   }
+  file_ = ::fdopen(fd, "w");
+  if (!file_) {
+    const int err = errno;
+    ::close(fd);
+    throw InvalidArgument(fmt::format("{}: cannot create the timeline file '{}': {}", what, file,
+                                      std::strerror(err)));
+  }
+  path_ = file;
   origin_ = Clock::now();
   mark_cycles_ = mark_cycles;
   tids_.clear();
@@ -58,10 +76,11 @@ void Timeline::start(const std::string& path, bool mark_cycles, std::string_view
   std::fputs(kHead, file_);
   std::fputs(kTail, file_);
   std::fflush(file_);
+  bytes_ = sizeof(kHead) - 1 + sizeof(kTail) - 1;
   append(fmt::format(
       R"({{"name":"process_name","ph":"M","pid":{},"tid":0,"args":{{"name":"gyre rank {}"}}}})",
       rank_, rank_));
-  active_ = true;
+  active_ = file_ != nullptr;  // a limit below one event stops at once
 }
 
 void Timeline::stop() {
@@ -84,13 +103,31 @@ long long Timeline::micros(Clock::time_point t) const {
   return std::chrono::duration_cast<std::chrono::microseconds>(t - origin_).count();
 }
 
+std::size_t Timeline::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_;
+}
+
 void Timeline::append(const std::string& event_json) {
+  if (!file_) return;  // stopped at the size limit (tid_for then slice)
+  const std::size_t grow = (events_ > 0 ? 2 : 0) + event_json.size();
+  if (max_bytes_ > 0 && bytes_ + grow > max_bytes_) {
+    // The file ends here, complete; the recording stops with one warning.
+    const std::string why = fmt::format(
+        "timeline: '{}' reached its size limit (GYRE_TIMELINE_MAX_BYTES={} bytes) after {} "
+        "events; recording stopped, the file is complete JSON up to here",
+        path_, max_bytes_, events_);
+    close_file();
+    if (warn_) warn_(why);
+    return;
+  }
   // Overwrite the closing "\n]}\n" with the event, then close again.
   std::fseek(file_, -static_cast<long>(sizeof(kTail) - 1), SEEK_END);
   if (events_ > 0) std::fputs(",\n", file_);
   std::fputs(event_json.c_str(), file_);
   std::fputs(kTail, file_);
   std::fflush(file_);
+  bytes_ += grow;
   ++events_;
 }
 
@@ -109,6 +146,7 @@ void Timeline::slice(std::string_view tensor, std::string_view phase, Clock::tim
   std::lock_guard<std::mutex> lock(mu_);
   if (!file_ || end < origin_) return;  // not recording, or over before it started
   int tid = tid_for(tensor);
+  if (!file_) return;  // the size limit was reached
   long long ts = micros(std::max(start, origin_));
   long long dur = std::max(0LL, micros(end) - ts);
   append(fmt::format(R"({{"name":"{}","cat":"gyre","ph":"X","ts":{},"dur":{},"pid":{},"tid":{}{}}})",

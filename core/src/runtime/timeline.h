@@ -22,7 +22,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -34,7 +36,12 @@ class Timeline {
  public:
   using Clock = std::chrono::steady_clock;
 
-  explicit Timeline(int rank) : rank_(rank) {}
+  // `max_bytes` bounds each file (GYRE_TIMELINE_MAX_BYTES; 0: no bound):
+  // an event that would take the file past it stops the recording instead,
+  // the file staying complete JSON, and `warn` is called once with why.
+  explicit Timeline(int rank, std::size_t max_bytes = 0,
+                    std::function<void(const std::string&)> warn = {})
+      : rank_(rank), max_bytes_(max_bytes), warn_(std::move(warn)) {}
   ~Timeline();
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
@@ -42,8 +49,11 @@ class Timeline {
   // Starts recording to `path`: "{rank}" in it is replaced by the rank;
   // without it only rank 0 records (one file: rank 0's view), the other
   // ranks do nothing. A recording already running is stopped first (its
-  // file stays complete). Throws InvalidArgument if the file cannot be
-  // created. `what` names the caller in that message ("GYRE_TIMELINE").
+  // file stays complete). The file is created with mode 0666 less the
+  // process's umask, and never through a symbolic link planted at its path
+  // (O_NOFOLLOW). Throws InvalidArgument if the file cannot be created,
+  // naming the path. `what` names the caller in that message
+  // ("GYRE_TIMELINE").
   void start(const std::string& path, bool mark_cycles, std::string_view what);
   // Stops recording and closes the file; nothing when not recording.
   void stop();
@@ -56,6 +66,8 @@ class Timeline {
   void mark_cycle(Clock::time_point t);
   // Events written to the current (or last) file.
   int events() const;
+  // Bytes of the current (or last) file.
+  std::size_t bytes() const;
 
  private:
   // The helpers below run with mu_ held.
@@ -65,10 +77,14 @@ class Timeline {
   void close_file();
 
   const int rank_;
+  const std::size_t max_bytes_;
+  const std::function<void(const std::string&)> warn_;
   std::atomic<bool> active_{false};
-  // Guards file_, origin_, mark_cycles_, tids_ and events_.
+  // Guards file_, path_, origin_, mark_cycles_, tids_, events_ and bytes_.
   mutable std::mutex mu_;
   std::FILE* file_ = nullptr;
+  std::string path_;
+  std::size_t bytes_ = 0;
   Clock::time_point origin_;
   bool mark_cycles_ = false;
   std::unordered_map<std::string, int> tids_;

@@ -51,6 +51,10 @@ class MpiWorld {
 
   // MPI_Finalize, only if MpiWorld initialised MPI; idempotent.
   void finalize();
+  // In the child of a fork(): MPI is the parent's, so the child never
+  // finalises it (finalize() does nothing) nor makes transports. Called
+  // with no other thread running (a pthread_atfork child handler).
+  void forget_after_fork() { finalized_ = true; }
 
  private:
   MpiWorld();
