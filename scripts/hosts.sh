@@ -17,6 +17,10 @@
 # GYRE_HOSTS_RATE=none leaves links unshaped. The latency is the veth pair's
 # own (docs/benchmarks.md measures it): netem, which could add delay, is not
 # in every kernel (not in this machine's), so it is not relied on.
+# Ranks are not bound to cores (--bind-to none): each host's launcher sees the
+# whole machine and would bind its first rank to core 0, so the first ranks of
+# all hosts would share one core and, as they poll, take turns only at each
+# scheduler tick (4 ms at HZ=250): every small message took ~4 ms or more.
 # Extra mpirun arguments: GYRE_HOSTS_MPIRUN_ARGS.
 set -euo pipefail
 
@@ -112,6 +116,7 @@ case "${1:-}" in
     for ((h = 0; h < hosts; h++)); do hostlist+="${hostlist:+,}$(host_of $h):$slots"; done
     # mpirun itself runs on host0, like a job launched from its first node.
     cmd=(mpirun --allow-run-as-root --oversubscribe -np $((hosts * slots)) --host "$hostlist"
+         --bind-to none
          --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1
          --mca btl tcp,vader,self --mca btl_tcp_if_include "$subnet.0/24"
          --mca oob_tcp_if_include "$subnet.0/24"
