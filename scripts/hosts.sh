@@ -21,6 +21,10 @@
 # whole machine and would bind its first rank to core 0, so the first ranks of
 # all hosts would share one core and, as they poll, take turns only at each
 # scheduler tick (4 ms at HZ=250): every small message took ~4 ms or more.
+# And when the job has more ranks than the machine has cores, the ranks yield
+# the core while they poll (mpi_yield_when_idle, which mpirun turns on by
+# itself for an oversubscribed node but cannot here: each host's launcher
+# sees all the cores as its own).
 # Extra mpirun arguments: GYRE_HOSTS_MPIRUN_ARGS.
 set -euo pipefail
 
@@ -114,9 +118,11 @@ case "${1:-}" in
     setup "$hosts"
     hostlist=""
     for ((h = 0; h < hosts; h++)); do hostlist+="${hostlist:+,}$(host_of $h):$slots"; done
+    yield=()
+    (( hosts * slots > $(nproc) )) && yield=(--mca mpi_yield_when_idle 1)
     # mpirun itself runs on host0, like a job launched from its first node.
     cmd=(mpirun --allow-run-as-root --oversubscribe -np $((hosts * slots)) --host "$hostlist"
-         --bind-to none
+         --bind-to none "${yield[@]}"
          --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1
          --mca btl tcp,vader,self --mca btl_tcp_if_include "$subnet.0/24"
          --mca oob_tcp_if_include "$subnet.0/24"
