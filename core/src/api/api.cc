@@ -82,7 +82,8 @@ void init(const Options& options) {
       info.shm = transport::ShmHost::create(so, options.shared_memory != 0);
     } else if (world.uniform_hosts() && world.local_size() > 1) {
       info.shm = transport::ShmHost::create_per_host(
-          so, options.shared_memory != 0 && options.hierarchical_allreduce != 0);
+          so, options.shared_memory != 0 &&
+                  (options.hierarchical_allreduce != 0 || options.hierarchical_allgather != 0));
       if (info.shm) info.cross = world.make_cross_transport();
     }
   }
