@@ -36,8 +36,8 @@ inline LayoutCost default_layout_cost(int hosts, int per_host, std::size_t small
   LayoutCost c;
   c.hosts = hosts;
   c.per_host = per_host;
-  c.net = {60e-6, 1.0 / 1.1e9};
-  c.shm = {5e-6, 1.0 / 4.0e9};
+  c.net = {12e-6, 1.0 / 1.2e9};
+  c.shm = {0.5e-6, 1.0 / 20e9};
   c.small_bytes = small_bytes;
   return c;
 }
