@@ -17,9 +17,11 @@ more on transparent huge pages; the table header and the JSON record which
 pages the run used ("pages": "huge" or "4K").
 
 torch.distributed is initialised with env:// from Open MPI's
-OMPI_COMM_WORLD_RANK/SIZE, MASTER_ADDR=127.0.0.1 and a port rank 0 picks
-(a free one, or GYRE_BENCH_MASTER_PORT) and sends to the others with
-gyre.torch.broadcast_object.
+OMPI_COMM_WORLD_RANK/SIZE, MASTER_ADDR=127.0.0.1 (or GYRE_BENCH_MASTER_ADDR:
+rank 0's address when the ranks are on several hosts, as under
+scripts/hosts.sh, where GLOO_SOCKET_IFNAME=eth0 picks the hosts' link) and a
+port rank 0 picks (a free one, or GYRE_BENCH_MASTER_PORT) and sends to the
+others with gyre.torch.broadcast_object.
 """
 import argparse
 import json
@@ -44,9 +46,13 @@ def parse_size(text):
     return int(digits) * units[unit]
 
 
+def master_addr():
+    return os.environ.get("GYRE_BENCH_MASTER_ADDR", "127.0.0.1")
+
+
 def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((master_addr(), 0))
         return s.getsockname()[1]
 
 
@@ -59,7 +65,7 @@ def init_torch_distributed():
     if rank == 0:
         port = int(os.environ.get("GYRE_BENCH_MASTER_PORT", "0")) or free_port()
     port = gt.broadcast_object(port, root_rank=0)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_ADDR"] = master_addr()
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
     return rank, world

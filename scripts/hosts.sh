@@ -17,6 +17,18 @@
 # GYRE_HOSTS_RATE=none leaves links unshaped. The latency is the veth pair's
 # own (docs/benchmarks.md measures it): netem, which could add delay, is not
 # in every kernel (not in this machine's), so it is not relied on.
+# Ranks are not bound to cores (--bind-to none): each host's launcher sees the
+# whole machine and would bind its first rank to core 0, so the first ranks of
+# all hosts would share one core and, as they poll, take turns only at each
+# scheduler tick (4 ms at HZ=250): every small message took ~4 ms or more.
+# And the ranks yield the core while they poll (mpi_yield_when_idle, which
+# mpirun turns on by itself for a node it knows is oversubscribed but cannot
+# here: each host's launcher sees all the cores as its own). The simulated
+# hosts share one machine's cores, and a rank that spins while its peer on
+# "another host" waits for a core delays both: measured under load (16-34
+# runnable on 2 cores), the 2x2 runtime's 8-byte allreduce took 0.55-0.66 ms
+# with yielding, 2x1's 7.8-14 ms without, and multihost.collectives.2x2
+# 41-54 s against 112-126 s. GYRE_HOSTS_YIELD=0 leaves it off.
 # Extra mpirun arguments: GYRE_HOSTS_MPIRUN_ARGS.
 set -euo pipefail
 
@@ -110,8 +122,11 @@ case "${1:-}" in
     setup "$hosts"
     hostlist=""
     for ((h = 0; h < hosts; h++)); do hostlist+="${hostlist:+,}$(host_of $h):$slots"; done
+    yield=(--mca mpi_yield_when_idle 1)
+    [ "${GYRE_HOSTS_YIELD:-1}" = 0 ] && yield=()
     # mpirun itself runs on host0, like a job launched from its first node.
     cmd=(mpirun --allow-run-as-root --oversubscribe -np $((hosts * slots)) --host "$hostlist"
+         --bind-to none "${yield[@]}"
          --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1
          --mca btl tcp,vader,self --mca btl_tcp_if_include "$subnet.0/24"
          --mca oob_tcp_if_include "$subnet.0/24"

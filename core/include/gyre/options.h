@@ -44,9 +44,12 @@ struct Options {
   std::size_t shm_slot_bytes = 256u << 10;
   // GYRE_HIERARCHICAL_ALLREDUCE: when the job spans hosts that each hold the
   // same number (more than one) of ranks, 1 reduces host tensors
-  // hierarchically, 0 with one flat ring; -1 (default) chooses: hierarchical
-  // whenever the layout allows it.
+  // hierarchically, 0 with one flat ring; -1 (default) chooses per call by
+  // an alpha-beta cost model (backends/hierarchical/cost_model.h).
   long hierarchical_allreduce = -1;
+  // GYRE_HIERARCHICAL_ALLGATHER: the same for allgather (a ring across hosts
+  // among the ranks with the same local rank, then shared memory within).
+  long hierarchical_allgather = -1;
   // GYRE_TIMELINE: path of a Chrome trace-event JSON file; empty: off.
   std::string timeline_path;
   // GYRE_TIMELINE_MAX_BYTES: largest size of a timeline file; recording

@@ -125,7 +125,8 @@ void start(const Options& options, const std::string& failure) {
         ri.shm = transport::ShmHost::create(so, options.shared_memory != 0);
       } else if (world.uniform_hosts() && world.local_size() > 1) {
         ri.shm = transport::ShmHost::create_per_host(
-            so, options.shared_memory != 0 && options.hierarchical_allreduce != 0);
+            so, options.shared_memory != 0 &&
+                    (options.hierarchical_allreduce != 0 || options.hierarchical_allgather != 0));
         if (ri.shm) ri.cross = world.make_cross_transport();
       }
     };

@@ -72,6 +72,10 @@ const OptionSpec kTable[] = {
    IntegerOption{&O::hierarchical_allreduce, -1, 1}, "-1", true,
    "When the job spans hosts that each hold the same number (more than one) of ranks: 1 reduces "
    "host tensors hierarchically, 0 with one flat ring, -1 chooses."},
+  {"GYRE_HIERARCHICAL_ALLGATHER", "hierarchical_allgather",
+   IntegerOption{&O::hierarchical_allgather, -1, 1}, "-1", true,
+   "When the job spans hosts that each hold the same number (more than one) of ranks: 1 gathers "
+   "host tensors hierarchically, 0 with one flat ring, -1 chooses."},
   {"GYRE_TIMELINE", "timeline_path",
    TextOption{&O::timeline_path}, "", false,
    "Path of a Chrome trace-event JSON file (open in Perfetto or `chrome://tracing`)."},

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "gyre/types.h"
 
@@ -153,6 +154,7 @@ class Transport;
 namespace gyre::collectives {
 
 struct AllreduceOptions;
+struct AllgatherOptions;
 
 // Hierarchical allreduce over hosts that each hold the same number of ranks:
 // reduce-scatter within the host over shared memory (`local`), an allreduce
@@ -167,5 +169,20 @@ void hierarchical_allreduce(ShmGroup& local, transport::Transport& cross, const 
                             void* out, std::size_t count, DataType dt, ReduceOp op,
                             double prescale, double postscale,
                             const AllreduceOptions& cross_opt);
+
+// Hierarchical allgather over hosts that each hold the same number p of
+// ranks: a ring allgather across hosts among the ranks with this rank's local
+// rank (`cross`: each host sends each of its blocks over the network once),
+// then an allgather within the host over shared memory of what each local
+// rank gathered. Arguments as for ring_allgather over the whole job, with
+// `block_bytes[r]` for world rank r, plus the placement: `world_rank_of[h * p
+// + l]` is the world rank of local rank l on host h (host h = rank h of
+// `cross`). When the world ranks are placed round-robin (world rank l *
+// hosts + h), the blocks land in `out` directly; otherwise they are staged in
+// `scratch` (grown to the total size) and copied into rank order.
+void hierarchical_allgather(ShmGroup& local, transport::Transport& cross, const void* in,
+                            void* out, std::span<const std::size_t> block_bytes,
+                            std::span<const int> world_rank_of,
+                            const AllgatherOptions& cross_opt, std::vector<std::byte>& scratch);
 
 }  // namespace gyre::collectives

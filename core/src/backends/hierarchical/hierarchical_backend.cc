@@ -1,17 +1,88 @@
 // HierarchicalBackend (hierarchical_backend.h).
 #include "backends/hierarchical/hierarchical_backend.h"
 
+#include <string>
+
+#include "backends/hierarchical/cost_model.h"
 #include "gyre/collectives/algorithms.h"
 #include "gyre/collectives/shm.h"
+#include "gyre/error.h"
 
 namespace gyre::core {
 
 void HierarchicalBackend::allreduce(const void* in, void* out, std::size_t count, DataType dt,
-                                    const Reduction& red, const OpLabel&) {
+                                    const Reduction& red, const OpLabel& what) {
+  bool hierarchical = opt_.hierarchical_allreduce == 1;
+  if (opt_.hierarchical_allreduce == -1) {
+    const LayoutCost c =
+        default_layout_cost(cross_->size(), host_->group().size(), opt_.allreduce_small_bytes);
+    const double bytes = static_cast<double>(count * dtype_size(dt));
+    hierarchical = hierarchical_allreduce_s(c, bytes) <= flat_allreduce_s(c, bytes);
+  }
+  if (!hierarchical) {
+    CpuRingBackend::allreduce(in, out, count, dt, red, what);
+    return;
+  }
   // The cross-host allreduce takes no scale factors of its own (see
   // hierarchical_allreduce): those of `red` are passed separately.
   collectives::hierarchical_allreduce(host_->group(), *cross_, in, out, count, dt, red.op,
                                       red.prescale, red.postscale, allreduce_options(Reduction{}));
+}
+
+const std::vector<int>& HierarchicalBackend::placement() {
+  if (!world_rank_of_.empty()) return world_rank_of_;
+  const int p = host_->group().size(), hosts = cross_->size(), n = t_.size();
+  if (p * hosts != n) {
+    throw TransportError("hierarchical allgather: " + std::to_string(hosts) + " hosts x " +
+                         std::to_string(p) + " ranks but " + std::to_string(n) + " in the job");
+  }
+  // Every rank's (host, local rank), in world rank order.
+  const int mine[2] = {cross_->rank(), host_->group().rank()};
+  std::vector<int> all(2 * static_cast<std::size_t>(n));
+  std::vector<std::size_t> bytes(n, sizeof mine);
+  collectives::AllgatherOptions o;
+  o.tag = kTagData;
+  collectives::ring_allgather(t_, mine, all.data(), bytes, o);
+  std::vector<int> w(n, -1);
+  for (int r = 0; r < n; ++r) {
+    const int h = all[2 * r], l = all[2 * r + 1];
+    if (h < 0 || h >= hosts || l < 0 || l >= p || w[h * p + l] != -1) {
+      throw TransportError("hierarchical allgather: rank " + std::to_string(r) +
+                           " reports host " + std::to_string(h) + ", local rank " +
+                           std::to_string(l) + ", not a free place of " + std::to_string(hosts) +
+                           " x " + std::to_string(p));
+    }
+    w[h * p + l] = r;
+  }
+  world_rank_of_ = std::move(w);
+  return world_rank_of_;
+}
+
+void HierarchicalBackend::allgather(const void* in, std::span<const std::size_t> block_bytes,
+                                    void* out, const OpLabel& what) {
+  bool hierarchical = opt_.hierarchical_allgather == 1;
+  if (opt_.hierarchical_allgather == -1) {
+    const LayoutCost c =
+        default_layout_cost(cross_->size(), host_->group().size(), opt_.allreduce_small_bytes);
+    double bytes = 0;
+    for (auto b : block_bytes) bytes += static_cast<double>(b);
+    hierarchical = hierarchical_allgather_s(c, bytes) <= flat_allgather_s(c, bytes);
+  }
+  if (!hierarchical) {
+    CpuRingBackend::allgather(in, block_bytes, out, what);
+    return;
+  }
+  const std::vector<int>& w = placement();
+  if (out == nullptr) {  // a joined rank: the result is discarded
+    std::size_t total = 0;
+    for (auto b : block_bytes) total += b;
+    out = discard(total);
+  }
+  collectives::AllgatherOptions o;
+  o.chunk_bytes = opt_.ring_chunk_bytes;
+  o.tag = kTagData;
+  collectives::hierarchical_allgather(host_->group(), *cross_, in, out, block_bytes, w, o,
+                                      scratch_);
 }
 
 }  // namespace gyre::core

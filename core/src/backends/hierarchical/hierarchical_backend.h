@@ -3,16 +3,21 @@
 // hierarchical (collectives/shm.h: reduce-scatter within the host over
 // shared memory, an allreduce of each shard among the ranks with the same
 // local rank across hosts, an allgather within the host), so each byte
-// crosses the network once per host instead of once per rank; the other
-// collectives are the CPU backend's rings over the world's transport.
+// crosses the network once per host instead of once per rank. Allgather is
+// hierarchical too (a ring among the ranks with the same local rank across
+// hosts, then an allgather within the host). GYRE_HIERARCHICAL_ALLREDUCE and
+// GYRE_HIERARCHICAL_ALLGATHER: 1 always, 0 never (the CPU backend's flat
+// ring over the world's transport), -1 per call by the cost model
+// (cost_model.h). The other collectives are the CPU backend's rings.
 //
-// Set up at init() by the API (api.cc) when GYRE_HIERARCHICAL_ALLREDUCE
-// asks for it (or, by default, whenever the layout allows it).
+// Set up at init() by the API (api.cc) when the layout allows it and either
+// option is not 0.
 //
 // Thread: the runtime's background thread only.
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "backends/cpu/cpu_ring_backend.h"
 #include "gyre/collectives/shm_host.h"
@@ -30,10 +35,18 @@ class HierarchicalBackend final : public CpuRingBackend {
 
   void allreduce(const void* in, void* out, std::size_t count, DataType dt, const Reduction& red,
                  const OpLabel& what) override;
+  void allgather(const void* in, std::span<const std::size_t> block_bytes, void* out,
+                 const OpLabel& what) override;
 
  private:
+  // world_rank_of_[h * p + l]: the world rank of local rank l on host h,
+  // learnt with one small allgather at the first hierarchical allgather.
+  const std::vector<int>& placement();
+
   std::shared_ptr<transport::ShmHost> host_;
   std::shared_ptr<transport::Transport> cross_;
+  std::vector<int> world_rank_of_;
+  std::vector<std::byte> scratch_;
 };
 
 }  // namespace gyre::core
