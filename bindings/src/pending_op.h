@@ -11,12 +11,11 @@
 // background thread therefore never waits for the GIL, and producers'
 // deleters (torch's may touch Python objects) always run with it held.
 //
-// What an import keeps alive is the producer's: a DLPack capsule holds the
-// tensor it was taken from, and through it the memory. For torch tensors
-// the Python layer exports a detached alias (gyre/_tensors.py, prepare), so
-// the capsule holds a tensor nobody else can touch, and its storage stays
-// alive even if the caller's tensor is given another storage (set_(),
-// .data =) while the operation is in flight. What no reference can prevent:
+// What an import keeps alive: for torch tensors their storage (the torch
+// route of tensor_import.h) or a DLPack capsule of a detached alias, so the
+// memory stays alive even if the caller's tensor is given another storage
+// (set_(), .data =) while the operation is in flight; for other producers
+// their DLPack capsule or buffer. What no reference can prevent:
 // torch's resize_() growing a tensor reallocates the storage object itself
 // and frees the old memory at once. That is documented as forbidden for
 // tensors in flight; it is only detected afterwards, when the operation is

@@ -6,6 +6,8 @@
 
 #include <cstring>
 #include <optional>
+#include <utility>
+#include <vector>
 
 namespace gyre::python {
 namespace {
@@ -97,11 +99,157 @@ std::optional<DataType> from_buffer_format(const char* format, Py_ssize_t itemsi
   throw InvalidArgument(name + " " + why);
 }
 
+// What the torch route compares with: torch's types, its strided layout and
+// its dtypes, taken from the torch module once the caller has imported it,
+// and the attribute names, interned. Held for the life of the process (the
+// interpreter keeps torch's types and dtypes alive as long). GIL held.
+struct TorchObjects {
+  PyObject* tensor_type = nullptr;     // torch.Tensor
+  PyObject* parameter_type = nullptr;  // torch.nn.Parameter
+  PyObject* strided = nullptr;         // torch.strided
+  struct DtypeEntry {
+    PyObject* dtype;
+    DataType dt;
+  };
+  std::vector<DtypeEntry> dtypes;
+  PyObject *is_cpu, *layout, *dtype, *shape, *is_contiguous, *is_neg, *data_ptr,
+      *untyped_storage;
+
+  // nullptr until torch is imported (by someone else).
+  static const TorchObjects* get() {
+    static TorchObjects* objects = nullptr;
+    if (objects == nullptr) objects = load();
+    return objects;
+  }
+
+ private:
+  static TorchObjects* load() {
+    PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
+    if (torch == nullptr) return nullptr;
+    try {
+      py::handle t(torch);
+      auto keep = [](py::object x) { return x.release().ptr(); };
+      auto* o = new TorchObjects();
+      o->tensor_type = keep(t.attr("Tensor"));
+      o->parameter_type = keep(t.attr("nn").attr("Parameter"));
+      o->strided = keep(t.attr("strided"));
+      const std::pair<const char*, DataType> names[] = {
+          {"float32", DataType::kFloat32}, {"float64", DataType::kFloat64},
+          {"float16", DataType::kFloat16}, {"bfloat16", DataType::kBFloat16},
+          {"int8", DataType::kInt8},       {"uint8", DataType::kUInt8},
+          {"int16", DataType::kInt16},     {"int32", DataType::kInt32},
+          {"int64", DataType::kInt64},     {"bool", DataType::kBool}};
+      for (const auto& [name, dt] : names) o->dtypes.push_back({keep(t.attr(name)), dt});
+      o->is_cpu = PyUnicode_InternFromString("is_cpu");
+      o->layout = PyUnicode_InternFromString("layout");
+      o->dtype = PyUnicode_InternFromString("dtype");
+      o->shape = PyUnicode_InternFromString("shape");
+      o->is_contiguous = PyUnicode_InternFromString("is_contiguous");
+      o->is_neg = PyUnicode_InternFromString("is_neg");
+      o->data_ptr = PyUnicode_InternFromString("data_ptr");
+      o->untyped_storage = PyUnicode_InternFromString("untyped_storage");
+      return o;
+    } catch (py::error_already_set&) {
+      // A torch without these names (being imported, or too old): the
+      // DLPack route serves it.
+      PyErr_Clear();
+      return nullptr;
+    }
+  }
+};
+
+// New reference, or nullptr with the Python error cleared.
+py::object attr_or_null(PyObject* obj, PyObject* name) {
+  PyObject* r = PyObject_GetAttr(obj, name);
+  if (r == nullptr) PyErr_Clear();
+  return py::reinterpret_steal<py::object>(r);
+}
+py::object call_or_null(PyObject* obj, PyObject* name) {
+  PyObject* r = PyObject_CallMethodNoArgs(obj, name);
+  if (r == nullptr) PyErr_Clear();
+  return py::reinterpret_steal<py::object>(r);
+}
+
+// A torch tensor (any subclass) with the negative bit set.
+bool torch_negative_view(const TorchObjects& t, PyObject* obj) {
+  py::object neg = call_or_null(obj, t.is_neg);
+  return neg && neg.ptr() == Py_True;
+}
+
+bool is_torch_tensor(const TorchObjects* t, PyObject* obj) {
+  if (t == nullptr) return false;
+  const int r = PyObject_IsInstance(obj, t->tensor_type);
+  if (r < 0) PyErr_Clear();
+  return r == 1;
+}
+
+constexpr const char* kNegativeView =
+    "is a negative view (torch's negative bit is set: the memory holds the values without "
+    "their sign); pass tensor.resolve_neg()";
+
 }  // namespace
+
+bool ImportedTensor::import_torch(py::handle obj, const std::string& name) {
+  const TorchObjects* t = TorchObjects::get();
+  if (t == nullptr) return false;
+  PyObject* o = obj.ptr();
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(o));
+  // Exactly these types: a subclass may override what the accessors say.
+  if (type != t->tensor_type && type != t->parameter_type) return false;
+  // Whatever does not qualify, or raises (a tensor without storage), takes
+  // the DLPack route, which refuses it with its reason as before.
+  py::object cpu = attr_or_null(o, t->is_cpu);
+  if (!cpu || cpu.ptr() != Py_True) return false;
+  py::object layout = attr_or_null(o, t->layout);
+  if (!layout || layout.ptr() != t->strided) return false;
+  py::object dtype = attr_or_null(o, t->dtype);
+  if (!dtype) return false;
+  std::optional<DataType> dt;
+  for (const auto& e : t->dtypes) {
+    if (e.dtype == dtype.ptr()) dt = e.dt;
+  }
+  if (!dt) return false;
+  py::object contiguous = call_or_null(o, t->is_contiguous);
+  if (!contiguous || contiguous.ptr() != Py_True) return false;
+  if (torch_negative_view(*t, o)) refuse(name, kNegativeView);
+  py::object shape = attr_or_null(o, t->shape);
+  if (!shape || !PyTuple_Check(shape.ptr())) return false;
+  std::vector<std::int64_t> dims(static_cast<std::size_t>(PyTuple_GET_SIZE(shape.ptr())));
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    dims[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), static_cast<Py_ssize_t>(i)));
+    if (dims[i] == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  py::object ptr = call_or_null(o, t->data_ptr);
+  if (!ptr) return false;
+  void* data = PyLong_AsVoidPtr(ptr.ptr());
+  if (data == nullptr && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  py::object storage = call_or_null(o, t->untyped_storage);
+  if (!storage) return false;
+  storage_ = std::move(storage);
+  view_.shape = std::move(dims);
+  view_.dtype = *dt;
+  view_.data = data;
+  view_.device = Device{DeviceType::kCPU, 0};
+  return true;
+}
 
 std::unique_ptr<ImportedTensor> ImportedTensor::from_object(py::handle obj, const std::string& name,
                                                             Access access) {
   std::unique_ptr<ImportedTensor> t(new ImportedTensor());
+  if (t->import_torch(obj, name)) return t;
+  py::object detached;
+  if (const TorchObjects* torch = TorchObjects::get(); is_torch_tensor(torch, obj.ptr())) {
+    if (torch_negative_view(*torch, obj.ptr())) refuse(name, kNegativeView);
+    // Exported as a detached alias: see the file comment of tensor_import.h.
+    detached = obj.attr("detach")();
+    obj = detached;
+  }
   if (py::hasattr(obj, "__dlpack__") && py::hasattr(obj, "__dlpack_device__")) {
     // The device first: a CUDA tensor is refused before it is exported.
     py::tuple dev = obj.attr("__dlpack_device__")();
@@ -225,6 +373,7 @@ bool ImportedTensor::import_buffer(py::handle obj, const std::string& name, Acce
 }
 
 ImportedTensor::~ImportedTensor() {
+  storage_ = py::object();
   if (managed_ != nullptr && managed_->deleter != nullptr) managed_->deleter(managed_);
   if (has_buffer_) PyBuffer_Release(&buffer_);
 }

@@ -1,13 +1,29 @@
 // Turning Python tensors into gyre::TensorView without copying, and keeping
 // them alive while an operation uses their memory.
 //
-// Two routes, tried in this order:
-//   - DLPack: the object has __dlpack__/__dlpack_device__ (torch tensors,
-//     numpy arrays, any DLPack producer). The unversioned "dltensor" capsule
-//     is requested and renamed "used_dltensor"; the DLManagedTensor is then
-//     ours and its deleter runs when the ImportedTensor is destroyed.
+// Three routes, tried in this order:
+//   - torch's own accessors, for a torch.Tensor or nn.Parameter in CPU
+//     memory that is strided, contiguous and of a dtype gyre takes (what
+//     training code passes): data_ptr(), shape and dtype cost tens of
+//     nanoseconds each, where a DLPack export costs tens of microseconds
+//     (torch's __dlpack__ and __dlpack_device__ are Python code). The import
+//     holds the tensor's storage (untyped_storage()), which keeps the memory
+//     alive even if the caller's tensor is given another storage (set_(),
+//     .data =) while the operation is in flight. torch is never imported
+//     here: its types are looked up once the caller has imported it.
+//   - DLPack: the object has __dlpack__/__dlpack_device__ (other torch
+//     tensors, numpy arrays, any DLPack producer). A torch tensor is
+//     detached first (torch refuses to export one that requires grad; the
+//     capsule then holds an alias nobody else can touch, with the same
+//     storage). The unversioned "dltensor" capsule is requested and renamed
+//     "used_dltensor"; the DLManagedTensor is then ours and its deleter runs
+//     when the ImportedTensor is destroyed.
 //   - The buffer protocol (numpy arrays that refuse DLPack export, e.g.
 //     read-only ones, bytearray, array.array, memoryview).
+//
+// A torch tensor with the negative bit set (a lazy negation view,
+// torch._neg_view) is refused on every route: its memory holds the values
+// without the sign, and DLPack exports it without a word.
 //
 // Threads: from_object() and the destructor run on a Python thread holding the
 // GIL (the producer's deleter or PyBuffer_Release may touch Python objects).
@@ -56,12 +72,15 @@ class ImportedTensor {
   // convert() without the catching: throws gyre::InvalidArgument.
   static std::unique_ptr<ImportedTensor> from_object(py::handle obj, const std::string& name,
                                                      Access access);
+  // The torch route; false (and nothing set) when `obj` does not qualify.
+  bool import_torch(py::handle obj, const std::string& name);
   // cuda: the producer is on a CUDA device (builds with NCCL only).
   void import_dlpack(py::handle obj, const std::string& name, bool cuda);
   // Returns false (and sets nothing) if obj does not support the protocol.
   bool import_buffer(py::handle obj, const std::string& name, Access access);
 
   TensorView view_;
+  py::object storage_;                  // the torch route: the tensor's storage
   DLManagedTensor* managed_ = nullptr;  // owned once the capsule is renamed
   Py_buffer buffer_{};
   bool has_buffer_ = false;

@@ -35,6 +35,14 @@ CASES = {
         lambda n, s: gyre.allgather(torch.ones(3, 2 * s).t(), name=n),
         lambda n, s: gyre.allgather(torch.ones(2 * s, 3), name=n),
         "not contiguous"),
+    "refused.not_contiguous_allreduce_": (
+        lambda n, s: gyre.allreduce_(torch.ones(3, 2 * s).t(), name=n),
+        lambda n, s: gyre.allreduce_(torch.ones(2 * s, 3), name=n),
+        "not contiguous"),
+    "refused.negative_view": (
+        lambda n, s: gyre.allreduce(torch._neg_view(torch.ones(2 * s)), name=n),
+        lambda n, s: gyre.allreduce(_valid(s), name=n),
+        "negative view"),
     "refused.not_a_tensor": (
         lambda n, s: gyre.allgather([1.0, 2.0], name=n),
         lambda n, s: gyre.allgather(_valid(s), name=n),

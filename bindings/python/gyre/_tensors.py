@@ -27,19 +27,6 @@ def is_torch(x):
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def prepare(x):
-    """What the extension will export: a torch tensor is detached (same
-    storage, so in-place results land in it; gradients are never tracked).
-    The DLPack capsule holds the tensor it was taken from, and torch frees a
-    storage when its last tensor lets go: exporting an alias of gyre's own
-    keeps the storage alive until the operation completes even if the
-    caller's tensor is given another one (set_(), .data =) meanwhile.
-    Other objects are exported unchanged."""
-    if is_torch(x):
-        return x.detach()
-    return x
-
-
 def as_framework_array(x: Any) -> Any:
     """x itself for torch tensors and numpy arrays; any other DLPack producer
     in host memory becomes a numpy view of the same memory (so outputs can be
@@ -216,3 +203,25 @@ class InFlightGuard:
 
 def guards_for(name, *tensors):
     return [InFlightGuard(t, name) for t in tensors if is_torch(t)]
+
+
+def is_torch_or_numpy(x):
+    """Whether x needs no conversion for the extension (as_framework_array
+    returns it unchanged)."""
+    return is_torch(x) or isinstance(x, np.ndarray)
+
+
+def wait_guarded(pending, name, tensor):
+    """Waits for an operation on `tensor` that no Handle carries (the
+    blocking calls), with the check synchronize() makes through
+    InFlightGuard: raises the operation's error, or InvalidArgumentError if
+    the tensor was resized or reallocated while in flight."""
+    if is_torch(tensor):
+        ptr, shape = tensor.data_ptr(), tensor.shape
+        pending.wait()
+        if tensor.data_ptr() != ptr or tensor.shape != shape:
+            guard = InFlightGuard.__new__(InFlightGuard)
+            guard.tensor, guard.ptr, guard.shape, guard.name = tensor, ptr, tuple(shape), name
+            guard.check()
+    else:
+        pending.wait()

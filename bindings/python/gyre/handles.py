@@ -9,9 +9,14 @@ ints, so dict keys and ``h in handles`` work), and ``synchronize(int(h))``
 finds the handle while it is alive. It is not an ``int`` subclass on
 purpose: gyre keeps an operation's tensors alive only until it completes,
 even if the handle is dropped, so the table of numbers holds handles
-weakly (Horovod's table holds them until synchronize()).
+weakly (Horovod's table holds them until synchronize()). A handle enters
+that table only when its number is first taken (``int(h)``,
+``operator.index``): a number is only known to a script that took it, and
+the common call, whose handle goes straight back to synchronize(), costs no
+table entry.
 """
 
+import itertools
 import threading
 import weakref
 from typing import Any, Callable, Iterable, List
@@ -64,9 +69,11 @@ class PendingGroup:
             raise first
 
 
-_table_lock = threading.Lock()  # guards _pending (number -> live Handle) and _issued
+# Guards _pending (number -> live Handle whose number was taken) and _issued.
+_table_lock = threading.Lock()
 _pending = weakref.WeakValueDictionary()
-_issued = 0  # handle numbers given out so far: 0 .. _issued - 1
+_issued = 0  # 1 + the highest number taken so far
+_numbers = itertools.count()  # next() is atomic: numbers are unique across threads
 
 
 class Handle:
@@ -74,23 +81,29 @@ class Handle:
     :func:`synchronize`. Behaves as its number where an int is expected."""
 
     __slots__ = ("name", "_number", "_op", "_finish", "_guards", "_result", "_done",
-                 "__weakref__")
+                 "_in_table", "__weakref__")
 
     def __init__(self, name: str, op: Any, finish: Callable[[Any], Any],
                  guards: Iterable[Any] = ()) -> None:
-        global _issued
         self.name = name
         self._op = op
         self._finish = finish
-        self._guards = list(guards)
+        self._guards = guards
         self._done = False
         self._result = None
-        with _table_lock:
-            self._number = _issued
-            _issued += 1
-            _pending[self._number] = self
+        self._in_table = False
+        self._number = next(_numbers)
 
     def __int__(self) -> int:
+        global _issued
+        if not self._in_table:
+            with _table_lock:
+                # Entered even when done: Horovod's synchronize(int) of a
+                # finished handle returns None, found by number below.
+                self._in_table = True
+                if not self._done:
+                    _pending[self._number] = self
+                _issued = max(_issued, self._number + 1)
         return self._number
 
     __index__ = __int__
@@ -142,11 +155,14 @@ def synchronize(handle: Any) -> Any:
     ``sparse_allreduce_async`` returns. The same Handle object may be
     synchronized again (the same result); the int of a handle synchronized
     already gives None, as in Horovod."""
-    if callable(handle) and not isinstance(handle, (int, Handle)):
+    if type(handle) is Handle:
+        h = handle
+    elif callable(handle) and not isinstance(handle, (int, Handle)):
         return handle()
-    h = _lookup(handle, "synchronize")
-    if h is None:
-        return None
+    else:
+        h = _lookup(handle, "synchronize")
+        if h is None:
+            return None
     if h._done:
         return h._result
     try:
@@ -155,11 +171,11 @@ def synchronize(handle: Any) -> Any:
             g.check()
         h._result = h._finish(h._op)
     finally:
-        if h._op.poll():
+        if h._in_table and h._op.poll():
             with _table_lock:
                 _pending.pop(h._number, None)
     h._done = True
-    h._guards = []
+    h._guards = ()
     return h._result
 
 

@@ -76,8 +76,16 @@ def _reduce_op(average: Optional[bool], op: Optional[Op]) -> ReduceOp:
         ) from None
 
 
+# Each op's value, keyed by the op (ints equal to a value find it too): the
+# common call converts with one lookup instead of an enum construction.
+_OP_VALUES = {o: int(o) for o in ReduceOp}
+_OP_VALUES[None] = int(Average)  # Horovod's default
+
+
 def _op(c: _t.Conversion, average: Optional[bool], op: Optional[Op]) -> int:
     """_reduce_op for a call: a failure becomes the call's refusal."""
+    if average is None and type(op) is ReduceOp:
+        return _OP_VALUES[op]
     try:
         return int(_reduce_op(average, op))
     except InvalidArgumentError as e:
@@ -86,6 +94,8 @@ def _op(c: _t.Conversion, average: Optional[bool], op: Optional[Op]) -> int:
 
 
 def _scales(c: _t.Conversion, prescale_factor: Any, postscale_factor: Any) -> Tuple[float, float]:
+    if type(prescale_factor) is float and type(postscale_factor) is float:
+        return prescale_factor, postscale_factor
     return c.number(prescale_factor, "prescale_factor"), c.number(postscale_factor,
                                                                   "postscale_factor")
 
@@ -144,18 +154,35 @@ def version_vector() -> List[int]:
 PS = Any  # a ProcessSet; only the global one for now
 
 
+def _start_allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
+                     in_place):
+    """Enqueues an allreduce: (name, pending operation, output or None)."""
+    name = _op_name("allreduce", name)
+    if process_set is not global_process_set:
+        check_process_set(process_set, "allreduce")
+    if (average is None and (op is None or type(op) is ReduceOp) and
+            type(prescale_factor) is float and type(postscale_factor) is float and
+            (in_place or _t.is_torch_or_numpy(tensor))):
+        # The common call: nothing to convert (the extension takes the tensor).
+        rop, pre, post, refusal, x = _OP_VALUES[op], prescale_factor, postscale_factor, "", tensor
+    else:
+        c = _t.Conversion()
+        rop = _op(c, average, op)
+        pre, post = _scales(c, prescale_factor, postscale_factor)
+        x = tensor if in_place else c.array(tensor)
+        refusal = c.refusal
+    if in_place:
+        return name, _gyre.allreduce(name, x, None, rop, pre, post, refusal), None
+    out = None if x is None else _t.empty_like(x)
+    return name, _gyre.allreduce(name, x, out, rop, pre, post, refusal), out
+
+
 def allreduce_async(tensor: Tensor, average: Optional[bool] = None, name: Optional[str] = None,
                     op: Optional[Op] = None, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0, process_set: PS = global_process_set) -> Handle:
     """Reduces `tensor` across ranks into a new tensor (see synchronize)."""
-    name = _op_name("allreduce", name)
-    check_process_set(process_set, "allreduce")
-    c = _t.Conversion()
-    rop = _op(c, average, op)
-    pre, post = _scales(c, prescale_factor, postscale_factor)
-    x = c.array(_t.prepare(tensor))
-    out = None if x is None else _t.empty_like(x)
-    pending = _gyre.allreduce(name, x, out, rop, pre, post, c.refusal)
+    name, pending, out = _start_allreduce(tensor, average, name, op, prescale_factor,
+                                          postscale_factor, process_set, False)
     return Handle(name, pending, lambda _: out, _t.guards_for(name, tensor))
 
 
@@ -163,12 +190,8 @@ def allreduce_async_(tensor: Tensor, average: Optional[bool] = None, name: Optio
                      op: Optional[Op] = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0, process_set: PS = global_process_set) -> Handle:
     """Reduces `tensor` across ranks in place; synchronize returns `tensor`."""
-    name = _op_name("allreduce", name)
-    check_process_set(process_set, "allreduce")
-    c = _t.Conversion()
-    rop = _op(c, average, op)
-    pre, post = _scales(c, prescale_factor, postscale_factor)
-    pending = _gyre.allreduce(name, _t.prepare(tensor), None, rop, pre, post, c.refusal)
+    name, pending, _ = _start_allreduce(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set, True)
     return Handle(name, pending, lambda _: tensor, _t.guards_for(name, tensor))
 
 
@@ -177,6 +200,12 @@ def allreduce(tensor: Tensor, average: Optional[bool] = None, name: Optional[str
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: PS = global_process_set) -> Tensor:
     """Returns a new tensor: `op` (default Average) of `tensor` over all ranks."""
+    if compression is Compression.none:
+        # What synchronize(allreduce_async(...)) does, without a Handle.
+        name, pending, out = _start_allreduce(tensor, average, name, op, prescale_factor,
+                                              postscale_factor, process_set, False)
+        _t.wait_guarded(pending, name, tensor)
+        return out
     name = _op_name("allreduce", name)
     compressed, ctx = compression.compress(tensor)
     handle = allreduce_async(compressed, average, name, op, prescale_factor, postscale_factor,
@@ -188,8 +217,11 @@ def allreduce_(tensor: Tensor, average: Optional[bool] = None, name: Optional[st
                op: Optional[Op] = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0, process_set: PS = global_process_set) -> Tensor:
     """In-place allreduce; returns `tensor`."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor, process_set))
+    # What synchronize(allreduce_async_(...)) does, without a Handle.
+    name, pending, _ = _start_allreduce(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set, True)
+    _t.wait_guarded(pending, name, tensor)
+    return tensor
 
 
 def _tensor_list(tensors, what):
@@ -210,9 +242,9 @@ def _grouped(tensors, average, name, op, prescale_factor, postscale_factor, in_p
     rop = _op(c, average, op)
     pre, post = _scales(c, prescale_factor, postscale_factor)
     if in_place:
-        xs, outs = [_t.prepare(t) for t in tensors], None
+        xs, outs = list(tensors), None
     else:
-        xs = [c.array(_t.prepare(t)) for t in tensors]
+        xs = [c.array(t) for t in tensors]
         outs = [None if x is None else _t.empty_like(x) for x in xs]
     names = [f"{base}.{i}" for i in range(len(tensors))]
     pending = _gyre.grouped_allreduce(names, xs, outs, rop, pre, post, c.refusal)
@@ -266,7 +298,7 @@ def grouped_allreduce_(tensors: Sequence[Tensor], average: Optional[bool] = None
 
 def _allgather_pending(name, tensor):
     c = _t.Conversion()
-    x = c.array(_t.prepare(tensor))
+    x = c.array(tensor)
     return _gyre.allgather(name, x, c.refusal), x
 
 
@@ -313,7 +345,7 @@ def broadcast_async_(tensor: Tensor, root_rank: int, name: Optional[str] = None,
     check_process_set(process_set, "broadcast")
     c = _t.Conversion()
     root = c.integer(root_rank, "root_rank")
-    pending = _gyre.broadcast(name, _t.prepare(tensor), root, c.refusal)
+    pending = _gyre.broadcast(name, tensor, root, c.refusal)
     return Handle(name, pending, lambda _: tensor, _t.guards_for(name, tensor))
 
 
@@ -323,7 +355,7 @@ def broadcast_async(tensor: Tensor, root_rank: int, name: Optional[str] = None,
     check_process_set(process_set, "broadcast")
     c = _t.Conversion()
     root = c.integer(root_rank, "root_rank")
-    x = c.array(_t.prepare(tensor))
+    x = c.array(tensor)
     copy = None if x is None else _t.clone(x)
     pending = _gyre.broadcast(name, copy, root, c.refusal)
     return Handle(name, pending, lambda _: copy)
@@ -352,7 +384,7 @@ def alltoall_async(tensor: Tensor, splits: Optional[Sequence[int]] = None,
     name = _op_name("alltoall", name)
     check_process_set(process_set, "alltoall")
     c = _t.Conversion()
-    x = c.array(_t.prepare(tensor))
+    x = c.array(tensor)
     split_list = c.ints(splits, "splits")
     if split_list == [] and not c.refusal:
         # The extension reads no splits as an even split.
@@ -380,7 +412,7 @@ def _reducescatter_pending(name, tensor, op, prescale_factor, postscale_factor):
     c = _t.Conversion()
     rop = _op(c, None, op)
     pre, post = _scales(c, prescale_factor, postscale_factor)
-    x = c.array(_t.prepare(tensor))
+    x = c.array(tensor)
     return _gyre.reducescatter(name, x, rop, pre, post, c.refusal), x
 
 

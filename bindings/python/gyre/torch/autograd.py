@@ -36,8 +36,12 @@ _LINEAR = (ops.Sum, ops.Average)
 
 
 def _wants_grad(*tensors):
-    return torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            return True
+    return False
 
 
 def _no_gradient(kind, name, op):
