@@ -69,17 +69,20 @@ auto blocking(F&& f) {
 }
 
 std::shared_ptr<PendingOp> allreduce(const std::string& name, py::handle in, py::handle out, int op,
-                                     double pre, double post, const std::string& refusal) {
+                                     double pre, double post, const std::string& refusal,
+                                     int process_set) {
   Call call(refusal);
   const ReduceOp rop = call.op(op);
   TensorView vin = call.view(in, "input", out.is_none() ? Access::kWrite : Access::kRead);
   TensorView vout = out.is_none() ? vin : call.view(out, "output", Access::kWrite);
-  return call.start([&] { return allreduce_async(name, vin, vout, rop, pre, post); });
+  return call.start(
+      [&] { return allreduce_async(name, vin, vout, rop, pre, post, process_set); });
 }
 
 std::shared_ptr<PendingOp> grouped_allreduce(const std::vector<std::string>& names,
                                              const py::sequence& ins, py::handle outs, int op,
-                                             double pre, double post, const std::string& refusal) {
+                                             double pre, double post, const std::string& refusal,
+                                             int process_set) {
   Call call(refusal);
   const ReduceOp rop = call.op(op);
   const bool in_place = outs.is_none();
@@ -96,7 +99,9 @@ std::shared_ptr<PendingOp> grouped_allreduce(const std::vector<std::string>& nam
     }
   }
   // Counts that differ are the runtime's to refuse (and announce).
-  return call.start([&] { return grouped_allreduce_async(names, vins, vouts, rop, pre, post); });
+  return call.start([&] {
+    return grouped_allreduce_async(names, vins, vouts, rop, pre, post, process_set);
+  });
 }
 
 std::vector<NamedBuffer> import_named(const std::vector<std::pair<std::string, py::object>>& items,
@@ -114,46 +119,50 @@ void bind_operations(py::module_& m) {
   // an argument (empty: it could). The runtime then refuses the call.
   m.def("allreduce", &allreduce, py::arg("name"), py::arg("input"), py::arg("output"),
         py::arg("op"), py::arg("prescale"), py::arg("postscale"), py::arg("refusal") = "",
-        "Enqueues an allreduce; output=None reduces in place.");
+        py::arg("process_set") = 0, "Enqueues an allreduce; output=None reduces in place.");
   m.def("grouped_allreduce", &grouped_allreduce, py::arg("names"), py::arg("inputs"),
         py::arg("outputs"), py::arg("op"), py::arg("prescale"), py::arg("postscale"),
-        py::arg("refusal") = "");
+        py::arg("refusal") = "", py::arg("process_set") = 0);
   m.def(
       "allgather",
-      [](const std::string& name, py::handle in, const std::string& refusal) {
+      [](const std::string& name, py::handle in, const std::string& refusal, int process_set) {
         Call call(refusal);
         TensorView v = call.view(in, "input", Access::kRead);
-        return call.start([&] { return allgather_async(name, v); });
+        return call.start([&] { return allgather_async(name, v, process_set); });
       },
-      py::arg("name"), py::arg("input"), py::arg("refusal") = "");
+      py::arg("name"), py::arg("input"), py::arg("refusal") = "", py::arg("process_set") = 0);
   m.def(
       "broadcast",
-      [](const std::string& name, py::handle buf, int root, const std::string& refusal) {
+      [](const std::string& name, py::handle buf, int root, const std::string& refusal,
+         int process_set) {
         Call call(refusal);
         TensorView v = call.view(buf, "buffer", Access::kWrite);
-        return call.start([&] { return broadcast_async(name, v, root); });
+        return call.start([&] { return broadcast_async(name, v, root, process_set); });
       },
-      py::arg("name"), py::arg("buffer"), py::arg("root"), py::arg("refusal") = "");
+      py::arg("name"), py::arg("buffer"), py::arg("root"), py::arg("refusal") = "",
+      py::arg("process_set") = 0);
   m.def(
       "alltoall",
       [](const std::string& name, py::handle in, const std::vector<std::int64_t>& splits,
-         const std::string& refusal) {
+         const std::string& refusal, int process_set) {
         Call call(refusal);
         TensorView v = call.view(in, "input", Access::kRead);
-        return call.start([&] { return alltoall_async(name, v, splits); });
+        return call.start([&] { return alltoall_async(name, v, splits, process_set); });
       },
-      py::arg("name"), py::arg("input"), py::arg("splits"), py::arg("refusal") = "");
+      py::arg("name"), py::arg("input"), py::arg("splits"), py::arg("refusal") = "",
+      py::arg("process_set") = 0);
   m.def(
       "reducescatter",
       [](const std::string& name, py::handle in, int op, double pre, double post,
-         const std::string& refusal) {
+         const std::string& refusal, int process_set) {
         Call call(refusal);
         const ReduceOp rop = call.op(op);
         TensorView v = call.view(in, "input", Access::kRead);
-        return call.start([&] { return reducescatter_async(name, v, rop, pre, post); });
+        return call.start(
+            [&] { return reducescatter_async(name, v, rop, pre, post, process_set); });
       },
       py::arg("name"), py::arg("input"), py::arg("op"), py::arg("prescale"),
-      py::arg("postscale"), py::arg("refusal") = "");
+      py::arg("postscale"), py::arg("refusal") = "", py::arg("process_set") = 0);
 }
 
 void bind_divergence(py::module_& m) {
@@ -255,16 +264,37 @@ PYBIND11_MODULE(_gyre, m) {
   // The blocking calls wait as synchronize() does (PendingOp::wait): in
   // slices, so that Ctrl-C raises KeyboardInterrupt at once; the operation
   // stays in flight.
-  m.def("barrier", [] {
-    drain_graveyard();
-    PendingOp::start({}, [] { return gyre::barrier_async(); })->wait();
-  });
-  m.def("join", [] {
-    drain_graveyard();
-    auto op = PendingOp::start({}, [] { return gyre::join_async(); });
-    op->wait();
-    return op->handle().join_last_rank();
-  });
+  m.def(
+      "barrier",
+      [](int ps) {
+        drain_graveyard();
+        PendingOp::start({}, [ps] { return gyre::barrier_async(ps); })->wait();
+      },
+      py::arg("process_set") = 0);
+  m.def(
+      "join",
+      [](int ps) {
+        drain_graveyard();
+        auto op = PendingOp::start({}, [ps] { return gyre::join_async(ps); });
+        op->wait();
+        const int last = op->handle().join_last_rank();
+        if (ps == 0 || last < 0) return last;
+        return gyre::process_set_ranks(ps).at(static_cast<std::size_t>(last));
+      },
+      py::arg("process_set") = 0);
+  // Process sets: add/remove are collective over every rank (they block).
+  m.def("add_process_set",
+        [](const std::vector<int>& ranks) {
+          return blocking([&] { return gyre::add_process_set(ranks); });
+        },
+        py::arg("ranks"));
+  m.def("remove_process_set",
+        [](int ps) { blocking([ps] { gyre::remove_process_set(ps); }); }, py::arg("process_set"));
+  m.def("process_set_ids", [] { return gyre::process_set_ids(); });
+  m.def("process_set_ranks", [](int ps) { return gyre::process_set_ranks(ps); });
+  m.def("process_set_rank", [](int ps) { return gyre::process_set_rank(ps); });
+  m.def("process_set_size", [](int ps) { return gyre::process_set_size(ps); });
+  m.def("process_set_included", [](int ps) { return gyre::process_set_included(ps); });
   m.def(
       "start_timeline",
       [](const std::string& path, bool mark_cycles) { gyre::start_timeline(path, mark_cycles); },

@@ -306,6 +306,7 @@ MpiWorld::MpiWorld() {
         thread_level_name(provided),
         owns_mpi_ ? "" : " (the job initialised MPI itself; use MPI_Init_thread)"));
   }
+  thread_multiple_ = provided == MPI_THREAD_MULTIPLE;
   check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
   MPI_Comm local;
@@ -351,6 +352,25 @@ std::unique_ptr<Transport> MpiWorld::make_cross_transport() {
   if (finalized_) throw StateError("MpiWorld::make_cross_transport after finalize()");
   MPI_Comm comm;
   check_mpi(MPI_Comm_split(MPI_COMM_WORLD, local_rank_, rank_, &comm), "MPI_Comm_split");
+  check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  const unsigned cores = std::thread::hardware_concurrency();
+  const bool oversubscribed = cores == 0 || static_cast<unsigned>(local_size_) > cores;
+  return std::make_unique<MpiTransport>(comm, oversubscribed, kDefaultPieceBytes);
+}
+
+std::unique_ptr<Transport> MpiWorld::make_group_transport(const std::vector<int>& ranks,
+                                                         int tag) {
+  if (finalized_) throw StateError("MpiWorld::make_group_transport after finalize()");
+  if (!std::binary_search(ranks.begin(), ranks.end(), rank_)) return nullptr;
+  MPI_Group world_group, group;
+  check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &world_group), "MPI_Comm_group");
+  const int rc = MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group);
+  MPI_Group_free(&world_group);
+  check_mpi(rc, "MPI_Group_incl");
+  MPI_Comm comm;
+  const int rc2 = MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, &comm);
+  MPI_Group_free(&group);
+  check_mpi(rc2, "MPI_Comm_create_group");
   check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   const unsigned cores = std::thread::hardware_concurrency();
   const bool oversubscribed = cores == 0 || static_cast<unsigned>(local_size_) > cores;

@@ -22,10 +22,6 @@ def test_init_is_idempotent_and_takes_horovods_arguments(size):
 def test_init_on_a_subset_is_refused_clearly_and_leaves_gyre_running(size, multi_rank):
     with pytest.raises(hvd.NotSupportedError, match="subset"):
         hvd.init(comm=[0])
-    with pytest.raises(NotImplementedError, match="process sets"):
-        hvd.init(process_sets=[hvd.ProcessSet([0])])
-    with pytest.raises(NotImplementedError):
-        hvd.init(process_sets="dynamic")
     assert hvd.is_initialized()
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == size
 
@@ -40,13 +36,17 @@ def test_build_information_is_truthful():
     assert isinstance(hvd.is_homogeneous(), bool)
 
 
-def test_process_set_argument_global_only(size, rank, multi_rank):
+def test_process_set_argument_global(size, rank, multi_rank):
     t = torch.ones(2)
     assert hvd.allreduce(t, op=hvd.Sum, process_set=hvd.global_process_set).tolist() == [size] * 2
     assert hvd.global_process_set.size() == size and hvd.global_process_set.rank() == rank
     hvd.barrier(process_set=hvd.global_process_set)
-    assert hvd.add_process_set(list(range(size))) is hvd.global_process_set
     assert hvd.remove_process_set(hvd.global_process_set) is False
+    # Every rank is the global set: not a new one.
+    with pytest.raises(ValueError, match="global process set"):
+        hvd.add_process_set(list(range(size)))
+    # Not registered: refused where it is used (tests/python/test_process_sets.py
+    # has registered sets).
     sub = hvd.ProcessSet([0])
     calls = [
         lambda: hvd.allreduce(t, process_set=sub), lambda: hvd.allgather(t, process_set=sub),
@@ -56,10 +56,9 @@ def test_process_set_argument_global_only(size, rank, multi_rank):
         lambda: hvd.broadcast_object(1, process_set=sub),
         lambda: hvd.allgather_object(1, process_set=sub),
         lambda: hvd.broadcast_parameters({"t": t}, 0, process_set=sub),
-        lambda: hvd.add_process_set(sub),
     ]
     for call in calls:
-        with pytest.raises(NotImplementedError, match="process sets"):
+        with pytest.raises(ValueError, match="not registered"):
             call()
     with pytest.raises(TypeError):
         hvd.allreduce(t, process_set="everyone")
@@ -206,7 +205,8 @@ HOROVOD_SIGNATURES = {
     "grouped_reducescatter_async": ["tensors", "name", "op", "process_set", "prescale_factor",
                                     "postscale_factor"],
     "sparse_allreduce_async": ["tensor", "name", "op", "process_set"],
-    "join": ["device"], "barrier": ["process_set"], "poll": ["handle"],
+    # join: Horovod's device, then gyre's process_set (an addition at the end).
+    "join": ["device", "process_set"], "barrier": ["process_set"], "poll": ["handle"],
     "synchronize": ["handle"], "init": ["comm", "process_sets"],
     "broadcast_parameters": ["params", "root_rank", "process_set"],
     "broadcast_optimizer_state": ["optimizer", "root_rank", "model", "process_set"],

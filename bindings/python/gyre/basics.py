@@ -1,5 +1,5 @@
-"""Lifecycle, topology and build information with Horovod's names, and the
-process-set arguments Horovod's calls take (only the global set, for now).
+"""Lifecycle, topology and build information with Horovod's names, and
+Horovod's process sets.
 
 Horovod scripts call ``init()`` several times, ask what the build supports
 (``nccl_built()``, ``mpi_threads_supported()``, ...) and pass
@@ -13,76 +13,111 @@ from typing import Any, Iterable, List, Optional
 from . import _gyre
 from .exceptions import InvalidArgumentError, InvalidTypeError, NotSupportedError, StateError
 
-_PROCESS_SETS_NOT_YET = (
-    "process sets other than the global one are not implemented in gyre yet (the runtime "
-    "negotiates over all ranks); run the job on the ranks you need instead")
-
-
 class ProcessSet:
-    """Horovod's ProcessSet: a group of ranks. gyre accepts only the global
-    set (every rank) for now; ``ProcessSet(ranks)`` naming every rank is the
-    global set, any other is refused where it is used."""
+    """Horovod's ProcessSet: a set of ranks that run collectives among
+    themselves, concurrently with other sets (each set has its own
+    negotiation, fusion and background thread in the runtime).
 
-    def __init__(self, ranks_or_comm: Any = None) -> None:
-        self._ranks = None if ranks_or_comm is None else _ranks_of(ranks_or_comm, "ProcessSet")
-        self.process_set_id = 0 if self._ranks is None else None
+    Made from a list of ranks (sorted here) or an mpi4py communicator (its
+    ranks in MPI_COMM_WORLD), then registered by ``init(process_sets=[...])``
+    or ``add_process_set()``, which give it its ``process_set_id``. Roots
+    (``broadcast``) stay world ranks, as in Horovod; ``rank()`` is this
+    rank's index in the set (what orders ``allgather`` results)."""
 
-    def _is_global(self) -> bool:
-        return self._ranks is None or self._ranks == list(range(_gyre.size()))
+    process_set_id: Optional[int] = None
+    ranks: Optional[List[int]] = None
+    mpi_comm: Any = None
 
-    @property
-    def ranks(self) -> List[int]:
-        return list(range(_gyre.size())) if self._ranks is None else list(self._ranks)
+    def __init__(self, ranks_or_comm: Any) -> None:
+        if hasattr(ranks_or_comm, "Get_group") and hasattr(ranks_or_comm, "Get_size"):
+            self.mpi_comm = ranks_or_comm
+            self.ranks = _ranks_of(ranks_or_comm, "ProcessSet")
+        else:
+            self.ranks = _ranks_of(ranks_or_comm, "ProcessSet")
 
-    def size(self) -> int:
-        return len(self.ranks)
+    def invalidate(self) -> None:
+        """Forgets the registration (remove_process_set calls it)."""
+        self.process_set_id = None
 
-    def rank(self) -> int:
-        """This rank's index in the set (Horovod: its rank within the set)."""
-        r = _gyre.rank()
-        ranks = self.ranks
-        return ranks.index(r) if r in ranks else -1
+    def size(self) -> Optional[int]:
+        """The number of ranks in the set; None while not registered."""
+        if self.process_set_id is None:
+            return None
+        return _gyre.process_set_size(self.process_set_id)
 
-    def included(self) -> bool:
-        return _gyre.rank() in self.ranks
+    def rank(self) -> Optional[int]:
+        """This rank's index in the set (-1 outside it); None while not
+        registered. Collectives still take world ranks as roots."""
+        if self.process_set_id is None:
+            return None
+        return _gyre.process_set_rank(self.process_set_id)
 
-    def __repr__(self) -> str:
-        return "ProcessSet(global)" if self._ranks is None else f"ProcessSet({self._ranks})"
+    def included(self) -> Optional[bool]:
+        """Whether this rank is in the set; None while not registered."""
+        if self.process_set_id is None:
+            return None
+        return bool(_gyre.process_set_included(self.process_set_id))
 
-    def __eq__(self, other: Any) -> bool:
-        return isinstance(other, ProcessSet) and self.ranks == other.ranks
+    def __str__(self) -> str:
+        return (f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, "
+                f"mpi_comm={self.mpi_comm})")
 
-    def __hash__(self) -> int:
-        return hash(tuple(self.ranks))
-
-
-global_process_set = ProcessSet()
+    __repr__ = __str__
 
 
-def check_process_set(process_set: Any, what: str) -> None:
-    """Raises unless `process_set` is the global set (None counts as global)."""
+def check_process_set(process_set: Any, what: str) -> int:
+    """The runtime id of `process_set` (None counts as the global set).
+    InvalidTypeError for anything but a ProcessSet; InvalidArgumentError
+    (a ValueError) for a set that is not registered. Whether this rank is
+    in the set is the runtime's to check (InvalidArgumentError at the call)."""
     if process_set is None or process_set is global_process_set:
-        return
+        return 0
     if not isinstance(process_set, ProcessSet):
         raise InvalidTypeError(
             f"{what}: process_set must be a gyre ProcessSet, got {type(process_set).__name__}")
-    if not process_set._is_global():
-        raise NotSupportedError(f"{what}: {process_set!r}: {_PROCESS_SETS_NOT_YET}")
+    if process_set.process_set_id is None:
+        raise InvalidArgumentError(
+            f"{what}: {process_set} is not registered: pass it to init(process_sets=[...]) or "
+            f"add_process_set() on every rank first")
+    return int(process_set.process_set_id)
+
+
+def _sync_global_ranks() -> None:
+    global_process_set.ranks = list(range(_gyre.size()))
 
 
 def add_process_set(process_set: Any) -> ProcessSet:
-    """Horovod's add_process_set: only a set of every rank (the global set) is
-    accepted for now, and returned as the global set."""
+    """Registers a set (a ProcessSet or a list of ranks) and returns it with
+    its id. Collective over every rank: all ranks add the same sets in the
+    same order (checked: InvalidArgumentError on every rank otherwise).
+    Unlike Horovod, gyre needs no ``init(process_sets="dynamic")`` first."""
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    check_process_set(ps, "add_process_set")
-    return global_process_set
+    if ps.process_set_id is not None:
+        raise InvalidArgumentError(f"add_process_set: {ps} is already registered")
+    ps.process_set_id = int(_gyre.add_process_set(list(ps.ranks)))
+    _registered.setdefault(ps.process_set_id, []).append(ps)
+    return ps
 
 
-def remove_process_set(process_set: Any) -> bool:
-    """Horovod's remove_process_set: the global set cannot be removed (Horovod
-    returns False then); other sets do not exist yet."""
-    check_process_set(process_set, "remove_process_set")
-    return False
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Removes a registered set (collective over every rank, like
+    add_process_set); its pending operations fail. Returns False for the
+    global set, which cannot be removed (Horovod's answer), True otherwise;
+    every ProcessSet object of the removed set is invalidated."""
+    sid = check_process_set(process_set, "remove_process_set")
+    if sid == 0:
+        return False
+    _gyre.remove_process_set(sid)
+    for ps in _registered.pop(sid, []):
+        ps.invalidate()
+    return True
+
+
+def _forget_process_sets() -> None:
+    """After shutdown: the runtime's sets are gone; so are their ids."""
+    for sid in [k for k in _registered if k != 0]:
+        for ps in _registered.pop(sid):
+            ps.invalidate()
 
 
 def _ranks_of(comm: Any, what: str) -> List[int]:
@@ -101,17 +136,29 @@ def _ranks_of(comm: Any, what: str) -> List[int]:
     return sorted(ranks)
 
 
-def init(comm: Any = None, process_sets: Optional[Iterable[Any]] = None) -> None:
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0
+
+# id -> the ProcessSet objects registered under it (Horovod keeps the same
+# table: several objects may name one set; removal invalidates them all).
+_registered = {0: [global_process_set]}
+
+
+def init(comm: Any = None, process_sets: Any = None) -> None:
     """Initialises MPI (if needed) and starts gyre's background thread.
 
     As in Horovod, init() may be called any number of times (while gyre runs,
     later calls do nothing) and again after shutdown(), which starts a new
     runtime on the same MPI (a new version vector; generated names go on).
-    `comm` (a list of ranks or an mpi4py communicator) and `process_sets`
-    are Horovod's; gyre runs on every rank of the launch for now, so both
-    must describe all ranks (anything else raises NotSupportedError)."""
+    `comm` (a list of ranks or an mpi4py communicator) must describe every
+    launched rank (running on a subset is not implemented: NotSupportedError).
+    `process_sets`: a list of ProcessSet (or lists of ranks) registered now,
+    in order, on every rank (a collective, as add_process_set), or
+    "dynamic" (Horovod's switch for add/remove later; gyre allows those
+    anyway)."""
     was_running = _gyre.is_initialized()
     _gyre.init()
+    _sync_global_ranks()
     try:
         if comm is not None:
             ranks = _ranks_of(comm, "init(comm=...)")
@@ -119,17 +166,26 @@ def init(comm: Any = None, process_sets: Optional[Iterable[Any]] = None) -> None
                 raise NotSupportedError(
                     f"init(comm=...): ranks {ranks} of {_gyre.size()}: running on a subset of "
                     f"the launched ranks is not implemented in gyre yet; launch only those ranks")
-        if process_sets is not None:
-            if process_sets == "dynamic":
-                raise NotSupportedError(f"init(process_sets='dynamic'): {_PROCESS_SETS_NOT_YET}")
+        if process_sets is not None and process_sets != "dynamic":
+            if isinstance(process_sets, str):
+                raise InvalidArgumentError(
+                    f"init(process_sets={process_sets!r}): expected a list of ProcessSet or "
+                    f"'dynamic'")
             for ps in process_sets:
-                check_process_set(ps if isinstance(ps, ProcessSet) else ProcessSet(ps),
-                                  "init(process_sets=...)")
+                ps = ps if isinstance(ps, ProcessSet) else ProcessSet(ps)
+                if ps.process_set_id is not None or ps.ranks == global_process_set.ranks:
+                    # Already registered (init() again) or the global set.
+                    if ps.process_set_id is None:
+                        ps.process_set_id = 0
+                        _registered[0].append(ps)
+                    continue
+                add_process_set(ps)
     except BaseException:
         # Every rank receives the same arguments and refuses alike; a runtime
         # that this call started is stopped again, a running one is left be.
         if not was_running:
             _gyre.shutdown()
+            _forget_process_sets()
         raise
 
 
@@ -140,6 +196,7 @@ def shutdown() -> None:
     it. Also run at interpreter exit."""
     if _gyre.is_initialized():
         _gyre.shutdown()
+    _forget_process_sets()
 
 
 def is_initialized() -> bool:

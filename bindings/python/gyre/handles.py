@@ -27,8 +27,10 @@ _name_lock = threading.Lock()  # guards _name_counters
 _name_counters = {}
 
 
-def op_name(kind, name):
-    """The operation's name: `name`, or the next generated one of `kind`.
+def op_name(kind, name, process_set=None):
+    """The operation's name: `name`, or the next generated one of `kind` on
+    `process_set` (each set counts its own: ranks outside a set do not call
+    its operations, and names are scoped by set in the runtime).
 
     Called first thing in every operation, before any check that can refuse
     the call: a generated name is consumed whatever becomes of the call, so
@@ -39,9 +41,10 @@ def op_name(kind, name):
         if not isinstance(name, str) or not name:
             raise InvalidArgumentError(f"{kind}: name must be a non-empty string, got {name!r}")
         return name
+    key = (kind, getattr(process_set, "process_set_id", None) or 0)
     with _name_lock:
-        n = _name_counters.get(kind, 0)
-        _name_counters[kind] = n + 1
+        n = _name_counters.get(key, 0)
+        _name_counters[key] = n + 1
     return f"{kind}.noname.{n}"
 
 

@@ -27,7 +27,7 @@ from . import _gyre
 from . import _tensors as _t
 from .basics import *  # noqa: F401,F403 (lifecycle and build information, re-exported)
 from .basics import __all__ as _basics_all
-from .basics import check_process_set, global_process_set
+from .basics import _forget_process_sets, check_process_set, global_process_set
 from .compression import Compression, Compressor
 from .exceptions import InvalidArgumentError, InvalidTypeError
 from .handles import Handle, PendingGroup, forget_all, poll, synchronize
@@ -111,24 +111,27 @@ def shutdown() -> None:
     if _gyre.is_initialized():
         _gyre.shutdown()
     forget_all()
+    _forget_process_sets()
 
 
 def barrier(process_set: Any = global_process_set) -> None:
-    """Blocks until every rank has called barrier(). Ctrl-C interrupts the
-    wait (KeyboardInterrupt); a rank that never calls it makes it fail with
-    TimeoutError after GYRE_STALL_SHUTDOWN_S."""
-    check_process_set(process_set, "barrier")
-    _gyre.barrier()
+    """Blocks until every rank (of `process_set`) has called barrier().
+    Ctrl-C interrupts the wait (KeyboardInterrupt); a rank that never calls
+    it makes it fail with TimeoutError after GYRE_STALL_SHUTDOWN_S."""
+    sid = check_process_set(process_set, "barrier")
+    _gyre.barrier(sid)
 
 
-def join(device: int = -1) -> int:
+def join(device: int = -1, process_set: Any = global_process_set) -> int:
     """This rank has no more data: it contributes zeros to other ranks'
-    allreduces until every rank has joined. Returns the last rank to join.
-    ``device`` (Horovod's: where to make the zero tensors) is accepted and
-    not needed: the runtime contributes zeros without a tensor. Ctrl-C
-    interrupts the wait (KeyboardInterrupt; this rank stays joined)."""
+    allreduces until every rank (of `process_set`, gyre's addition) has
+    joined. Returns the last rank to join (a world rank). ``device``
+    (Horovod's: where to make the zero tensors) is accepted and not needed:
+    the runtime contributes zeros without a tensor. Ctrl-C interrupts the
+    wait (KeyboardInterrupt; this rank stays joined)."""
     del device
-    return _gyre.join()
+    sid = check_process_set(process_set, "join")
+    return _gyre.join(sid)
 
 
 def commit_step() -> None:
@@ -148,18 +151,17 @@ def version_vector() -> List[int]:
 
 # Allreduce ---------------------------------------------------------------------
 # Horovod's positional order everywhere: a script passing arguments by
-# position means the same here. process_set= takes the global set only for
-# now (basics.check_process_set).
+# position means the same here. process_set= takes a registered ProcessSet
+# (basics.check_process_set); the runtime refuses ranks outside it.
 
-PS = Any  # a ProcessSet; only the global one for now
+PS = Any  # a ProcessSet
 
 
 def _start_allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
                      in_place):
     """Enqueues an allreduce: (name, pending operation, output or None)."""
-    name = _op_name("allreduce", name)
-    if process_set is not global_process_set:
-        check_process_set(process_set, "allreduce")
+    name = _op_name("allreduce", name, process_set)
+    sid = 0 if process_set is global_process_set else check_process_set(process_set, "allreduce")
     if (average is None and (op is None or type(op) is ReduceOp) and
             type(prescale_factor) is float and type(postscale_factor) is float and
             (in_place or _t.is_torch_or_numpy(tensor))):
@@ -172,9 +174,9 @@ def _start_allreduce(tensor, average, name, op, prescale_factor, postscale_facto
         x = tensor if in_place else c.array(tensor)
         refusal = c.refusal
     if in_place:
-        return name, _gyre.allreduce(name, x, None, rop, pre, post, refusal), None
+        return name, _gyre.allreduce(name, x, None, rop, pre, post, refusal, sid), None
     out = None if x is None else _t.empty_like(x)
-    return name, _gyre.allreduce(name, x, out, rop, pre, post, refusal), out
+    return name, _gyre.allreduce(name, x, out, rop, pre, post, refusal, sid), out
 
 
 def allreduce_async(tensor: Tensor, average: Optional[bool] = None, name: Optional[str] = None,
@@ -206,7 +208,7 @@ def allreduce(tensor: Tensor, average: Optional[bool] = None, name: Optional[str
                                               postscale_factor, process_set, False)
         _t.wait_guarded(pending, name, tensor)
         return out
-    name = _op_name("allreduce", name)
+    name = _op_name("allreduce", name, process_set)
     compressed, ctx = compression.compress(tensor)
     handle = allreduce_async(compressed, average, name, op, prescale_factor, postscale_factor,
                              process_set)
@@ -235,8 +237,8 @@ def _tensor_list(tensors, what):
 
 def _grouped(tensors, average, name, op, prescale_factor, postscale_factor, in_place,
              process_set):
-    base = _op_name("grouped_allreduce", name)
-    check_process_set(process_set, "grouped_allreduce")
+    base = _op_name("grouped_allreduce", name, process_set)
+    sid = check_process_set(process_set, "grouped_allreduce")
     tensors = _tensor_list(tensors, "grouped_allreduce")
     c = _t.Conversion()
     rop = _op(c, average, op)
@@ -247,7 +249,8 @@ def _grouped(tensors, average, name, op, prescale_factor, postscale_factor, in_p
         xs = [c.array(t) for t in tensors]
         outs = [None if x is None else _t.empty_like(x) for x in xs]
     names = [f"{base}.{i}" for i in range(len(tensors))]
-    pending = _gyre.grouped_allreduce(names, xs, outs, rop, pre, post, c.refusal)
+    pending = _gyre.grouped_allreduce(names, xs, outs, rop, pre, post, c.refusal,
+                                      process_set=sid)
     guards = [g for n, t in zip(names, tensors) for g in _t.guards_for(n, t)]
     result = tensors if in_place else outs
     return Handle(base, pending, lambda _: list(result), guards)
@@ -278,7 +281,7 @@ def grouped_allreduce(tensors: Sequence[Tensor], average: Optional[bool] = None,
                       postscale_factor: float = 1.0,
                       process_set: PS = global_process_set) -> List[Tensor]:
     """Returns a list of new tensors, each reduced over all ranks."""
-    name = _op_name("grouped_allreduce", name)
+    name = _op_name("grouped_allreduce", name, process_set)
     packed = [compression.compress(t) for t in _tensor_list(tensors, "grouped_allreduce")]
     handle = grouped_allreduce_async([c for c, _ in packed], average, name, op, prescale_factor,
                                      postscale_factor, process_set)
@@ -296,17 +299,17 @@ def grouped_allreduce_(tensors: Sequence[Tensor], average: Optional[bool] = None
 # Allgather, broadcast ------------------------------------------------------------
 
 
-def _allgather_pending(name, tensor):
+def _allgather_pending(name, tensor, sid):
     c = _t.Conversion()
     x = c.array(tensor)
-    return _gyre.allgather(name, x, c.refusal), x
+    return _gyre.allgather(name, x, c.refusal, process_set=sid), x
 
 
 def allgather_async(tensor: Tensor, name: Optional[str] = None,
                     process_set: PS = global_process_set) -> Handle:
-    name = _op_name("allgather", name)
-    check_process_set(process_set, "allgather")
-    pending, x = _allgather_pending(name, tensor)
+    name = _op_name("allgather", name, process_set)
+    sid = check_process_set(process_set, "allgather")
+    pending, x = _allgather_pending(name, tensor, sid)
     return Handle(name, pending, lambda p: _t.from_output(p.output(), x), _t.guards_for(name, tensor))
 
 
@@ -321,11 +324,11 @@ def grouped_allgather_async(tensors: Sequence[Tensor], name: Optional[str] = Non
                             process_set: PS = global_process_set) -> Handle:
     """Allgathers each tensor of the list ("<name>.<i>"); one handle, whose
     result is the list of gathered tensors."""
-    base = _op_name("grouped_allgather", name)
-    check_process_set(process_set, "grouped_allgather")
+    base = _op_name("grouped_allgather", name, process_set)
+    sid = check_process_set(process_set, "grouped_allgather")
     tensors = _tensor_list(tensors, "grouped_allgather")
     names = [f"{base}.{i}" for i in range(len(tensors))]
-    started = [_allgather_pending(n, t) for n, t in zip(names, tensors)]
+    started = [_allgather_pending(n, t, sid) for n, t in zip(names, tensors)]
     guards = [g for n, t in zip(names, tensors) for g in _t.guards_for(n, t)]
 
     def finish(group):
@@ -341,23 +344,23 @@ def grouped_allgather(tensors: Sequence[Tensor], name: Optional[str] = None,
 
 def broadcast_async_(tensor: Tensor, root_rank: int, name: Optional[str] = None,
                      process_set: PS = global_process_set) -> Handle:
-    name = _op_name("broadcast", name)
-    check_process_set(process_set, "broadcast")
+    name = _op_name("broadcast", name, process_set)
+    sid = check_process_set(process_set, "broadcast")
     c = _t.Conversion()
     root = c.integer(root_rank, "root_rank")
-    pending = _gyre.broadcast(name, tensor, root, c.refusal)
+    pending = _gyre.broadcast(name, tensor, root, c.refusal, process_set=sid)
     return Handle(name, pending, lambda _: tensor, _t.guards_for(name, tensor))
 
 
 def broadcast_async(tensor: Tensor, root_rank: int, name: Optional[str] = None,
                     process_set: PS = global_process_set) -> Handle:
-    name = _op_name("broadcast", name)
-    check_process_set(process_set, "broadcast")
+    name = _op_name("broadcast", name, process_set)
+    sid = check_process_set(process_set, "broadcast")
     c = _t.Conversion()
     root = c.integer(root_rank, "root_rank")
     x = c.array(tensor)
     copy = None if x is None else _t.clone(x)
-    pending = _gyre.broadcast(name, copy, root, c.refusal)
+    pending = _gyre.broadcast(name, copy, root, c.refusal, process_set=sid)
     return Handle(name, pending, lambda _: copy)
 
 
@@ -381,15 +384,15 @@ def alltoall_async(tensor: Tensor, splits: Optional[Sequence[int]] = None,
     """As Horovod: synchronize() gives (output, received_splits), with or
     without `splits`; received_splits is int32, or of splits' dtype when
     splits is a tensor."""
-    name = _op_name("alltoall", name)
-    check_process_set(process_set, "alltoall")
+    name = _op_name("alltoall", name, process_set)
+    sid = check_process_set(process_set, "alltoall")
     c = _t.Conversion()
     x = c.array(tensor)
     split_list = c.ints(splits, "splits")
     if split_list == [] and not c.refusal:
         # The extension reads no splits as an even split.
         c.refuse("splits is empty: pass one entry per rank, or splits=None for an even split")
-    pending = _gyre.alltoall(name, x, split_list or [], c.refusal)
+    pending = _gyre.alltoall(name, x, split_list or [], c.refusal, process_set=sid)
 
     def finish(p):
         out = _t.from_output(p.output(), x)
@@ -408,20 +411,21 @@ def alltoall(tensor: Tensor, splits: Optional[Sequence[int]] = None,
     return out if splits is None else (out, received)
 
 
-def _reducescatter_pending(name, tensor, op, prescale_factor, postscale_factor):
+def _reducescatter_pending(name, tensor, op, prescale_factor, postscale_factor, sid):
     c = _t.Conversion()
     rop = _op(c, None, op)
     pre, post = _scales(c, prescale_factor, postscale_factor)
     x = c.array(tensor)
-    return _gyre.reducescatter(name, x, rop, pre, post, c.refusal), x
+    return _gyre.reducescatter(name, x, rop, pre, post, c.refusal, process_set=sid), x
 
 
 def reducescatter_async(tensor: Tensor, name: Optional[str] = None, op: Op = Average,
                         process_set: PS = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> Handle:
-    name = _op_name("reducescatter", name)
-    check_process_set(process_set, "reducescatter")
-    pending, x = _reducescatter_pending(name, tensor, op, prescale_factor, postscale_factor)
+    name = _op_name("reducescatter", name, process_set)
+    sid = check_process_set(process_set, "reducescatter")
+    pending, x = _reducescatter_pending(name, tensor, op, prescale_factor, postscale_factor,
+                                        sid)
     return Handle(name, pending, lambda p: _t.from_output(p.output(), x), _t.guards_for(name, tensor))
 
 
@@ -431,7 +435,7 @@ def reducescatter(tensor: Tensor, name: Optional[str] = None,
                   postscale_factor: float = 1.0) -> Tensor:
     """Reduces across ranks; rank r keeps block r of the first dimension
     (earlier ranks take one extra row when it does not divide evenly)."""
-    name = _op_name("reducescatter", name)
+    name = _op_name("reducescatter", name, process_set)
     compressed, ctx = compression.compress(tensor)
     handle = reducescatter_async(compressed, name, op, process_set, prescale_factor,
                                  postscale_factor)
@@ -444,11 +448,11 @@ def grouped_reducescatter_async(tensors: Sequence[Tensor], name: Optional[str] =
                                 postscale_factor: float = 1.0) -> Handle:
     """Reducescatters each tensor of the list ("<name>.<i>"); one handle,
     whose result is the list of this rank's blocks."""
-    base = _op_name("grouped_reducescatter", name)
-    check_process_set(process_set, "grouped_reducescatter")
+    base = _op_name("grouped_reducescatter", name, process_set)
+    sid = check_process_set(process_set, "grouped_reducescatter")
     tensors = _tensor_list(tensors, "grouped_reducescatter")
     names = [f"{base}.{i}" for i in range(len(tensors))]
-    started = [_reducescatter_pending(n, t, op, prescale_factor, postscale_factor)
+    started = [_reducescatter_pending(n, t, op, prescale_factor, postscale_factor, sid)
                for n, t in zip(names, tensors)]
     guards = [g for n, t in zip(names, tensors) for g in _t.guards_for(n, t)]
 
@@ -462,7 +466,7 @@ def grouped_reducescatter(tensors: Sequence[Tensor], name: Optional[str] = None,
                           compression: Type[Compressor] = Compression.none, op: Op = Average,
                           process_set: PS = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[Tensor]:
-    name = _op_name("grouped_reducescatter", name)
+    name = _op_name("grouped_reducescatter", name, process_set)
     packed = [compression.compress(t) for t in _tensor_list(tensors, "grouped_reducescatter")]
     handle = grouped_reducescatter_async([c for c, _ in packed], name, op, process_set,
                                          prescale_factor, postscale_factor)

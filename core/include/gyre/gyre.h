@@ -115,6 +115,30 @@ int cross_size();
 // before init().
 bool nccl_built();
 
+// Process sets (Horovod's): a sorted list of world ranks whose members run
+// collectives among themselves, with their own negotiation, fusion, response
+// cache and background thread, so that collectives on different sets run
+// concurrently. Id 0 (kGlobalProcessSet) is every rank. Every collective
+// below takes the id of the set it runs on (default: the global set); names
+// are scoped by set (the same name may be pending on two sets). A rank
+// outside the set gets InvalidArgument at the call. Within a set, roots
+// (broadcast) are world ranks, as in Horovod; splits (alltoall) and blocks
+// (reducescatter) follow the set's ranks in order; ranks named in the
+// errors of a set's operations are ranks within the set.
+constexpr int kGlobalProcessSet = 0;
+// Collective over every rank of the job: every rank calls add and remove
+// with the same arguments in the same order (checked; InvalidArgument on
+// every rank otherwise). Returns the new set's id. Needs MPI at
+// MPI_THREAD_MULTIPLE. remove_process_set fails the set's pending
+// operations with StateError; the global set cannot be removed.
+int add_process_set(const std::vector<int>& ranks);
+void remove_process_set(int process_set);
+std::vector<int> process_set_ids();              // 0 first, then the added sets
+std::vector<int> process_set_ranks(int process_set);
+int process_set_rank(int process_set);           // this rank's index; -1 outside
+int process_set_size(int process_set);
+bool process_set_included(int process_set);
+
 // out may be the same view as in (in-place). Average divides by the number of
 // ranks that contributed (joined ranks excluded). Integer average and
 // pre/postscale truncate toward zero, as Horovod's do; bool reduces as
@@ -122,39 +146,46 @@ bool nccl_built();
 // ranks (types.h has the rules).
 Handle allreduce_async(const std::string& name, const TensorView& in, const TensorView& out,
                        ReduceOp op = ReduceOp::kAverage, double prescale = 1.0,
-                       double postscale = 1.0);
+                       double postscale = 1.0, int process_set = kGlobalProcessSet);
 // Reduced together and completed together: one handle for the group.
 Handle grouped_allreduce_async(const std::vector<std::string>& names,
                                const std::vector<TensorView>& ins,
                                const std::vector<TensorView>& outs,
                                ReduceOp op = ReduceOp::kAverage, double prescale = 1.0,
-                               double postscale = 1.0);
+                               double postscale = 1.0, int process_set = kGlobalProcessSet);
 // Concatenates along the first dimension; ranks may differ in that dimension
 // only. Output in Handle::output().
-Handle allgather_async(const std::string& name, const TensorView& in);
-// In place: root's contents are copied into every rank's buffer.
-Handle broadcast_async(const std::string& name, const TensorView& buf, int root);
+Handle allgather_async(const std::string& name, const TensorView& in,
+                       int process_set = kGlobalProcessSet);
+// In place: root's contents are copied into every rank's buffer. `root` is
+// a world rank (in the set).
+Handle broadcast_async(const std::string& name, const TensorView& buf, int root,
+                       int process_set = kGlobalProcessSet);
 // splits[p] rows of `in` (first dimension) go to rank p; empty splits: an
 // even split. Output in Handle::output(), rows per source in received_splits().
 Handle alltoall_async(const std::string& name, const TensorView& in,
-                      const std::vector<std::int64_t>& splits = {});
+                      const std::vector<std::int64_t>& splits = {},
+                      int process_set = kGlobalProcessSet);
 // Reduces across ranks, then rank r keeps block r of the first dimension
 // (earlier ranks take one extra row when it does not divide evenly).
 Handle reducescatter_async(const std::string& name, const TensorView& in,
                            ReduceOp op = ReduceOp::kAverage, double prescale = 1.0,
-                           double postscale = 1.0);
+                           double postscale = 1.0, int process_set = kGlobalProcessSet);
 
-void barrier();
+void barrier(int process_set = kGlobalProcessSet);
 // This rank has no more data: it takes part in others' allreduces with zeros
-// until every rank has joined. Returns the last rank to join.
-int join();
+// until every rank (of the set) has joined. Returns the last rank to join
+// (a world rank).
+int join(int process_set = kGlobalProcessSet);
 // barrier() and join() as operations: each returns at once, and its
 // Handle's wait() returns when the blocking call would have (rethrowing its
 // error). For callers that wait in their own way: the Python package waits
 // in slices, so that Ctrl-C interrupts it. An operation whose waiter gave up
-// stays in flight. join_async(): Handle::join_last_rank() after wait().
-Handle barrier_async();
-Handle join_async();
+// stays in flight. join_async(): Handle::join_last_rank() after wait() is
+// the last rank to join counted in the set (process_set_ranks() gives its
+// world rank).
+Handle barrier_async(int process_set = kGlobalProcessSet);
+Handle join_async(int process_set = kGlobalProcessSet);
 
 // Horovod's timeline at run time: records this rank's operations as a
 // Chrome trace (chrome://tracing, Perfetto) in `path` from now until

@@ -8,11 +8,14 @@
 #include <pthread.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "gyre/collectives/mpi_transport.h"
 #include "gyre/collectives/shm_host.h"
 #include "gyre/gyre.h"
 #include "api/operations.h"
+#include "api/process_sets.h"
+#include "runtime/process_set_table.h"
 #include "runtime/runtime.h"
 
 namespace gyre {
@@ -59,6 +62,38 @@ std::shared_ptr<core::Runtime> runtime(const char* call) {
   return g_runtime;
 }
 
+// The process sets of the running runtime (emptied at shutdown); it guards
+// itself. g_sets_change_mu serialises add/remove on this rank: each is one
+// agreement with the other ranks, which pair the calls by their order.
+core::ProcessSetTable g_sets;
+std::mutex g_sets_change_mu;
+
+// The runtime serving `process_set` for this rank (InvalidArgument when the
+// set is unknown or this rank is not in it).
+std::shared_ptr<core::Runtime> runtime_for(const char* call, int process_set) {
+  auto world = runtime(call);
+  if (process_set == kGlobalProcessSet) return world;
+  return g_sets.runtime_of(call, process_set, world->rank());
+}
+
+std::vector<int> ranks_of(const char* call, int process_set) {
+  auto world = runtime(call);
+  if (process_set == kGlobalProcessSet) {
+    std::vector<int> all(static_cast<std::size_t>(world->size()));
+    for (int r = 0; r < world->size(); ++r) all[static_cast<std::size_t>(r)] = r;
+    return all;
+  }
+  auto e = g_sets.find(process_set);
+  if (!e) throw InvalidArgument(fmt::format("{}: no process set has id {}", call, process_set));
+  return e->ranks;
+}
+
+// Stops the process sets' runtimes, then the world's.
+void stop_all(std::shared_ptr<core::Runtime> world) {
+  for (auto& rt : g_sets.clear()) rt->shutdown();
+  if (world) world->shutdown();
+}
+
 }  // namespace
 
 namespace {
@@ -91,7 +126,7 @@ void start(const Options& options, const std::string& failure) {
         std::lock_guard<std::mutex> lock(g_mu);
         rt.swap(g_runtime);
       }
-      if (rt) rt->shutdown();
+      stop_all(std::move(rt));
       transport::MpiWorld::instance().finalize();
     });
     pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
@@ -158,7 +193,7 @@ void shutdown() {
     if (!g_runtime) throw StateError("gyre::shutdown(): gyre is not initialised");
     rt.swap(g_runtime);
   }
-  rt->shutdown();
+  stop_all(std::move(rt));
 }
 
 bool is_initialized() {
@@ -173,36 +208,86 @@ int cross_rank() { return runtime("cross_rank")->cross_rank(); }
 int cross_size() { return runtime("cross_size")->cross_size(); }
 
 Handle allreduce_async(const std::string& name, const TensorView& in, const TensorView& out,
-                       ReduceOp op, double prescale, double postscale) {
-  return core::allreduce_async(*runtime("allreduce_async"), name, in, out, op, prescale,
-                               postscale);
+                       ReduceOp op, double prescale, double postscale, int process_set) {
+  return core::allreduce_async(*runtime_for("allreduce_async", process_set), name, in, out, op,
+                               prescale, postscale);
 }
 Handle grouped_allreduce_async(const std::vector<std::string>& names,
                                const std::vector<TensorView>& ins,
                                const std::vector<TensorView>& outs, ReduceOp op, double prescale,
-                               double postscale) {
-  return core::grouped_allreduce_async(*runtime("grouped_allreduce_async"), names, ins, outs, op,
-                                       prescale, postscale);
+                               double postscale, int process_set) {
+  return core::grouped_allreduce_async(*runtime_for("grouped_allreduce_async", process_set),
+                                       names, ins, outs, op, prescale, postscale);
 }
-Handle allgather_async(const std::string& name, const TensorView& in) {
-  return core::allgather_async(*runtime("allgather_async"), name, in);
+Handle allgather_async(const std::string& name, const TensorView& in, int process_set) {
+  return core::allgather_async(*runtime_for("allgather_async", process_set), name, in);
 }
-Handle broadcast_async(const std::string& name, const TensorView& buf, int root) {
-  return core::broadcast_async(*runtime("broadcast_async"), name, buf, root);
+Handle broadcast_async(const std::string& name, const TensorView& buf, int root,
+                       int process_set) {
+  auto rt = runtime_for("broadcast_async", process_set);
+  if (process_set == kGlobalProcessSet) return core::broadcast_async(*rt, name, buf, root);
+  // Roots are world ranks (Horovod's); the set's runtime counts its own.
+  const std::vector<int> ranks = ranks_of("broadcast_async", process_set);
+  auto it = std::find(ranks.begin(), ranks.end(), root);
+  if (it != ranks.end()) {
+    return core::broadcast_async(*rt, name, buf, static_cast<int>(it - ranks.begin()));
+  }
+  // Refused there, and announced to the set's other ranks with the reason.
+  TensorView refused = buf;
+  if (refused.refusal.empty()) {
+    refused.refusal = fmt::format("root rank {} is not in process set {} (ranks [{}])", root,
+                                  process_set, fmt::join(ranks, ", "));
+  }
+  return core::broadcast_async(*rt, name, refused, 0);
 }
 Handle alltoall_async(const std::string& name, const TensorView& in,
-                      const std::vector<std::int64_t>& splits) {
-  return core::alltoall_async(*runtime("alltoall_async"), name, in, splits);
+                      const std::vector<std::int64_t>& splits, int process_set) {
+  return core::alltoall_async(*runtime_for("alltoall_async", process_set), name, in, splits);
 }
 Handle reducescatter_async(const std::string& name, const TensorView& in, ReduceOp op,
-                           double prescale, double postscale) {
-  return core::reducescatter_async(*runtime("reducescatter_async"), name, in, op, prescale,
-                                   postscale);
+                           double prescale, double postscale, int process_set) {
+  return core::reducescatter_async(*runtime_for("reducescatter_async", process_set), name, in,
+                                   op, prescale, postscale);
 }
-void barrier() { core::barrier(*runtime("barrier")); }
-int join() { return core::join(*runtime("join")); }
-Handle barrier_async() { return core::barrier_async(*runtime("barrier")); }
-Handle join_async() { return core::join_async(*runtime("join")); }
+void barrier(int process_set) { core::barrier(*runtime_for("barrier", process_set)); }
+int join(int process_set) {
+  const int last = core::join(*runtime_for("join", process_set));
+  if (process_set == kGlobalProcessSet || last < 0) return last;
+  return ranks_of("join", process_set).at(static_cast<std::size_t>(last));
+}
+Handle barrier_async(int process_set) {
+  return core::barrier_async(*runtime_for("barrier", process_set));
+}
+Handle join_async(int process_set) { return core::join_async(*runtime_for("join", process_set)); }
+
+int add_process_set(const std::vector<int>& ranks) {
+  auto world = runtime("add_process_set");
+  std::lock_guard<std::mutex> lock(g_sets_change_mu);
+  return core::add_process_set(*world, g_sets, ranks);
+}
+void remove_process_set(int process_set) {
+  auto world = runtime("remove_process_set");
+  std::lock_guard<std::mutex> lock(g_sets_change_mu);
+  core::remove_process_set(*world, g_sets, process_set);
+}
+std::vector<int> process_set_ids() {
+  runtime("process_set_ids");
+  std::vector<int> ids{kGlobalProcessSet};
+  for (int id : g_sets.ids()) ids.push_back(id);
+  return ids;
+}
+std::vector<int> process_set_ranks(int process_set) {
+  return ranks_of("process_set_ranks", process_set);
+}
+int process_set_rank(int process_set) {
+  const auto ranks = ranks_of("process_set_rank", process_set);
+  auto it = std::find(ranks.begin(), ranks.end(), rank());
+  return it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
+}
+int process_set_size(int process_set) {
+  return static_cast<int>(ranks_of("process_set_size", process_set).size());
+}
+bool process_set_included(int process_set) { return process_set_rank(process_set) >= 0; }
 void start_timeline(const std::string& path, bool mark_cycles) {
   runtime("start_timeline")->start_timeline(path, mark_cycles);
 }

@@ -30,9 +30,18 @@ import torch
 from gyre import ops
 from gyre.basics import global_process_set
 from gyre.compression import Compression
-from gyre.exceptions import InvalidArgumentError
+from gyre.exceptions import InvalidArgumentError, NotSupportedError
 
 _LINEAR = (ops.Sum, ops.Average)
+
+
+def _differentiable_on(process_set, what):
+    """The differentiable collectives run on the global set only (not done
+    yet for other sets: their gradients need the set's size and ranks)."""
+    if ops.check_process_set(process_set, what) != 0:
+        raise NotSupportedError(
+            f"{what}: a differentiable {what} on {process_set} is not implemented in gyre yet "
+            f"(only on the global process set); detach the input or use torch.no_grad()")
 
 
 def _wants_grad(*tensors):
@@ -193,11 +202,12 @@ class _GroupedReducescatter(torch.autograd.Function):
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """gyre.allreduce, differentiable (see the module doc)."""
-    name = ops._op_name("allreduce", name)  # consumed before anything can refuse the call
+    # Consumed before anything can refuse the call.
+    name = ops._op_name("allreduce", name, process_set)
     if not _wants_grad(tensor):
         return ops.allreduce(tensor, average, name, compression, op, prescale_factor,
                              postscale_factor, process_set)
-    ops.check_process_set(process_set, "allreduce")
+    _differentiable_on(process_set, "allreduce")
     rop = ops._reduce_op(average, op)
     compressed, ctx = compression.compress(tensor)
     out = _Allreduce.apply(compressed, name, rop, float(prescale_factor), float(postscale_factor))
@@ -207,12 +217,12 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """gyre.grouped_allreduce, differentiable (see the module doc)."""
-    name = ops._op_name("grouped_allreduce", name)
+    name = ops._op_name("grouped_allreduce", name, process_set)
     tensors = ops._tensor_list(tensors, "grouped_allreduce")
     if not _wants_grad(*tensors):
         return ops.grouped_allreduce(tensors, average, name, compression, op, prescale_factor,
                                      postscale_factor, process_set)
-    ops.check_process_set(process_set, "grouped_allreduce")
+    _differentiable_on(process_set, "grouped_allreduce")
     rop = ops._reduce_op(average, op)
     packed = [compression.compress(t) for t in tensors]
     outs = _GroupedAllreduce.apply(name, rop, float(prescale_factor), float(postscale_factor),
@@ -222,39 +232,39 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 
 def allgather(tensor, name=None, process_set=global_process_set):
     """gyre.allgather, differentiable (see the module doc)."""
-    name = ops._op_name("allgather", name)
+    name = ops._op_name("allgather", name, process_set)
     if not _wants_grad(tensor):
         return ops.allgather(tensor, name, process_set)
-    ops.check_process_set(process_set, "allgather")
+    _differentiable_on(process_set, "allgather")
     return _Allgather.apply(tensor, name)
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """gyre.grouped_allgather, differentiable (see the module doc)."""
-    name = ops._op_name("grouped_allgather", name)
+    name = ops._op_name("grouped_allgather", name, process_set)
     tensors = ops._tensor_list(tensors, "grouped_allgather")
     if not _wants_grad(*tensors):
         return ops.grouped_allgather(tensors, name, process_set)
-    ops.check_process_set(process_set, "grouped_allgather")
+    _differentiable_on(process_set, "grouped_allgather")
     return list(_GroupedAllgather.apply(name, *tensors))
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """gyre.broadcast, differentiable (see the module doc)."""
-    name = ops._op_name("broadcast", name)
+    name = ops._op_name("broadcast", name, process_set)
     if not _wants_grad(tensor):
         return ops.broadcast(tensor, root_rank, name, process_set)
-    ops.check_process_set(process_set, "broadcast")
+    _differentiable_on(process_set, "broadcast")
     return _Broadcast.apply(tensor, root_rank, name)
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """gyre.alltoall, differentiable (see the module doc): the output, and
     with `splits` given also the rows received from each rank."""
-    name = ops._op_name("alltoall", name)
+    name = ops._op_name("alltoall", name, process_set)
     if not _wants_grad(tensor):
         return ops.alltoall(tensor, splits, name, process_set)
-    ops.check_process_set(process_set, "alltoall")
+    _differentiable_on(process_set, "alltoall")
     out, received = _Alltoall.apply(tensor, splits, name)
     return out if splits is None else (out, received)
 
@@ -262,11 +272,11 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 def reducescatter(tensor, name=None, compression=Compression.none, op=ops.Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """gyre.reducescatter, differentiable (see the module doc)."""
-    name = ops._op_name("reducescatter", name)
+    name = ops._op_name("reducescatter", name, process_set)
     if not _wants_grad(tensor):
         return ops.reducescatter(tensor, name, compression, op, process_set, prescale_factor,
                                  postscale_factor)
-    ops.check_process_set(process_set, "reducescatter")
+    _differentiable_on(process_set, "reducescatter")
     rop = ops._reduce_op(None, op)
     compressed, ctx = compression.compress(tensor)
     out = _Reducescatter.apply(compressed, name, rop, float(prescale_factor),
@@ -278,12 +288,12 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=o
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
     """gyre.grouped_reducescatter, differentiable (see the module doc)."""
-    name = ops._op_name("grouped_reducescatter", name)
+    name = ops._op_name("grouped_reducescatter", name, process_set)
     tensors = ops._tensor_list(tensors, "grouped_reducescatter")
     if not _wants_grad(*tensors):
         return ops.grouped_reducescatter(tensors, name, compression, op, process_set,
                                          prescale_factor, postscale_factor)
-    ops.check_process_set(process_set, "grouped_reducescatter")
+    _differentiable_on(process_set, "grouped_reducescatter")
     rop = ops._reduce_op(None, op)
     packed = [compression.compress(t) for t in tensors]
     outs = _GroupedReducescatter.apply(name, rop, float(prescale_factor),

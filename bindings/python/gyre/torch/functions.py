@@ -69,7 +69,8 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
     are enqueued, then awaited."""
     check_process_set(process_set, "broadcast_parameters")
     staged = [(name, Staged(t)) for name, t in named_tensors(params, "broadcast_parameters")]
-    handles = [ops.broadcast_async_(s.tensor, root_rank, name=f"broadcast_parameters.{name}")
+    handles = [ops.broadcast_async_(s.tensor, root_rank, name=f"broadcast_parameters.{name}",
+                                    process_set=process_set)
                for name, s in staged]
     for h in handles:
         ops.synchronize(h)
@@ -144,12 +145,14 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=glob
     is_root = ops.rank() == root_rank
     tensors = []
     skeleton = _strip(optimizer.state_dict(), tensors) if is_root else None
-    skeleton = broadcast_object(skeleton, root_rank, name="broadcast_optimizer_state.skeleton")
+    skeleton = broadcast_object(skeleton, root_rank, name="broadcast_optimizer_state.skeleton",
+                                process_set=process_set)
     slots = sorted(_slots(skeleton, []), key=lambda s: s.index)
     if not is_root:
         tensors = [torch.empty(s.shape, dtype=s.dtype) for s in slots]
     staged = [Staged(t) for t in tensors]
-    handles = [ops.broadcast_async_(s.tensor, root_rank, name=f"broadcast_optimizer_state.{i}")
+    handles = [ops.broadcast_async_(s.tensor, root_rank, name=f"broadcast_optimizer_state.{i}",
+                                    process_set=process_set)
                for i, s in enumerate(staged)]
     for h in handles:
         ops.synchronize(h)
@@ -176,14 +179,17 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
             "for sparse tensors (gathered indices and values)")
     # Allgather concatenates along the first dimension: indices travel
     # transposed, one row per non-zero.
-    indices = ops.allgather_async(tensor._indices().t().contiguous(), name=f"{name}.indices")
-    values = ops.allgather_async(tensor._values().contiguous(), name=f"{name}.values")
+    indices = ops.allgather_async(tensor._indices().t().contiguous(), name=f"{name}.indices",
+                                  process_set=process_set)
+    values = ops.allgather_async(tensor._values().contiguous(), name=f"{name}.values",
+                                 process_set=process_set)
 
     def wait():
         vals = ops.synchronize(values)
         idx = ops.synchronize(indices)
         if op == ops.Average:
-            vals = vals / ops.size()
+            vals = vals / (ops.size() if process_set is None or process_set is global_process_set
+                           else process_set.size())
         return torch.sparse_coo_tensor(idx.t(), vals, tensor.size(), check_invariants=True)
 
     return wait

@@ -167,7 +167,7 @@ class _DistributedOptimizerMixin:
                 # Horovod's sparse path: indices and values gathered; the
                 # reduced sparse tensor replaces p.grad in _gyre_finish.
                 wait = sparse_allreduce_async(grad, f"DistributedOptimizer.{self._gyre_names[p]}",
-                                              self._gyre_op)
+                                              self._gyre_op, self._gyre_process_set)
                 self._gyre_handles[p] = (wait, None, _SPARSE)
                 return
             grad = p.grad = grad.to_dense()
@@ -176,7 +176,8 @@ class _DistributedOptimizerMixin:
             sent = sent.contiguous()
         handle = ops.allreduce_async_(sent, name=f"DistributedOptimizer.{self._gyre_names[p]}",
                                       op=self._gyre_op, prescale_factor=self._gyre_prescale,
-                                      postscale_factor=self._gyre_postscale)
+                                      postscale_factor=self._gyre_postscale,
+                                      process_set=self._gyre_process_set)
         self._gyre_handles[p] = (handle, sent, ctx)
 
     def _gyre_finish(self, p, discard=False):
@@ -304,7 +305,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     `groups` / `num_groups` (Horovod's) are checked and accepted; the
     results do not depend on them. Sparse gradients (``nn.Embedding(sparse=
     True)``) are reduced by gathering indices and values, or as dense tensors
-    with ``sparse_as_dense=True``. `process_set`: the global set only, for now.
+    with ``sparse_as_dense=True``. `process_set`: the registered ProcessSet
+    whose ranks average the gradients (every rank of it wraps its optimizer
+    alike; ranks outside it must not step a wrapped optimizer on it).
     """
     check_process_set(process_set, "DistributedOptimizer")
     if num_groups and groups is None:
@@ -317,6 +320,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(base.__name__, (_DistributedOptimizerMixin, base), {"__module__": __name__})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
+    wrapped._gyre_process_set = process_set
     wrapped._gyre_setup(named_parameters, compression, backward_passes_per_step, op,
                         gradient_predivide_factor, groups, sparse_as_dense)
     return wrapped

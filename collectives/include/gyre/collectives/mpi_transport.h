@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "gyre/collectives/transport.h"
 
@@ -45,6 +46,15 @@ class MpiWorld {
   // is the rank in it): the inter-host ring of a hierarchical allreduce.
   // Collective over MPI_COMM_WORLD.
   std::unique_ptr<Transport> make_cross_transport();
+  // A transport among `ranks` (world ranks, sorted, without duplicates;
+  // this rank's index in them is its rank in it) over a new communicator
+  // (MPI_Comm_create_group): collective over those ranks only, which must
+  // all pass the same ranks and `tag`. nullptr when this rank is not among
+  // them (and then nothing is called). A process set's transport.
+  std::unique_ptr<Transport> make_group_transport(const std::vector<int>& ranks, int tag);
+  // MPI runs at MPI_THREAD_MULTIPLE: several threads may call it at once
+  // (a process set's background thread beside the global one).
+  bool thread_multiple() const { return thread_multiple_; }
 
   // Ends the whole job with a non-zero status (MPI_Abort on MPI_COMM_WORLD).
   [[noreturn]] void abort(int code);
@@ -62,6 +72,7 @@ class MpiWorld {
   bool uniform_hosts_ = true;
   bool owns_mpi_ = false;
   bool finalized_ = false;
+  bool thread_multiple_ = false;
 };
 
 }  // namespace gyre::transport

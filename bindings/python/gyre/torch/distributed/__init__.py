@@ -33,31 +33,95 @@ from . import _launch
 from ._process_group import GyreProcessGroup
 from ._work import GyreWork
 
-_groups_created = 0
+# Groups created so far on each gyre process set (by id).
+_groups_created = {}
 
 
-def _create_process_group(store: Any, rank: int, size: int, timeout: timedelta) -> GyreProcessGroup:
-    """torch's creator for the gyre backend (the default group and new_group)."""
-    global _groups_created
-    del store, timeout  # gyre's own negotiation and stall timeout take their place
+def _create_process_group(opts: Any, backend_options: Any = None) -> GyreProcessGroup:
+    """torch's creator for the gyre backend (the default group and new_group),
+    called on the group's members only (torch's extended API, which gives the
+    group's world ranks). A subgroup runs on the gyre process set of its
+    ranks, which new_group (wrapped below) registered on every rank first."""
+    del backend_options  # gyre's own negotiation and stall timeout replace the store's
+    rank, size = opts.group_rank, opts.group_size
+    ranks = sorted(int(r) for r in (opts.global_ranks_in_group or []))
     _launch.check_launch()
-    why = _launch.default_world(rank, size)
-    if why is not None:
-        raise ValueError(why)
+    process_set = gyre.global_process_set
+    if ranks and ranks != list(range(gyre.size())):
+        process_set = _subgroup_sets.get(tuple(ranks))
+        if process_set is None:
+            raise ValueError(
+                f"the gyre backend: no gyre process set for the group of ranks {ranks}: create "
+                f"subgroups with dist.new_group (or new_subgroups) on every rank, after "
+                f"`import gyre.torch.distributed`")
+        if size != len(ranks) or rank != process_set.rank():
+            raise ValueError(
+                f"the gyre backend: torch gave this process rank {rank} of {size} in the group "
+                f"of ranks {ranks}; gyre has it as rank {process_set.rank()} of {len(ranks)}")
+    else:
+        why = _launch.default_world(rank, size)
+        if why is not None:
+            raise ValueError(why)
     # Groups are created in the same order on every rank (new_group is
-    # collective), so the counter names a group alike everywhere.
-    tag = f"g{_groups_created}"
-    _groups_created += 1
-    return GyreProcessGroup(rank, size, tag)
+    # collective), but torch calls this creator on a group's members only:
+    # counting per process set names a group alike on all its members (the
+    # runtime scopes names by set).
+    sid = int(process_set.process_set_id)
+    seq = _groups_created.get(sid, 0)
+    _groups_created[sid] = seq + 1
+    tag = f"g{seq}"
+    return GyreProcessGroup(rank, size, tag, process_set)
+
+
+# World ranks -> the gyre ProcessSet registered for torch subgroups of them
+# (one per distinct set of ranks, kept until gyre shuts down).
+_subgroup_sets = {}
+
+
+def _uses_gyre(backend: Any) -> bool:
+    if backend is None:
+        try:
+            return dist.is_initialized() and str(dist.get_backend()).lower() == "gyre"
+        except (RuntimeError, ValueError):
+            return False
+    return str(backend).lower() == "gyre"
+
+
+def _wrap_new_group(new_group: Any) -> Any:
+    """dist.new_group, registering the gyre process set of `ranks` on every
+    rank first: torch calls the backend's creator on the members only, while
+    registering a process set is collective over every rank (new_group is
+    collective in torch too)."""
+    if getattr(new_group, "_gyre_wrapped", False):
+        return new_group
+
+    def wrapped(ranks: Any = None, *args: Any, **kwargs: Any) -> Any:
+        backend = kwargs.get("backend", args[1] if len(args) > 1 else None)
+        if ranks is not None and _uses_gyre(backend) and gyre.is_initialized():
+            key = tuple(sorted(int(r) for r in ranks))
+            if key and key != tuple(range(gyre.size())):
+                ps = _subgroup_sets.get(key)
+                if ps is None or ps.process_set_id is None:
+                    _subgroup_sets[key] = gyre.add_process_set(list(key))
+        return new_group(ranks, *args, **kwargs)
+
+    wrapped._gyre_wrapped = True  # type: ignore[attr-defined]
+    wrapped.__wrapped__ = new_group  # type: ignore[attr-defined]
+    wrapped.__doc__ = new_group.__doc__
+    return wrapped
 
 
 def _register() -> None:
     if "GYRE" not in dist.Backend._plugins:
-        dist.Backend.register_backend("gyre", _create_process_group, devices=["cpu"])
+        dist.Backend.register_backend("gyre", _create_process_group, extended_api=True,
+                                      devices=["cpu"])
     _launch.register_rendezvous()
     wrapped = _launch.wrap_init_process_group(_c10d.init_process_group)
     _c10d.init_process_group = wrapped
     dist.init_process_group = wrapped
+    # new_subgroups and friends call the module's new_group: patch it there too.
+    _c10d.new_group = _wrap_new_group(_c10d.new_group)
+    dist.new_group = _c10d.new_group
 
 
 _register()

@@ -69,9 +69,13 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 class GyreProcessGroup(dist.ProcessGroup):
     """A torch.distributed process group whose collectives run on gyre."""
 
-    def __init__(self, rank: int, size: int, tag: str) -> None:
+    def __init__(self, rank: int, size: int, tag: str, process_set: Any = None) -> None:
         super().__init__(rank, size)
         self._tag = tag
+        # The gyre process set the group runs on (a subgroup's; the global
+        # set for the default group): its id goes with every operation.
+        self._ps = 0 if process_set is None else int(process_set.process_set_id)
+        self._ranks = None if process_set is None or self._ps == 0 else list(process_set.ranks)
         self._group_name = ""
         self._group_desc = ""
         self._lock = threading.Lock()  # guards _seq
@@ -97,6 +101,15 @@ class GyreProcessGroup(dist.ProcessGroup):
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
         self._group_desc = desc
 
+    def _world_rank(self, group_rank: int) -> int:
+        """torch passes roots as ranks in the group; gyre takes world ranks.
+        A rank outside the group stays out of range, for gyre to refuse."""
+        if self._ranks is None:
+            return group_rank
+        if 0 <= group_rank < len(self._ranks):
+            return self._ranks[group_rank]
+        return -1 - group_rank if group_rank < 0 else 1 << 30
+
     def _name(self) -> str:
         with self._lock:
             seq = self._seq
@@ -117,10 +130,12 @@ class GyreProcessGroup(dist.ProcessGroup):
         refusal = refusal or _tensor_refusal(tensors, "allreduce")
         bufs = [t.detach().contiguous() for t in tensors] if not refusal else [None]
         if len(bufs) == 1:
-            pending = _gyre.allreduce(name, bufs[0], None, gop, pre, 1.0, refusal)
+            pending = _gyre.allreduce(name, bufs[0], None, gop, pre, 1.0, refusal,
+                                      process_set=self._ps)
         else:
             names = [f"{name}.{i}" for i in range(len(bufs))]
-            pending = _gyre.grouped_allreduce(names, bufs, None, gop, pre, 1.0, refusal)
+            pending = _gyre.grouped_allreduce(names, bufs, None, gop, pre, 1.0, refusal,
+                                              process_set=self._ps)
 
         def finish() -> List[torch.Tensor]:
             for t, b in zip(tensors, bufs):
@@ -140,7 +155,7 @@ class GyreProcessGroup(dist.ProcessGroup):
         root = opts.rootRank
         buf = None if refusal else tensors[0].detach().contiguous()
         out = None if refusal or self.rank() == root else torch.empty_like(buf)
-        pending = _gyre.allreduce(name, buf, out, gop, pre, 1.0, refusal)
+        pending = _gyre.allreduce(name, buf, out, gop, pre, 1.0, refusal, process_set=self._ps)
 
         def finish() -> List[torch.Tensor]:
             if out is None and buf.data_ptr() != tensors[0].data_ptr():
@@ -177,7 +192,8 @@ class GyreProcessGroup(dist.ProcessGroup):
                         opts: Any, refusal: str) -> GyreWork:
         name = self._name()
         gop, pre, op_refusal = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        pending = _gyre.reducescatter(name, x, gop, pre, 1.0, op_refusal or refusal)
+        pending = _gyre.reducescatter(name, x, gop, pre, 1.0, op_refusal or refusal,
+                                      process_set=self._ps)
 
         def finish() -> List[torch.Tensor]:
             output.copy_(torch.from_dlpack(pending.output()).view(output.shape))
@@ -192,7 +208,8 @@ class GyreProcessGroup(dist.ProcessGroup):
         refusal = _tensor_refusal(tensors, "broadcast")
         bufs = [None] if refusal else [t.detach().contiguous() for t in tensors]
         pendings = [
-            _gyre.broadcast(name if len(bufs) == 1 else f"{name}.{i}", b, opts.rootRank, refusal)
+            _gyre.broadcast(name if len(bufs) == 1 else f"{name}.{i}", b,
+                            self._world_rank(opts.rootRank), refusal, process_set=self._ps)
             for i, b in enumerate(bufs)
         ]
 
@@ -208,7 +225,7 @@ class GyreProcessGroup(dist.ProcessGroup):
         """Starts an allgather of each rank's tensor as one row: (world, numel)."""
         name = self._name()
         x = None if refusal else _flat(input)
-        pending = _gyre.allgather(name, x, refusal)
+        pending = _gyre.allgather(name, x, refusal, process_set=self._ps)
         return pending, lambda: torch.from_dlpack(pending.output())
 
     def allgather(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor],
@@ -285,7 +302,7 @@ class GyreProcessGroup(dist.ProcessGroup):
                 splits = [1] * size
         elif not refusal:
             x = outputs[0].new_empty((0, outputs[0].numel()))
-        pending = _gyre.alltoall(name, x, splits, refusal)
+        pending = _gyre.alltoall(name, x, splits, refusal, process_set=self._ps)
 
         def finish() -> List[torch.Tensor]:
             outputs[0].copy_(torch.from_dlpack(pending.output()).view(outputs[0].shape))
@@ -303,7 +320,7 @@ class GyreProcessGroup(dist.ProcessGroup):
             refusal = "all_to_all: every input and output tensor must have one dtype"
         x = None if refusal else torch.cat([t.detach().reshape(-1) for t in inputs])
         splits = [] if refusal else [t.numel() for t in inputs]
-        pending = _gyre.alltoall(name, x, splits, refusal)
+        pending = _gyre.alltoall(name, x, splits, refusal, process_set=self._ps)
 
         def finish() -> List[torch.Tensor]:
             got = list(pending.received_splits())
@@ -330,7 +347,7 @@ class GyreProcessGroup(dist.ProcessGroup):
                            f"divide by the world size {size}; pass input_split_sizes")
             splits = [rows // size] * size
         x = None if refusal else input.detach().contiguous().reshape(rows, -1)
-        pending = _gyre.alltoall(name, x, splits, refusal)
+        pending = _gyre.alltoall(name, x, splits, refusal, process_set=self._ps)
 
         def finish() -> List[torch.Tensor]:
             got = list(pending.received_splits())
@@ -383,7 +400,8 @@ class GyreProcessGroup(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> GyreWork:
         name = self._name()
         token = torch.zeros(1)
-        pending = _gyre.allreduce(name, token, None, int(_GyreOp.SUM), 1.0, 1.0, "")
+        pending = _gyre.allreduce(name, token, None, int(_GyreOp.SUM), 1.0, 1.0, "",
+                                  process_set=self._ps)
         return GyreWork([pending], lambda: [token])
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:

@@ -1,0 +1,88 @@
+#include "runtime/process_set_table.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "gyre/error.h"
+
+namespace gyre::core {
+
+std::shared_ptr<Runtime> ProcessSetTable::runtime_of(const char* call, int id, int rank) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sets_.find(id);
+  if (it == sets_.end()) {
+    throw InvalidArgument(fmt::format(
+        "{}: no process set has id {} (registered: 0 (global){}{}); add it with "
+        "add_process_set() on every rank first",
+        call, id, sets_.empty() ? "" : ", ",
+        fmt::join([&] {
+          std::vector<int> v;
+          for (const auto& [k, e] : sets_) v.push_back(k);
+          return v;
+        }(), ", ")));
+  }
+  if (!it->second.runtime) {
+    throw InvalidArgument(fmt::format(
+        "{}: rank {} is not in process set {} (ranks [{}]); only its ranks may call its "
+        "collectives",
+        call, rank, id, fmt::join(it->second.ranks, ", ")));
+  }
+  return it->second.runtime;
+}
+
+std::optional<ProcessSetEntry> ProcessSetTable::find(int id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sets_.find(id);
+  if (it == sets_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<int> ProcessSetTable::find_ranks(const std::vector<int>& ranks) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, e] : sets_) {
+    if (e.ranks == ranks) return id;
+  }
+  return std::nullopt;
+}
+
+std::vector<int> ProcessSetTable::ids() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int> v;
+  for (const auto& [id, e] : sets_) v.push_back(id);
+  return v;
+}
+
+int ProcessSetTable::next_id() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return next_id_;
+}
+
+int ProcessSetTable::insert(std::vector<int> ranks, std::shared_ptr<Runtime> runtime) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int id = next_id_++;
+  sets_[id] = ProcessSetEntry{id, std::move(ranks), std::move(runtime)};
+  return id;
+}
+
+std::shared_ptr<Runtime> ProcessSetTable::erase(int id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sets_.find(id);
+  if (it == sets_.end()) return nullptr;
+  auto rt = std::move(it->second.runtime);
+  sets_.erase(it);
+  return rt;
+}
+
+std::vector<std::shared_ptr<Runtime>> ProcessSetTable::clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<Runtime>> v;
+  for (auto& [id, e] : sets_) {
+    if (e.runtime) v.push_back(std::move(e.runtime));
+  }
+  sets_.clear();
+  return v;
+}
+
+}  // namespace gyre::core

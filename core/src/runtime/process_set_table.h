@@ -1,0 +1,61 @@
+// ProcessSetTable: the process sets (Horovod's) this process knows, by id,
+// each with its ranks and, on its members, the Runtime that serves it.
+//
+// A process set is a sorted list of world ranks with a runtime of its own:
+// its own transport (an MPI communicator of its members), queue, negotiator
+// (coordinator, response cache, per-name sequence numbers: names are scoped
+// by set), fusion and backends, and its own background thread, so that
+// collectives on different sets never wait for each other. Id 0, the global
+// set, is the world runtime and is not in the table.
+//
+// Every rank holds the same table: sets are added and removed by calls that
+// every rank makes in the same order, agreed over the world runtime first
+// (api/process_sets.cc), and ids are handed out in that order. Ids are never
+// reused within a process.
+//
+// Threads: any user thread; mu_ guards everything.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gyre::core {
+
+class Runtime;
+
+struct ProcessSetEntry {
+  int id = 0;
+  std::vector<int> ranks;            // world ranks, sorted
+  std::shared_ptr<Runtime> runtime;  // null on ranks outside the set
+};
+
+class ProcessSetTable {
+ public:
+  // The runtime of set `id` for a call of `call` by world rank `rank`.
+  // Throws InvalidArgument naming the call when no set has that id or this
+  // rank is not in it.
+  std::shared_ptr<Runtime> runtime_of(const char* call, int id, int rank) const;
+  std::optional<ProcessSetEntry> find(int id) const;
+  // The id of a registered set with exactly these ranks.
+  std::optional<int> find_ranks(const std::vector<int>& ranks) const;
+  std::vector<int> ids() const;
+  int next_id() const;
+  // Registers `e` under next_id() (which then advances); returns its id.
+  int insert(std::vector<int> ranks, std::shared_ptr<Runtime> runtime);
+  // Removes set `id`; returns its runtime (null on non-members) for the
+  // caller to shut down outside the lock.
+  std::shared_ptr<Runtime> erase(int id);
+  // Removes every set (shutdown); returns their runtimes.
+  std::vector<std::shared_ptr<Runtime>> clear();
+
+ private:
+  mutable std::mutex mu_;  // guards sets_ and next_id_
+  std::map<int, ProcessSetEntry> sets_;
+  int next_id_ = 1;
+};
+
+}  // namespace gyre::core

@@ -1,0 +1,174 @@
+"""Horovod's process sets on `import gyre.torch as hvd`: registration (init,
+add, remove) and ProcessSet's answers, every collective and helper with
+process_set= against values computed locally, ranks outside a set refused
+with a ValueError, a set not held up by another, and DistributedOptimizer
+averaging within its set only. Runs under mpirun -np 2 and -np 3."""
+
+import pytest
+import torch
+
+import gyre.torch as hvd
+
+
+def _sub(size):
+    """Every rank but rank 1 ({0} with 2 ranks, {0, 2} with 3)."""
+    return [r for r in range(size) if r != 1]
+
+
+@pytest.fixture
+def halves(size, multi_rank):
+    """Two disjoint sets, registered on every rank, removed afterwards."""
+    lower = hvd.add_process_set(list(range(size // 2)))
+    upper = hvd.add_process_set(hvd.ProcessSet(list(range(size // 2, size))))
+    yield lower, upper
+    assert hvd.remove_process_set(upper) is True
+    assert hvd.remove_process_set(lower) is True
+
+
+def test_registration_and_answers(size, rank, halves):
+    lower, upper = halves
+    assert hvd.global_process_set.process_set_id == 0
+    assert hvd.global_process_set.ranks == list(range(size))
+    assert hvd.global_process_set.size() == size and hvd.global_process_set.rank() == rank
+    assert {lower.process_set_id, upper.process_set_id}.isdisjoint({0, None})
+    mine, other = (lower, upper) if rank < size // 2 else (upper, lower)
+    assert mine.included() is True and other.included() is False
+    assert mine.rank() == mine.ranks.index(rank) and other.rank() == -1
+    assert mine.size() == len(mine.ranks) and other.size() == len(other.ranks)
+    assert f"process_set_id={lower.process_set_id}" in str(lower)
+    # A registered set cannot be added again; the global set is not removed.
+    with pytest.raises(ValueError, match="already"):
+        hvd.add_process_set(list(lower.ranks))
+    assert hvd.remove_process_set(hvd.global_process_set) is False
+
+
+def test_removed_set_is_invalidated_and_can_be_added_again(size, rank, multi_rank):
+    ps = hvd.add_process_set(_sub(size))
+    copy = hvd.ProcessSet(_sub(size))
+    assert hvd.remove_process_set(ps) is True
+    assert ps.process_set_id is None and ps.size() is None and ps.included() is None
+    with pytest.raises(ValueError, match="not registered"):
+        hvd.allreduce(torch.ones(1), process_set=ps)
+    again = hvd.add_process_set(copy)
+    assert again is copy and again.process_set_id is not None
+    if again.included():
+        assert hvd.allreduce(torch.ones(2), op=hvd.Sum, process_set=again).tolist() == \
+            [len(again.ranks)] * 2
+    hvd.remove_process_set(again)
+
+
+def test_init_takes_process_sets_and_dynamic(size, rank, multi_rank):
+    ps = hvd.ProcessSet(_sub(size))
+    hvd.init(process_sets=[ps])  # gyre runs already: registers the sets
+    assert ps.process_set_id not in (None, 0)
+    hvd.init(process_sets="dynamic")
+    hvd.init(process_sets=[hvd.ProcessSet(list(range(size)))])  # the global set: nothing new
+    if ps.included():
+        hvd.barrier(process_set=ps)
+    hvd.remove_process_set(ps)
+
+
+def test_ranks_that_disagree_fail_everywhere(size, rank, multi_rank):
+    with pytest.raises(ValueError, match="same call"):
+        hvd.add_process_set([0] if rank == 0 else [1])
+    with pytest.raises(TypeError):
+        hvd.allreduce(torch.ones(1), process_set="everyone")
+
+
+def test_collectives_on_a_subset(size, rank, multi_rank):
+    ranks = _sub(size)
+    ps = hvd.add_process_set(ranks)
+    k = len(ranks)
+    if not ps.included():
+        t = torch.ones(2)
+        for call in [lambda: hvd.allreduce(t, process_set=ps),
+                     lambda: hvd.allgather(t, process_set=ps),
+                     lambda: hvd.broadcast(t, 0, process_set=ps),
+                     lambda: hvd.alltoall(t, process_set=ps),
+                     lambda: hvd.reducescatter(t, process_set=ps),
+                     lambda: hvd.grouped_allreduce([t], process_set=ps),
+                     lambda: hvd.barrier(process_set=ps),
+                     lambda: hvd.join(process_set=ps),
+                     lambda: hvd.broadcast_object(1, 0, process_set=ps),
+                     lambda: hvd.allgather_object(1, process_set=ps)]:
+            with pytest.raises(ValueError, match="not in process set"):
+                call()
+    else:
+        me = ps.rank()
+        x = torch.full((3,), float(rank))
+        assert hvd.allreduce(x, op=hvd.Sum, process_set=ps).tolist() == [float(sum(ranks))] * 3
+        assert torch.allclose(hvd.allreduce(x, process_set=ps),
+                              torch.full((3,), sum(ranks) / k))
+        g = hvd.grouped_allreduce([x, x * 2], op=hvd.Sum, process_set=ps)
+        assert g[1].tolist() == [2.0 * sum(ranks)] * 3
+        # allgather orders rows by rank in the set; ranks differ in rows.
+        rows = hvd.allgather(torch.full((me + 1, 2), float(rank)), process_set=ps)
+        assert rows[:, 0].tolist() == [float(r) for i, r in enumerate(ranks) for _ in range(i + 1)]
+        # broadcast: the root is a world rank.
+        root = ranks[-1]
+        assert hvd.broadcast(torch.full((4,), float(rank)), root, process_set=ps).tolist() == \
+            [float(root)] * 4
+        out, received = hvd.alltoall(torch.arange(k, dtype=torch.float32) + 10 * me,
+                                     splits=[1] * k, process_set=ps)
+        assert out.tolist() == [float(10 * i + me) for i in range(k)]
+        assert received.tolist() == [1] * k
+        block = hvd.reducescatter(torch.ones(k, 2), op=hvd.Sum, process_set=ps)
+        assert block.tolist() == [[float(k)] * 2]
+        hvd.barrier(process_set=ps)
+        assert hvd.broadcast_object({"from": rank}, root_rank=root, process_set=ps) == \
+            {"from": root}
+        assert hvd.allgather_object(rank, process_set=ps) == ranks
+        assert hvd.join(process_set=ps) in ranks
+    # Unnamed operations count names per set: a global one still pairs.
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == size
+    hvd.remove_process_set(ps)
+
+
+def test_a_set_waiting_does_not_hold_up_another(size, rank):
+    if size < 3:
+        pytest.skip("needs 3 ranks")
+    a = hvd.add_process_set([0, 1])
+    b = hvd.add_process_set([0, 2])
+    if rank == 0:
+        ha = hvd.allreduce_async(torch.ones(2), name="w", op=hvd.Sum, process_set=a)
+        assert hvd.allreduce(torch.ones(2), name="w", op=hvd.Sum, process_set=b).tolist() == [2, 2]
+        assert not hvd.poll(ha)  # rank 1 enqueues only after the barrier
+        hvd.barrier()
+        assert hvd.synchronize(ha).tolist() == [2, 2]
+    elif rank == 1:
+        hvd.barrier()
+        assert hvd.allreduce(torch.ones(2), name="w", op=hvd.Sum, process_set=a).tolist() == [2, 2]
+    elif rank == 2:
+        assert hvd.allreduce(torch.ones(2), name="w", op=hvd.Sum, process_set=b).tolist() == [2, 2]
+        hvd.barrier()
+    else:
+        hvd.barrier()
+    hvd.remove_process_set(b)
+    hvd.remove_process_set(a)
+
+
+def test_parameters_optimizer_state_and_distributed_optimizer(size, rank, halves):
+    lower, upper = halves
+    mine = lower if lower.included() else upper
+    root = mine.ranks[0]
+    torch.manual_seed(rank)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=root, process_set=mine)
+    torch.manual_seed(root)
+    reference = torch.nn.Linear(3, 2)
+    assert torch.equal(model.weight, reference.weight)
+    # Each rank's gradient is its rank: the set averages its own ranks only.
+    dopt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                    process_set=mine)
+    (model.weight.sum() * 0 + model.bias.sum() * 0).backward()
+    for p in model.parameters():
+        p.grad.fill_(float(rank))
+    dopt.synchronize()
+    expected = sum(mine.ranks) / len(mine.ranks)
+    assert torch.allclose(model.bias.grad, torch.full((2,), expected))
+    with dopt.skip_synchronize():
+        dopt.step()
+    hvd.broadcast_optimizer_state(dopt, root_rank=root, process_set=mine)
+    buf = dopt.state[model.bias]["momentum_buffer"]
+    assert torch.allclose(buf, torch.full((2,), expected))
