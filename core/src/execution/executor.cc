@@ -86,6 +86,19 @@ void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at
       for (auto& ent : bucket_entries) {
         if (ent) ent->state->complete_one(std::make_exception_ptr(e));
       }
+    } catch (...) {
+      // The transport failed (a peer died, a deadline passed): the runtime
+      // stops (Runtime::fatal). The operations of this round held here, in
+      // this bucket or not yet run, fail with the transport's error rather
+      // than being dropped; no partial result is reported as complete.
+      const std::exception_ptr err = std::current_exception();
+      for (auto* held : {&bucket_entries, &entries}) {
+        for (auto& ent : *held) {
+          if (ent && ent->state) ent->state->complete_one(err);
+          ent.reset();
+        }
+      }
+      throw;
     }
   }
 }

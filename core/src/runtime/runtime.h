@@ -52,6 +52,9 @@ struct RuntimeInfo {
   // With `shm` a group per host (not the whole job): the transport among
   // the ranks with this local rank, for hierarchical allreduces.
   std::shared_ptr<transport::Transport> cross;
+  // Every rank's committed step at start: 0 for a new job, the step the
+  // survivors agreed on for a runtime made by gyre::rebuild().
+  std::uint64_t initial_step = 0;
 };
 
 class Runtime {
