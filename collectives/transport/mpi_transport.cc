@@ -1,5 +1,7 @@
 // MpiWorld (process-level MPI set-up) and MpiTransport (point-to-point over
-// a duplicated communicator). The only file of gyre that includes mpi.h.
+// a duplicated communicator). MPI itself is seen only in collectives/transport/
+// (here, mpi_elastic.cc for ULFM recovery, mpi_shm.cc for the shared-memory
+// set-up).
 //
 // Threads: MpiWorld::instance() may be called from any thread (the first
 // call initialises MPI). A transport is driven by one thread at a time, the
@@ -7,7 +9,7 @@
 // threads use MPI concurrently with it.
 #include "gyre/collectives/mpi_transport.h"
 
-#include <mpi.h>
+#include "mpi_comm.h"
 
 #include <algorithm>
 #include <climits>
@@ -20,7 +22,7 @@
 
 namespace gyre::transport {
 
-namespace {
+namespace detail {
 
 std::string mpi_error_string(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -34,6 +36,18 @@ void check_mpi(int code, const char* call) {
     throw TransportError(fmt::format("{} failed: {}", call, mpi_error_string(code)));
   }
 }
+
+MPI_Comm& world_comm() {
+  static MPI_Comm comm = MPI_COMM_WORLD;
+  return comm;
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::check_mpi;
+using detail::mpi_error_string;
 
 const char* thread_level_name(int level) {
   switch (level) {
@@ -68,14 +82,18 @@ class MpiTransport final : public Transport {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
-    // Transfers still pending here were abandoned by an error; receives are
-    // cancelled so they cannot write into buffers their owners free.
-    for (Op& op : ops_) {
-      if (!op.in_use) continue;
-      for (MPI_Request& r : op.reqs) {
-        if (r == MPI_REQUEST_NULL) continue;
-        if (!op.is_send) MPI_Cancel(&r);
-        MPI_Request_free(&r);
+    // Transfers still pending here were abandoned by an error (those a
+    // peer's failure left posted are in abandoned_); receives are cancelled
+    // so they cannot write into buffers their owners free.
+    for (Op& op : abandoned_) op.in_use = true;
+    for (auto* ops : {&ops_, &abandoned_}) {
+      for (Op& op : *ops) {
+        if (!op.in_use) continue;
+        for (MPI_Request& r : op.reqs) {
+          if (r == MPI_REQUEST_NULL) continue;
+          if (!op.is_send) MPI_Cancel(&r);
+          MPI_Request_free(&r);
+        }
       }
     }
     MPI_Comm_free(&comm_);
@@ -208,9 +226,11 @@ class MpiTransport final : public Transport {
 
   void post(int code, const char* call, Op& op) {
     if (code != MPI_SUCCESS) {
-      throw TransportError(fmt::format("mpi transport: {} of {} bytes {} rank {} (tag {}): {}",
-                                       call, op.bytes, op.is_send ? "to" : "from", op.peer,
-                                       op.tag, mpi_error_string(code)));
+      std::string what = fmt::format("mpi transport: {} of {} bytes {} rank {} (tag {}): {}",
+                                     call, op.bytes, op.is_send ? "to" : "from", op.peer,
+                                     op.tag, mpi_error_string(code));
+      if (detail::process_failure(code, comm_)) throw RankFailedError(what);
+      throw TransportError(what);
     }
   }
 
@@ -264,6 +284,14 @@ class MpiTransport final : public Transport {
                                    op.is_send ? "sending" : "receiving", op.bytes,
                                    op.is_send ? "to" : "from", op.peer, op.tag,
                                    mpi_error_string(code));
+    // The pieces still posted are left to the destructor, which cancels
+    // receives and frees the requests.
+    if (detail::process_failure(code, comm_)) {
+      abandoned_.push_back(op);
+      op.reqs.clear();
+      release(req);
+      throw RankFailedError(what);
+    }
     release(req);
     throw TransportError(what);
   }
@@ -274,6 +302,7 @@ class MpiTransport final : public Transport {
   int rank_ = 0, size_ = 1;
   std::vector<Op> ops_;            // indexed by Transfer::slot
   std::vector<std::int64_t> free_;  // released slots, reused first
+  std::vector<Op> abandoned_;       // pieces left posted by a peer's failure
 };
 
 }  // namespace
@@ -307,10 +336,17 @@ MpiWorld::MpiWorld() {
         owns_mpi_ ? "" : " (the job initialised MPI itself; use MPI_Init_thread)"));
   }
   thread_multiple_ = provided == MPI_THREAD_MULTIPLE;
-  check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
-  check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+  derive_layout();
+}
+
+// Rank, size and where the ranks sit, from the world communicator: at
+// start-up, and again after a rebuild.
+void MpiWorld::derive_layout() {
+  const MPI_Comm world = detail::world_comm();
+  check_mpi(MPI_Comm_rank(world, &rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(world, &size_), "MPI_Comm_size");
   MPI_Comm local;
-  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL,
+  check_mpi(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL,
                                 &local),
             "MPI_Comm_split_type");
   check_mpi(MPI_Comm_rank(local, &local_rank_), "MPI_Comm_rank");
@@ -320,12 +356,12 @@ MpiWorld::MpiWorld() {
   // taken from where the launcher placed the ranks, not assumed from a
   // regular layout (hosts may hold different numbers of ranks).
   MPI_Comm cross;
-  check_mpi(MPI_Comm_split(MPI_COMM_WORLD, local_rank_, rank_, &cross), "MPI_Comm_split");
+  check_mpi(MPI_Comm_split(world, local_rank_, rank_, &cross), "MPI_Comm_split");
   check_mpi(MPI_Comm_rank(cross, &cross_rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(cross, &cross_size_), "MPI_Comm_size");
   MPI_Comm_free(&cross);
   int sizes[2] = {local_size_, -local_size_}, extremes[2] = {0, 0};
-  check_mpi(MPI_Allreduce(sizes, extremes, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "MPI_Allreduce");
+  check_mpi(MPI_Allreduce(sizes, extremes, 2, MPI_INT, MPI_MIN, world), "MPI_Allreduce");
   uniform_hosts_ = extremes[0] == -extremes[1];
 }
 
@@ -338,7 +374,7 @@ std::unique_ptr<Transport> MpiWorld::make_transport(std::size_t max_message_byte
   }
   if (finalized_) throw StateError("MpiWorld::make_transport after finalize()");
   MPI_Comm comm;
-  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
+  check_mpi(MPI_Comm_dup(detail::world_comm(), &comm), "MPI_Comm_dup");
   // Errors come back as codes and become TransportError, instead of the
   // default handler ending the job without a word about the operation.
   check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
@@ -351,7 +387,7 @@ std::unique_ptr<Transport> MpiWorld::make_transport(std::size_t max_message_byte
 std::unique_ptr<Transport> MpiWorld::make_cross_transport() {
   if (finalized_) throw StateError("MpiWorld::make_cross_transport after finalize()");
   MPI_Comm comm;
-  check_mpi(MPI_Comm_split(MPI_COMM_WORLD, local_rank_, rank_, &comm), "MPI_Comm_split");
+  check_mpi(MPI_Comm_split(detail::world_comm(), local_rank_, rank_, &comm), "MPI_Comm_split");
   check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   const unsigned cores = std::thread::hardware_concurrency();
   const bool oversubscribed = cores == 0 || static_cast<unsigned>(local_size_) > cores;
@@ -363,12 +399,12 @@ std::unique_ptr<Transport> MpiWorld::make_group_transport(const std::vector<int>
   if (finalized_) throw StateError("MpiWorld::make_group_transport after finalize()");
   if (!std::binary_search(ranks.begin(), ranks.end(), rank_)) return nullptr;
   MPI_Group world_group, group;
-  check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &world_group), "MPI_Comm_group");
+  check_mpi(MPI_Comm_group(detail::world_comm(), &world_group), "MPI_Comm_group");
   const int rc = MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group);
   MPI_Group_free(&world_group);
   check_mpi(rc, "MPI_Group_incl");
   MPI_Comm comm;
-  const int rc2 = MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, &comm);
+  const int rc2 = MPI_Comm_create_group(detail::world_comm(), group, tag, &comm);
   MPI_Group_free(&group);
   check_mpi(rc2, "MPI_Comm_create_group");
   check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");

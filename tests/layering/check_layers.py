@@ -10,6 +10,9 @@ Layers, lowest first:
 Also: GYRE_HAVE_NCCL, the switch of the GPU build, appears in C++ sources only under
 core/src/backends/nccl/ and in the one file that registers the backends
 (core/src/backends/registry.cc), so no other file changes with the build.
+Likewise GYRE_HAVE_ULFM, the switch of elastic recovery (an MPI with ULFM), and
+ULFM's header mpi-ext.h appear only under collectives/transport/: the runtime
+sees a peer's death as RankFailedError and asks MpiWorld whether it can recover.
 
 Usage: check_layers.py SOURCE_ROOT. Prints every violation; exits 1 if there is any.
 """
@@ -64,6 +67,19 @@ def main():
                 continue
             errors.append(f"{f.relative_to(root)}: uses GYRE_HAVE_NCCL outside "
                           "core/src/backends/nccl/ and core/src/backends/registry.cc")
+
+    ulfm_home = root / "collectives/transport"
+    for sub in ("base", "collectives", "core", "bindings"):
+        for f in files(root, sub):
+            text = f.read_text(errors="replace")
+            if ulfm_home in f.parents:
+                continue
+            if "GYRE_HAVE_ULFM" in text:
+                errors.append(f"{f.relative_to(root)}: uses GYRE_HAVE_ULFM outside "
+                              "collectives/transport/")
+            if "mpi-ext.h" in gyre_includes(f):
+                errors.append(f"{f.relative_to(root)}: includes mpi-ext.h outside "
+                              "collectives/transport/")
 
     for e in errors:
         print(e)

@@ -62,6 +62,16 @@ class TransportError : public Error {
   using Error::Error;
 };
 
+// A rank of the job failed (its process died) while this rank communicated
+// with it, seen by an MPI with ULFM run with fault tolerance on (see
+// docs/elastic.md). Every operation pending on every surviving rank fails
+// with it; gyre::rebuild() on every survivor makes a working world of them.
+// Without ULFM a dead rank ends the whole job instead.
+class RankFailedError : public TransportError {
+ public:
+  using TransportError::TransportError;
+};
+
 // The runtime is not in a state to take the call: not initialised, initialised
 // twice, or shut down while the operation was pending.
 class StateError : public Error {

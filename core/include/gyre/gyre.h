@@ -139,6 +139,37 @@ int process_set_rank(int process_set);           // this rank's index; -1 outsid
 int process_set_size(int process_set);
 bool process_set_included(int process_set);
 
+// Elastic training (docs/elastic.md). elastic_supported(): this build has
+// ULFM (its MPI's mpi-ext.h declares it); any time. elastic_enabled(): and
+// the job runs with fault tolerance on (`mpirun --with-ft ulfm`); any time.
+// Only then does a rank's death fail the survivors' operations with
+// RankFailedError instead of ending the job.
+bool elastic_supported();
+bool elastic_enabled();
+
+// What rebuild() agreed, the same on every survivor.
+struct RebuildInfo {
+  int rank = 0, size = 1;     // this rank and the job's size from now on
+  std::uint64_t step = 0;     // the last step every survivor committed
+  int root = 0;               // lowest rank (new numbering) whose own commit is `step`
+  std::vector<int> lost;      // ranks (old numbering) that failed
+  std::vector<int> previous_ranks;  // [r]: rank r's rank before
+  int attempts = 1;           // above 1: ranks also failed during the recovery
+  double seconds = 0.0;       // time this rank spent in rebuild()
+};
+// After a RankFailedError, on every surviving rank: stops this rank's
+// runtime, shrinks the world to the survivors (ULFM), agrees on the last
+// step every survivor committed (the version vectors: a survivor may be one
+// commit ahead of another, never behind the agreed step), and starts a new
+// runtime on the survivors with fresh ranks, local ranks, ring, response
+// cache and per-name sequence numbers, every rank's committed_steps() set
+// to `step`. The caller rolls its state back to its commit of `step` (a
+// rank one commit ahead takes `root`'s by broadcast). A further failure
+// during the recovery shrinks again. Calls of the API from other threads
+// wait until it returns. Throws StateError without ULFM or with fault
+// tolerance off at run time, saying how to get it.
+RebuildInfo rebuild();
+
 // out may be the same view as in (in-place). Average divides by the number of
 // ranks that contributed (joined ranks excluded). Integer average and
 // pre/postscale truncate toward zero, as Horovod's do; bool reduces as

@@ -1,9 +1,11 @@
 // The public API of gyre.h: the process's one Runtime (over MPI), its
 // lifecycle, and forwarding to the operations of operations.h.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 
 #include <pthread.h>
 
@@ -49,6 +51,13 @@ void after_fork_in_child() {
   transport::MpiWorld::instance().forget_after_fork();
   g_mu.unlock();
 }
+// Between a rebuild() that stopped the old runtime and the new one running
+// (a failure in between makes the next rebuild() start again from here).
+struct PendingRebuild {
+  Options options;
+  std::uint64_t own_step = 0;
+};
+std::optional<PendingRebuild> g_rebuild;
 
 std::shared_ptr<core::Runtime> runtime(const char* call) {
   std::lock_guard<std::mutex> lock(g_mu);
@@ -94,6 +103,45 @@ void stop_all(std::shared_ptr<core::Runtime> world) {
   if (world) world->shutdown();
 }
 
+// This rank's place among the ranks and its host backends, from the world
+// as it is now (at init(), and after a rebuild()).
+core::RuntimeInfo runtime_info(transport::MpiWorld& world, const Options& options) {
+  core::RuntimeInfo info;
+  info.local_rank = world.local_rank();
+  info.local_size = world.local_size();
+  info.cross_rank = world.cross_rank();
+  info.cross_size = world.cross_size();
+  info.abort = [&world](int code) { world.abort(code); };
+  // With fault tolerance on, host tensors take the ring over MPI: the
+  // shared-memory backends wait on memory a dead rank never writes, and
+  // only MPI (ULFM) tells the survivors that it died.
+  if (world.size() > 1 && !world.fault_tolerant()) {
+    // Run by the Runtime once every rank has agreed to start (so no rank
+    // waits here for one whose init() failed).
+    info.connect_host = [&world, options](core::RuntimeInfo& ri) {
+      collectives::ShmOptions so;
+      so.slot_bytes = options.shm_slot_bytes;
+      so.timeout = std::chrono::milliseconds(static_cast<long>(
+          std::isfinite(options.op_timeout_s) ? std::clamp(options.op_timeout_s, 0.0, 1e7) * 1000.0
+                                              : 0.0));
+      so.spin = std::chrono::microseconds(static_cast<long>(
+          std::isfinite(options.spin_wait_us) ? std::clamp(options.spin_wait_us, 0.0, 1e7) : 0.0));
+      // Every rank sees the same layout, so all take the same branch; each
+      // set-up is collective and votes, so all get a group or none do.
+      const bool one_host = world.local_size() == world.size();
+      if (one_host) {
+        ri.shm = transport::ShmHost::create(so, options.shared_memory != 0);
+      } else if (world.uniform_hosts() && world.local_size() > 1) {
+        ri.shm = transport::ShmHost::create_per_host(
+            so, options.shared_memory != 0 &&
+                    (options.hierarchical_allreduce != 0 || options.hierarchical_allgather != 0));
+        if (ri.shm) ri.cross = world.make_cross_transport();
+      }
+    };
+  }
+  return info;
+}
+
 }  // namespace
 
 namespace {
@@ -132,39 +180,10 @@ void start(const Options& options, const std::string& failure) {
     pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
     g_atexit_registered = true;
   }
-  core::RuntimeInfo info;
-  info.local_rank = world.local_rank();
-  info.local_size = world.local_size();
-  info.cross_rank = world.cross_rank();
-  info.cross_size = world.cross_size();
-  info.abort = [&world](int code) { world.abort(code); };
+  core::RuntimeInfo info = runtime_info(world, options);
   if (!failure.empty()) {
     info.start_failure_kind = core::ErrorKind::kInvalidArgument;
     info.start_failure = failure;
-  }
-  if (world.size() > 1) {
-    // Run by the Runtime once every rank has agreed to start (so no rank
-    // waits here for one whose init() failed).
-    info.connect_host = [&world, options](core::RuntimeInfo& ri) {
-      collectives::ShmOptions so;
-      so.slot_bytes = options.shm_slot_bytes;
-      so.timeout = std::chrono::milliseconds(static_cast<long>(
-          std::isfinite(options.op_timeout_s) ? std::clamp(options.op_timeout_s, 0.0, 1e7) * 1000.0
-                                              : 0.0));
-      so.spin = std::chrono::microseconds(static_cast<long>(
-          std::isfinite(options.spin_wait_us) ? std::clamp(options.spin_wait_us, 0.0, 1e7) : 0.0));
-      // Every rank sees the same layout, so all take the same branch; each
-      // set-up is collective and votes, so all get a group or none do.
-      const bool one_host = world.local_size() == world.size();
-      if (one_host) {
-        ri.shm = transport::ShmHost::create(so, options.shared_memory != 0);
-      } else if (world.uniform_hosts() && world.local_size() > 1) {
-        ri.shm = transport::ShmHost::create_per_host(
-            so, options.shared_memory != 0 &&
-                    (options.hierarchical_allreduce != 0 || options.hierarchical_allgather != 0));
-        if (ri.shm) ri.cross = world.make_cross_transport();
-      }
-    };
   }
   g_runtime = std::make_shared<core::Runtime>(options, world.make_transport(), std::move(info));
 }
@@ -194,6 +213,61 @@ void shutdown() {
     rt.swap(g_runtime);
   }
   stop_all(std::move(rt));
+}
+
+bool elastic_supported() { return transport::MpiWorld::ulfm_built(); }
+
+bool elastic_enabled() {
+  return transport::MpiWorld::fault_tolerant();
+}
+
+RebuildInfo rebuild() {
+  const auto start = std::chrono::steady_clock::now();
+  // Held throughout: the API's other calls wait here for the new world.
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_runtime && !g_rebuild) throw StateError("gyre::rebuild(): gyre is not initialised");
+  auto& world = transport::MpiWorld::instance();
+  if (!world.fault_tolerant()) {
+    // The same words as MpiWorld::rebuild(), which says how to get ULFM.
+    world.rebuild(0);
+  }
+  if (g_runtime) {
+    g_rebuild = PendingRebuild{g_runtime->options(), g_runtime->versions().own()};
+    std::shared_ptr<core::Runtime> old;
+    old.swap(g_runtime);
+    // After a failure its loop has ended; otherwise this ends it (the other
+    // ranks' runtimes stop in the same round, or fail if a rank is gone).
+    // Process sets end with it: their communicators hold the old ranks.
+    stop_all(std::move(old));
+  }
+  for (int attempt = 1;; ++attempt) {
+    transport::RebuildOutcome o = world.rebuild(g_rebuild->own_step);
+    RebuildInfo info;
+    info.rank = o.rank;
+    info.size = o.size;
+    info.step = *std::min_element(o.steps.begin(), o.steps.end());
+    info.root = static_cast<int>(std::find(o.steps.begin(), o.steps.end(), info.step) -
+                                 o.steps.begin());
+    info.lost = std::move(o.lost);
+    info.previous_ranks = std::move(o.previous_ranks);
+    info.attempts = o.attempts + attempt - 1;
+    try {
+      core::RuntimeInfo ri = runtime_info(world, g_rebuild->options);
+      // Every survivor stands at the agreed commit from its first round on:
+      // the caller rolls its state back to it.
+      ri.initial_step = info.step;
+      auto rt = std::make_shared<core::Runtime>(g_rebuild->options, world.make_transport(),
+                                                std::move(ri));
+      g_runtime = std::move(rt);
+      g_rebuild.reset();
+      info.seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      return info;
+    } catch (const RankFailedError&) {
+      // Another rank died while the new runtime started: shrink again.
+      if (attempt >= 4) throw;
+    }
+  }
 }
 
 bool is_initialized() {

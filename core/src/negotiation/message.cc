@@ -33,6 +33,7 @@ std::exception_ptr make_error(ErrorKind kind, const std::string& what) {
     case ErrorKind::kTimeout: return std::make_exception_ptr(TimeoutError(what));
     case ErrorKind::kTransport: return std::make_exception_ptr(TransportError(what));
     case ErrorKind::kState: return std::make_exception_ptr(StateError(what));
+    case ErrorKind::kRankFailed: return std::make_exception_ptr(RankFailedError(what));
     case ErrorKind::kNone: break;
   }
   return std::make_exception_ptr(Error(what));
@@ -184,7 +185,7 @@ Request get_request(Reader& rd, int from) {
   r.resync_policy = checked_enum<ResyncPolicy>(rd, 2, "resync policy", from);
   r.group = rd.str(kMaxNameBytes, "a group name");
   r.group_size = rd.pod<std::uint32_t>();
-  r.error_kind = checked_enum<ErrorKind>(rd, 7, "error kind", from);
+  r.error_kind = checked_enum<ErrorKind>(rd, 8, "error kind", from);
   r.error = rd.str(kMaxErrorBytes, "a failure reason");
   return r;
 }

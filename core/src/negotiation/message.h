@@ -44,6 +44,7 @@ enum class ErrorKind : std::uint8_t {
   kTimeout,
   kTransport,
   kState,
+  kRankFailed,  // a peer process died (ULFM): gyre::rebuild() goes on
 };
 std::exception_ptr make_error(ErrorKind kind, const std::string& what);
 

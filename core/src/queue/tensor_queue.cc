@@ -40,7 +40,7 @@ void TensorQueue::check_not_pending(const Request& r) const {
 void TensorQueue::push(std::vector<LocalEntry> entries) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_reason_) throw StateError(*closed_reason_);
+    if (closed_reason_) std::rethrow_exception(make_error(closed_kind_, *closed_reason_));
     std::unordered_set<std::string> seen;
     for (const auto& e : entries) {
       if (table_.count(e.request.name) || !seen.insert(e.request.name).second) {
@@ -114,9 +114,12 @@ void TensorQueue::restart_sequences() {
   submitted_.clear();
 }
 
-std::vector<LocalEntry> TensorQueue::close(const std::string& reason) {
+std::vector<LocalEntry> TensorQueue::close(const std::string& reason, ErrorKind kind) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!closed_reason_) closed_reason_ = reason;  // the first reason is the cause
+  if (!closed_reason_) {  // the first reason is the cause
+    closed_reason_ = reason;
+    closed_kind_ = kind;
+  }
   std::vector<LocalEntry> out;
   for (auto& [name, e] : table_) out.push_back(std::move(e));
   table_.clear();

@@ -53,7 +53,8 @@ class TensorQueue {
  public:
   // Adds entries atomically (a grouped operation goes into one round).
   // Throws InvalidArgument if a name is already pending on this rank, or is
-  // repeated in `entries`, and StateError once closed.
+  // repeated in `entries`, and once closed the error of close()'s kind
+  // (StateError after a shutdown, RankFailedError after a rank died).
   void push(std::vector<LocalEntry> entries);
   // Throws the InvalidArgument of push() if `r.name` is pending on this
   // rank. Called before a call's arguments are checked: a second call of a
@@ -82,7 +83,7 @@ class TensorQueue {
   // ranks have repaired their state and count iterations afresh).
   void restart_sequences();
   // Removes every entry and refuses further pushes with `reason`.
-  std::vector<LocalEntry> close(const std::string& reason);
+  std::vector<LocalEntry> close(const std::string& reason, ErrorKind kind = ErrorKind::kState);
 
   // Background thread: sleeps until new work, wake(), or `timeout`.
   void wait_for_work(std::chrono::microseconds timeout);
@@ -103,6 +104,7 @@ class TensorQueue {
   std::unordered_map<std::string, std::uint64_t> submitted_;  // name -> submissions
   bool woken_ = false;
   std::optional<std::string> closed_reason_;
+  ErrorKind closed_kind_ = ErrorKind::kState;  // what push() throws once closed
 };
 
 }  // namespace gyre::core

@@ -79,6 +79,7 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
   }
   agree_at_start(failure_kind, failure);
   if (info_.connect_host) info_.connect_host(info_);
+  if (info_.initial_step != 0) vv_.set_all(info_.initial_step);
   executor_.set_local_rank(info_.local_rank);
   if (info_.shm && info_.cross) {
     executor_.use_hierarchical(info_.shm, info_.cross);
@@ -219,7 +220,7 @@ void Runtime::shutdown() {
 }
 
 void Runtime::fail_all(ErrorKind kind, const std::string& why) {
-  for (auto& e : queue_.close(why)) {
+  for (auto& e : queue_.close(why, kind)) {
     e.state->complete_one(make_error(kind, fmt::format("{} '{}': {}",
                                                        collective_name(e.request.collective),
                                                        e.request.name, why)));
@@ -273,6 +274,19 @@ void Runtime::loop() {
 }
 
 void Runtime::fatal(const std::exception& e) {
+  if (dynamic_cast<const RankFailedError*>(&e) != nullptr) {
+    // A peer died and the MPI (ULFM) said so: the job goes on without it if
+    // the survivors call gyre::rebuild(). Nothing is aborted; every pending
+    // operation here fails with the one error class, as on every survivor.
+    std::string text = fmt::format(
+        "a rank failed during {}: {}. Call gyre::rebuild() on every surviving rank to go on "
+        "without it (Python: gyre.torch.elastic.run does this; see docs/elastic.md)",
+        phase_, e.what());
+    log_.warn("{}", text);
+    stopped_ = true;
+    fail_all(ErrorKind::kRankFailed, text);
+    return;
+  }
   const bool timeout = dynamic_cast<const TimeoutError*>(&e) != nullptr;
   std::string pending = fmt::format("{}", fmt::join(queue_.pending_names(), ", "));
   std::string text = fmt::format(

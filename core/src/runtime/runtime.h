@@ -63,6 +63,9 @@ struct RuntimeInfo {
   // rank, so that no rank waits in that set-up for a rank whose init()
   // failed. Empty: `shm` and `cross` are used as given (tests).
   std::function<void(RuntimeInfo&)> connect_host;
+  // Every rank's committed step at start: 0 for a new job, the step the
+  // survivors agreed on for a runtime made by gyre::rebuild().
+  std::uint64_t initial_step = 0;
 };
 
 class Runtime {

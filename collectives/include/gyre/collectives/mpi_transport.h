@@ -10,12 +10,23 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "gyre/collectives/transport.h"
 
 namespace gyre::transport {
+
+// What MpiWorld::rebuild() agreed among the surviving ranks; the same on
+// every survivor.
+struct RebuildOutcome {
+  int rank = 0, size = 1;           // this rank and the size of the new world
+  std::vector<int> previous_ranks;  // [r]: new rank r's rank in the world before
+  std::vector<std::uint64_t> steps;  // [r]: new rank r's committed step
+  std::vector<int> lost;            // ranks of the world before that failed
+  int attempts = 1;                 // shrinks it took (above 1: failures during recovery)
+};
 
 class MpiWorld {
  public:
@@ -56,6 +67,22 @@ class MpiWorld {
   // (a process set's background thread beside the global one).
   bool thread_multiple() const { return thread_multiple_; }
 
+  // Elastic recovery over ULFM (collectives/transport/mpi_elastic.cc).
+  // Whether this build has it (its MPI's mpi-ext.h declares ULFM); any time.
+  static bool ulfm_built();
+  // Built with ULFM and switched on at run time (`mpirun --with-ft ulfm`,
+  // which sets OMPI_MCA_mpi_ft_enable=1). Only then does a peer's death
+  // become RankFailedError instead of ending the job.
+  static bool fault_tolerant();
+  // Collective over the surviving ranks, after a RankFailedError: shrinks
+  // the world to the survivors (MPIX_Comm_shrink), exchanges every
+  // survivor's previous rank and committed step (`own_step`), confirms with
+  // MPIX_Comm_agree that every survivor got them, shrinking again if another
+  // rank failed meanwhile, and re-derives rank, size, local and cross ranks.
+  // Transports made afterwards span the survivors; those made before must
+  // be destroyed. Throws StateError without fault tolerance.
+  RebuildOutcome rebuild(std::uint64_t own_step);
+
   // Ends the whole job with a non-zero status (MPI_Abort on MPI_COMM_WORLD).
   [[noreturn]] void abort(int code);
 
@@ -68,6 +95,7 @@ class MpiWorld {
 
  private:
   MpiWorld();
+  void derive_layout();
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, cross_rank_ = 0, cross_size_ = 1;
   bool uniform_hosts_ = true;
   bool owns_mpi_ = false;

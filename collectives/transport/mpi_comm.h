@@ -1,0 +1,33 @@
+// What the MPI files of the transport layer share (mpi_transport.cc,
+// mpi_elastic.cc): error text, the checks of return codes, and the
+// communicator gyre's world is made of. Internal to collectives/transport/:
+// it includes mpi.h, which no header outside this directory does.
+//
+// Threads: world_comm() is read and replaced only under gyre's API lock
+// (init, rebuild) and by the transports made from it, never concurrently.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+
+namespace gyre::transport::detail {
+
+std::string mpi_error_string(int code);
+
+// Throws TransportError naming `call` unless `code` is MPI_SUCCESS.
+void check_mpi(int code, const char* call);
+
+// MPI_COMM_WORLD until MpiWorld::rebuild() replaces it by the survivors'
+// communicator; every communicator gyre makes is derived from it.
+MPI_Comm& world_comm();
+
+// True when `code` says that a peer process failed, or that `comm` was
+// revoked because some rank saw one fail (ULFM error classes). It then
+// revokes `comm` (idempotent), so that every rank's pending and later
+// operations on it fail too, also on ranks that never talk to the dead one.
+// Always false in a build without ULFM, or with fault tolerance off at run
+// time (the failure then ends the job as before).
+bool process_failure(int code, MPI_Comm comm);
+
+}  // namespace gyre::transport::detail

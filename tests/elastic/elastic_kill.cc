@@ -1,0 +1,161 @@
+// Elastic recovery through the C++ API, under an MPI with ULFM and
+// `mpirun --with-ft ulfm`: every rank runs a loop of allreduces, committing
+// after each step; one rank (GYRE_TEST_KILL_RANK, default 1) SIGKILLs itself
+// right after submitting the allreduce of step GYRE_TEST_KILL_STEP (default
+// 7), so that it dies with the operation in flight. Every survivor must see
+// RankFailedError, call gyre::rebuild(), roll back to the agreed commit and
+// finish every step on the smaller world, with exact results. With
+// GYRE_TEST_KILL_AFTER_US the rank dies that long after submitting, most
+// likely with its ring transfers half done: some survivors may then have
+// completed the step with its data and committed it, others not, and the
+// agreed step is the lower one (the rank ahead rolls back).
+//
+// The state is a running sum of the allreduce results. Rank p (its rank at
+// start) contributes v(p, s, i) = (p + 1) * 1000 + s * 10 + i % 7 at step s,
+// so the final sum is known in closed form from the set of ranks that took
+// part in each committed step, which every survivor records. Sums are int64:
+// exact, whatever the order of reduction.
+//
+// Prints "elastic: rank P PASS ..." per survivor (run_elastic.sh counts
+// them) and the recovery time: from the failure seen by this rank to the
+// first step completed after the rebuild.
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gyre/gyre.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kSteps = 16;
+constexpr std::int64_t kCount = 1 << 18;  // 2 MiB of int64: several ring chunks
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atoi(v) : fallback;
+}
+
+std::int64_t value(int start_rank, int step, std::int64_t i) {
+  return (start_rank + 1) * 1000 + step * 10 + i % 7;
+}
+
+[[noreturn]] void fail(int me, const std::string& what) {
+  std::fprintf(stderr, "elastic: rank %d FAIL: %s\n", me, what.c_str());
+  std::fflush(stderr);
+  std::exit(1);
+}
+
+}  // namespace
+
+int main() {
+  gyre::init(gyre::Options::from_env());
+  const int me = gyre::rank();  // rank at start, kept across rebuilds
+  const int kill_rank = env_int("GYRE_TEST_KILL_RANK", 1);
+  const int kill_step = env_int("GYRE_TEST_KILL_STEP", 7);
+  const int kill_after_us = env_int("GYRE_TEST_KILL_AFTER_US", 0);
+  if (!gyre::elastic_enabled()) {
+    fail(me, "needs a ULFM build run with mpirun --with-ft ulfm");
+  }
+  // start_ranks[r]: the start rank of the rank now numbered r.
+  std::vector<int> start_ranks;
+  for (int r = 0; r < gyre::size(); ++r) start_ranks.push_back(r);
+
+  std::vector<std::int64_t> acc(kCount, 0), committed = acc, buf(kCount);
+  // members[s]: the start ranks whose contributions step s committed.
+  std::vector<std::set<int>> members;
+  int failures = 0;
+  double recovery_s = -1.0, rebuild_s = -1.0;
+  Clock::time_point failed_at{};
+  bool recovering = false;
+
+  for (int step = static_cast<int>(gyre::committed_steps()); step < kSteps;) {
+    for (std::int64_t i = 0; i < kCount; ++i) buf[i] = value(me, step, i);
+    gyre::TensorView v{buf.data(), gyre::DataType::kInt64, {kCount}};
+    try {
+      gyre::Handle h = gyre::allreduce_async("grad", v, v, gyre::ReduceOp::kSum);
+      if (me == kill_rank && step == kill_step) {
+        // Fault injection, not a wait for a result.
+        if (kill_after_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(kill_after_us));
+        std::raise(SIGKILL);
+      }
+      h.wait();
+    } catch (const gyre::RankFailedError& e) {
+      failed_at = Clock::now();
+      ++failures;
+      std::fprintf(stderr, "elastic: rank %d saw at step %d: %.200s\n", me, step, e.what());
+      const std::uint64_t own = gyre::committed_steps();
+      gyre::RebuildInfo info = gyre::rebuild();
+      rebuild_s = info.seconds;
+      std::vector<int> next;
+      for (int prev : info.previous_ranks) next.push_back(start_ranks.at(prev));
+      start_ranks = next;
+      std::fprintf(stderr,
+                   "elastic: rank %d rebuilt in %.3f s: now rank %d of %d, agreed step %llu "
+                   "(own commit %llu), state from rank %d, lost %zu rank(s)\n",
+                   me, info.seconds, info.rank, info.size,
+                   static_cast<unsigned long long>(info.step), static_cast<unsigned long long>(own),
+                   info.root, info.lost.size());
+      if (own < info.step) fail(me, "this rank's commit is behind the agreed step");
+      if (own > info.step + 1) fail(me, "this rank is more than one commit ahead");
+      // Roll back: to the own commit, then (a rank one commit ahead) to the
+      // root's, which is at the agreed step.
+      acc = committed;
+      gyre::TensorView a{acc.data(), gyre::DataType::kInt64, {kCount}};
+      gyre::broadcast_async("state.acc", a, info.root).wait();
+      committed = acc;
+      members.resize(info.step);
+      step = static_cast<int>(info.step);
+      recovering = true;
+      continue;
+    }
+    for (std::int64_t i = 0; i < kCount; ++i) acc[i] += buf[i];
+    members.emplace_back(start_ranks.begin(), start_ranks.end());
+    committed = acc;
+    gyre::commit_step();
+    if (recovering) {
+      recovering = false;
+      recovery_s = std::chrono::duration<double>(Clock::now() - failed_at).count();
+    }
+    ++step;
+  }
+
+  // The closed form from the recorded membership of each committed step.
+  if (static_cast<int>(members.size()) != kSteps) fail(me, "wrong number of committed steps");
+  for (std::int64_t i = 0; i < kCount; ++i) {
+    std::int64_t want = 0;
+    for (int s = 0; s < kSteps; ++s) {
+      for (int p : members[s]) want += value(p, s, i);
+    }
+    if (acc[i] != want) {
+      fail(me, "element " + std::to_string(i) + " is " + std::to_string(acc[i]) + ", expected " +
+                   std::to_string(want));
+    }
+  }
+  // Before the kill every rank took part; from the step after it, only the
+  // survivors; the killed step itself either completed with every rank (its
+  // last data was out before it died) or was redone by the survivors.
+  const std::size_t all = start_ranks.size() + 1;
+  for (int s = 0; s < kSteps; ++s) {
+    const std::size_t n = members[s].size();
+    const bool ok = s < kill_step ? n == all : s > kill_step ? n == all - 1 : n == all || n == all - 1;
+    if (!ok || members[s].count(kill_rank) != (n == all ? 1u : 0u)) {
+      fail(me, "step " + std::to_string(s) + " committed with " + std::to_string(n) + " ranks");
+    }
+  }
+  if (failures != 1) fail(me, "expected exactly one failure, saw " + std::to_string(failures));
+  if (gyre::size() != static_cast<int>(all) - 1) fail(me, "wrong world size after the rebuild");
+  std::printf("elastic: rank %d PASS: %d steps, now rank %d of %d, step %d committed by %zu "
+              "ranks; rebuild %.3f s, recovery (failure to first step after it) %.3f s\n",
+              me, kSteps, gyre::rank(), gyre::size(), kill_step, members[kill_step].size(),
+              rebuild_s, recovery_s);
+  std::fflush(stdout);
+  gyre::shutdown();
+  return 0;
+}
