@@ -34,6 +34,12 @@ int main(int argc, char** argv) {
     // round around it).
     if (gyre::rank() == 1 && step == 50) {
       std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+      // When it stopped, for the script's bound (wall clock, as `date`).
+      const auto now = std::chrono::system_clock::now().time_since_epoch();
+      std::fprintf(stderr, "rank 1 stops at %lld ms\n",
+                   static_cast<long long>(
+                       std::chrono::duration_cast<std::chrono::milliseconds>(now).count()));
+      std::fflush(stderr);
       std::raise(SIGSTOP);
     }
     h.wait();
