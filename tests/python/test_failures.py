@@ -32,9 +32,13 @@ def _marker(name):
     return f"/tmp/gyre-test-failures-{os.getppid()}-{name}"
 
 
+_written = []  # markers this rank wrote, removed once every rank is past them
+
+
 def _signal_done(name):
     with open(_marker(name), "w") as f:
         f.write("done")
+    _written.append(_marker(name))
 
 
 def _wait_done(name, timeout=30.0):
@@ -69,6 +73,9 @@ def _restarted(env=None, on_ranks=None):
         if gyre.is_initialized():
             gyre.shutdown()
         gyre.init()
+        # init() is collective: every rank has stopped waiting for the markers.
+        while _written:
+            os.remove(_written.pop())
 
 
 def _init_fails_everywhere(match, cls=gyre.InvalidArgumentError):
