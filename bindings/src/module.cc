@@ -238,18 +238,26 @@ PYBIND11_MODULE(_gyre, m) {
   m.attr("DLPACK_CUDA_HOST") = static_cast<int>(kDLCUDAHost);
   m.attr("DLPACK_CUDA_MANAGED") = static_cast<int>(kDLCUDAManaged);
   m.attr("DLPACK_ROCM") = static_cast<int>(kDLROCM);
+  // Ctrl-C interrupts init() while it waits for the other ranks: the check
+  // runs on the thread in init(), which released the GIL in blocking().
+  gyre::set_init_interrupt_check([] {
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  });
   m.def("init", [] { blocking([] { gyre::init(); }); });
   m.def("shutdown", [] {
     blocking([] { gyre::shutdown(); });
     drain_graveyard();
   });
-  m.def("is_initialized", [] { return gyre::is_initialized(); });
-  m.def("rank", [] { return gyre::rank(); });
-  m.def("size", [] { return gyre::size(); });
-  m.def("local_rank", [] { return gyre::local_rank(); });
-  m.def("local_size", [] { return gyre::local_size(); });
-  m.def("cross_rank", [] { return gyre::cross_rank(); });
-  m.def("cross_size", [] { return gyre::cross_size(); });
+  // Everything that takes the API's lock releases the GIL first: init()
+  // holds that lock while it waits and takes the GIL for its Ctrl-C check.
+  m.def("is_initialized", [] { return blocking([] { return gyre::is_initialized(); }); });
+  m.def("rank", [] { return blocking([] { return gyre::rank(); }); });
+  m.def("size", [] { return blocking([] { return gyre::size(); }); });
+  m.def("local_rank", [] { return blocking([] { return gyre::local_rank(); }); });
+  m.def("local_size", [] { return blocking([] { return gyre::local_size(); }); });
+  m.def("cross_rank", [] { return blocking([] { return gyre::cross_rank(); }); });
+  m.def("cross_size", [] { return blocking([] { return gyre::cross_size(); }); });
   // Horovod's mpi_threads_supported(): the thread level MPI was initialised
   // with (by gyre or by the job), asked of MPI directly: nothing in the
   // runtime depends on it, so the runtime does not carry it.
@@ -297,9 +305,11 @@ PYBIND11_MODULE(_gyre, m) {
   m.def("process_set_included", [](int ps) { return gyre::process_set_included(ps); });
   m.def(
       "start_timeline",
-      [](const std::string& path, bool mark_cycles) { gyre::start_timeline(path, mark_cycles); },
+      [](const std::string& path, bool mark_cycles) {
+        blocking([&] { gyre::start_timeline(path, mark_cycles); });
+      },
       py::arg("path"), py::arg("mark_cycles") = false);
-  m.def("stop_timeline", [] { gyre::stop_timeline(); });
+  m.def("stop_timeline", [] { blocking([] { gyre::stop_timeline(); }); });
   bind_operations(m);
   bind_divergence(m);
 }

@@ -66,6 +66,19 @@ constexpr std::size_t kDefaultPieceBytes = std::size_t{1} << 30;
 
 // First sleep of a napping wait (doubled per poll up to the policy's cap).
 constexpr std::chrono::microseconds kFirstNap{5};
+// How often a wait calls its interrupt check (Transport::set_interrupt_check).
+constexpr std::chrono::milliseconds kInterruptCheckPeriod{50};
+
+// The duplication of MPI_COMM_WORLD that make_transport() waits for; left
+// pending when a wait for it is given up (deadline, interrupt), and resumed
+// by the next call. MpiWorld is one per process and make_transport() is
+// called by one thread at a time (init() holds the API's lock).
+struct PendingDup {
+  bool pending = false;
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Comm comm = MPI_COMM_NULL;
+};
+PendingDup g_dup;
 
 class MpiTransport final : public Transport {
  public:
@@ -153,6 +166,7 @@ class MpiTransport final : public Transport {
     const bool may_nap = wait_policy_.max_nap.count() > 0;
     const auto nap_from = start + wait_policy_.spin;
     std::chrono::microseconds nap{0};
+    auto next_check = start + kInterruptCheckPeriod;
     for (unsigned spins = 1;; ++spins) {
       if (test(req)) return;
       if (nap.count() > 0) {
@@ -166,6 +180,10 @@ class MpiTransport final : public Transport {
       const auto now = Clock::now();
       if (may_nap && nap.count() == 0 && now >= nap_from) {
         nap = std::min(kFirstNap, wait_policy_.max_nap);
+      }
+      if (interrupt_check_ && now >= next_check) {
+        next_check = now + kInterruptCheckPeriod;
+        interrupt_check_();  // may throw: the transfer stays pending
       }
       if (bounded && now > deadline) {
         const Op& op = lookup(req);
@@ -367,14 +385,52 @@ void MpiWorld::derive_layout() {
 
 std::unique_ptr<Transport> MpiWorld::make_transport() { return make_transport(kDefaultPieceBytes); }
 
+std::unique_ptr<Transport> MpiWorld::make_transport(std::chrono::milliseconds timeout,
+                                                    const std::function<void()>& check) {
+  return make_transport(kDefaultPieceBytes, timeout, check);
+}
+
 std::unique_ptr<Transport> MpiWorld::make_transport(std::size_t max_message_bytes) {
+  return make_transport(max_message_bytes, std::chrono::milliseconds(0), {});
+}
+
+std::unique_ptr<Transport> MpiWorld::make_transport(std::size_t max_message_bytes,
+                                                    std::chrono::milliseconds timeout,
+                                                    const std::function<void()>& check) {
   if (max_message_bytes == 0 || max_message_bytes > static_cast<std::size_t>(INT_MAX)) {
     throw InvalidArgument(fmt::format("MpiWorld::make_transport: max_message_bytes {} outside [1, {}]",
                                       max_message_bytes, INT_MAX));
   }
   if (finalized_) throw StateError("MpiWorld::make_transport after finalize()");
-  MPI_Comm comm;
-  check_mpi(MPI_Comm_dup(detail::world_comm(), &comm), "MPI_Comm_dup");
+  // Non-blocking, polled: the duplication waits for every rank, which must
+  // not be beyond the deadline or Ctrl-C. One given up stays pending (MPI
+  // cannot cancel it) and pairs with the other ranks' next duplication, so
+  // the next call here resumes it instead of starting another.
+  if (!g_dup.pending) {
+    check_mpi(MPI_Comm_idup(detail::world_comm(), &g_dup.comm, &g_dup.request), "MPI_Comm_idup");
+    g_dup.pending = true;
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto next_check = start + kInterruptCheckPeriod;
+  for (;;) {
+    int done = 0;
+    check_mpi(MPI_Test(&g_dup.request, &done, MPI_STATUS_IGNORE), "MPI_Test (MPI_Comm_idup)");
+    if (done) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    const auto now = Clock::now();
+    if (timeout.count() > 0 && now - start > timeout) {
+      throw TimeoutError(fmt::format(
+          "rank {}: the other ranks did not all start gyre within {} ms (duplicating "
+          "MPI_COMM_WORLD for its transport waits for every rank)", rank_, timeout.count()));
+    }
+    if (check && now >= next_check) {
+      next_check = now + kInterruptCheckPeriod;
+      check();  // may throw: the duplication stays pending for the next call
+    }
+  }
+  g_dup.pending = false;
+  MPI_Comm comm = g_dup.comm;
   // Errors come back as codes and become TransportError, instead of the
   // default handler ending the job without a word about the operation.
   check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");

@@ -1,8 +1,9 @@
 """Failures that must reach every rank at once, and waits that must end:
 init() failing on one rank fails it on every rank with that rank's number
-and reason; Ctrl-C interrupts barrier(), join(), fingerprint_check() and
-resync() as it does synchronize(); an operation one rank never calls ends at
-the stall deadline; the timeline file's safety and size limit.
+and reason; Ctrl-C interrupts init(), barrier(), join(), fingerprint_check()
+and resync() as it does synchronize(); an operation one rank never calls ends
+at the stall deadline; the timeline file's safety and size limit; a
+rank-local fact (overlapping buffers) refused at enqueue on every rank.
 
 Each test that changes options or leaves an operation in flight shuts gyre
 down and starts it again on every rank, so the next test starts afresh
@@ -31,9 +32,13 @@ def _marker(name):
     return f"/tmp/gyre-test-failures-{os.getppid()}-{name}"
 
 
+_written = []  # markers this rank wrote, removed once every rank is past them
+
+
 def _signal_done(name):
     with open(_marker(name), "w") as f:
         f.write("done")
+    _written.append(_marker(name))
 
 
 def _wait_done(name, timeout=30.0):
@@ -68,6 +73,9 @@ def _restarted(env=None, on_ranks=None):
         if gyre.is_initialized():
             gyre.shutdown()
         gyre.init()
+        # init() is collective: every rank has stopped waiting for the markers.
+        while _written:
+            os.remove(_written.pop())
 
 
 def _init_fails_everywhere(match, cls=gyre.InvalidArgumentError):
@@ -143,6 +151,31 @@ def test_ctrl_c_interrupts_a_blocking_call(multi_rank, what):
             assert late < 2.0, f"KeyboardInterrupt came {late:.2f} s after SIGINT"
         else:
             _wait_done(f"ctrl_c_{what}")
+
+
+def test_ctrl_c_interrupts_init_waiting_for_the_other_ranks(multi_rank):
+    """Rank 0 calls init() while the other ranks do not (yet): SIGINT raises
+    KeyboardInterrupt at once. What init() left pending is resumed by rank
+    0's next init(), which pairs with the others' when they call it."""
+    with _restarted() as (rank, size):
+        if rank == 0:
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+            t0 = time.monotonic()
+            timer.start()
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    gyre.init()
+                late = time.monotonic() - t0 - 0.3
+            finally:
+                timer.join()
+            assert not gyre.is_initialized()
+            _signal_done("ctrl_c_init")
+            assert late < 2.0, f"KeyboardInterrupt came {late:.2f} s after SIGINT"
+        else:
+            _wait_done("ctrl_c_init")
+    # _restarted's init() on every rank: the ranks pair up again.
+    assert gyre.allreduce(torch.ones(1), op=gyre.Sum, name="after_ctrl_c_init").item() == \
+        gyre.size()
 
 
 @pytest.mark.parametrize("what", ["barrier", "fingerprint_check", "resync"])

@@ -100,6 +100,13 @@ class Handle {
 // init() reads the options from the environment (Options::from_env()).
 void init();
 void init(const Options& options);
+// `check` is called about every 50 ms on the thread in init() while init()
+// waits for the other ranks (up to the start-up deadline: GYRE_OP_TIMEOUT_S,
+// at least 60 s); an exception it throws ends init() on this rank with that
+// exception. For bindings that let Ctrl-C interrupt init() (the Python
+// package). What was left pending is resumed by the next init(), so the
+// ranks still pair up once all of them call it. Empty: none.
+void set_init_interrupt_check(std::function<void()> check);
 void shutdown();
 bool is_initialized();
 int rank();

@@ -32,6 +32,8 @@ std::shared_ptr<core::Runtime> g_runtime;
 bool g_atexit_registered = false;
 // Set in the child of a fork() (see after_fork_in_child); guarded by g_mu.
 bool g_forked_child = false;
+// set_init_interrupt_check(); guarded by g_mu.
+std::function<void()> g_init_interrupt_check;
 
 // fork() copies only the calling thread. The child of a process running
 // gyre has the Runtime object but not its background thread, and MPI's state
@@ -185,7 +187,11 @@ void start(const Options& options, const std::string& failure) {
     info.start_failure_kind = core::ErrorKind::kInvalidArgument;
     info.start_failure = failure;
   }
-  g_runtime = std::make_shared<core::Runtime>(options, world.make_transport(), std::move(info));
+  // The first waits for the other ranks: bounded by the start-up deadline,
+  // and interruptible (set_init_interrupt_check).
+  info.interrupt_check = g_init_interrupt_check;
+  auto transport = world.make_transport(core::startup_deadline(options), g_init_interrupt_check);
+  g_runtime = std::make_shared<core::Runtime>(options, std::move(transport), std::move(info));
 }
 
 }  // namespace
@@ -204,6 +210,11 @@ void init() {
 }
 
 void init(const Options& options) { start(options, {}); }
+
+void set_init_interrupt_check(std::function<void()> check) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_init_interrupt_check = std::move(check);
+}
 
 void shutdown() {
   std::shared_ptr<core::Runtime> rt;

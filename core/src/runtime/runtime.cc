@@ -40,6 +40,19 @@ ErrorKind error_kind_of(const Error& e) {
   return ErrorKind::kState;
 }
 
+}  // namespace
+
+std::chrono::milliseconds startup_deadline(const Options& opt) {
+  if (opt.op_timeout_s == 0) return std::chrono::milliseconds(0);
+  // NaN, negative or huge (Options set in code): the least.
+  const double s = std::isfinite(opt.op_timeout_s) && opt.op_timeout_s > 0
+                       ? std::clamp(opt.op_timeout_s, kStartupTimeoutS, 1e7)
+                       : kStartupTimeoutS;
+  return std::chrono::milliseconds(static_cast<long>(s * 1000.0));
+}
+
+namespace {
+
 NegotiatorOptions negotiator_options(const Options& o) {
   NegotiatorOptions n;
   n.cache_capacity = o.cache_capacity;
@@ -131,14 +144,18 @@ void Runtime::agree_at_start(ErrorKind failure_kind, const std::string& failure)
     collectives::AllgatherOptions ro;
     ro.chunk_bytes = 64 << 10;
     ro.tag = kTagNegotiate;
-    if (opt_.op_timeout_s != 0) {  // 0: wait forever; NaN, negative or huge: the least
-      const double s = std::isfinite(opt_.op_timeout_s) && opt_.op_timeout_s > 0
-                           ? std::clamp(opt_.op_timeout_s, kStartupTimeoutS, 1e7)
-                           : kStartupTimeoutS;
-      t_->set_timeout(std::chrono::milliseconds(static_cast<long>(s * 1000.0)));
+    if (opt_.op_timeout_s != 0) t_->set_timeout(startup_deadline(opt_));
+    // Interruptible while it waits (Ctrl-C in Python), on this thread only.
+    t_->set_interrupt_check(info_.interrupt_check);
+    try {
+      collectives::ring_allgather(*t_, mine.data(), all.data(),
+                                  std::vector<std::size_t>(n, per_rank * sizeof(std::uint64_t)),
+                                  ro);
+    } catch (...) {
+      t_->set_interrupt_check({});
+      throw;
     }
-    collectives::ring_allgather(*t_, mine.data(), all.data(),
-                                std::vector<std::size_t>(n, per_rank * sizeof(std::uint64_t)), ro);
+    t_->set_interrupt_check({});
   }
   // Every rank reads the same words, so every rank throws the same error.
   std::vector<int> failed;

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -66,7 +67,17 @@ struct RuntimeInfo {
   // Every rank's committed step at start: 0 for a new job, the step the
   // survivors agreed on for a runtime made by gyre::rebuild().
   std::uint64_t initial_step = 0;
+  // Called about every 50 ms while the start-up agreement waits for the
+  // other ranks, on the thread that builds the Runtime (init()); it may
+  // throw to give up (the Python binding: Ctrl-C). Never called by the
+  // background thread. Empty: none.
+  std::function<void()> interrupt_check;
 };
+
+// The deadline of the first contact between the ranks (the start-up
+// agreement, the first round): GYRE_OP_TIMEOUT_S, but at least 60 s, since
+// ranks may reach init() seconds apart; zero (forever) when it is 0.
+std::chrono::milliseconds startup_deadline(const Options& opt);
 
 class Runtime {
  public:

@@ -9,8 +9,10 @@
 // destroyed before finalize().
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -49,10 +51,20 @@ class MpiWorld {
   // A transport on a fresh duplicate of MPI_COMM_WORLD, so gyre's messages
   // never match the job's own.
   std::unique_ptr<Transport> make_transport();
+  // The same, waiting for the other ranks' duplication at most `timeout`
+  // (zero: forever; then TimeoutError) and calling `check` about every
+  // 50 ms while it waits (it may throw to give up: Ctrl-C). A duplication
+  // given up stays pending in MPI and pairs with the other ranks' next
+  // one, so the next make_transport() resumes it.
+  std::unique_ptr<Transport> make_transport(std::chrono::milliseconds timeout,
+                                            const std::function<void()>& check);
   // The same, cutting every transfer into MPI messages of at most
   // `max_message_bytes` (default: 1 GiB, under MPI's INT_MAX count limit).
   // Tests use a small value to exercise the cutting without 2 GiB buffers.
   std::unique_ptr<Transport> make_transport(std::size_t max_message_bytes);
+  std::unique_ptr<Transport> make_transport(std::size_t max_message_bytes,
+                                            std::chrono::milliseconds timeout,
+                                            const std::function<void()>& check);
   // A transport among the ranks with this rank's local rank (cross_rank()
   // is the rank in it): the inter-host ring of a hierarchical allreduce.
   // Collective over MPI_COMM_WORLD.

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -63,12 +64,19 @@ class Transport {
   void set_wait_policy(WaitPolicy p) { wait_policy_ = p; }
   WaitPolicy wait_policy() const { return wait_policy_; }
 
+  // Called by a polling wait() (MpiTransport) about every 50 ms while it
+  // waits; it may throw to stop waiting, the transfer staying pending. For
+  // a caller's thread that must stay interruptible (init() under Ctrl-C);
+  // empty: none. Transports that block in the kernel ignore it.
+  void set_interrupt_check(std::function<void()> check) { interrupt_check_ = std::move(check); }
+
   // A short description used in log and error messages ("mpi", "local").
   virtual std::string name() const = 0;
 
  protected:
   std::chrono::milliseconds timeout_{0};
   WaitPolicy wait_policy_;
+  std::function<void()> interrupt_check_;
 };
 
 // Convenience: ring neighbours.
