@@ -17,12 +17,14 @@
 #     torch: gyre.torch beside torch.distributed gloo (SKIP_TORCH=1: not run)
 #
 #   GYRE_BUILD=build REPS=3 bash benchmarks/multihost_bench.sh bench-multihost
-#   ONLY="sweep-hier sweep-flat" ...: just those runs
+#   ONLY="sweep-hier sweep-flat" ...: just those runs; FIRST_REP=N: number the
+#   runs from N (to add runs to an earlier OUT)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/../scripts/env.sh"
 out=${1:-bench-multihost}
 reps=${REPS:-3}
+first=${FIRST_REP:-1}
 perf=$GYRE_BUILD/benchmarks/gyre-allreduce-perf
 hosts_sh="$here/../scripts/hosts.sh"
 py=${PYTHON:-python3}
@@ -53,7 +55,7 @@ run() {
     --json "$out/$name.$r.json" 2>&1 | grep -v 'setpgid' | tee -a "$out/$name.$r.txt"
 }
 
-for r in $(seq 1 "$reps"); do
+for r in $(seq "$first" "$reps"); do
   # Calibration.
   run cal-net 2 1 GYRE_HIERARCHICAL_ALLREDUCE=0 -- -b 8 -e 8M -f 4
   run cal-shm 1 2 GYRE_HIERARCHICAL_ALLREDUCE=0 -- --shm -b 8 -e 8M -f 4
@@ -66,7 +68,7 @@ for r in $(seq 1 "$reps"); do
   run sweep-rtflat 2 2 GYRE_HIERARCHICAL_ALLREDUCE=0 -- --runtime -b 1K -e 64M -f 4
 done
 # The gradient sets and torch after every sweep (they take longest).
-for r in $(seq 1 "$reps"); do
+for r in $(seq "$first" "$reps"); do
   for set in resnet50 bert_base; do
     run "gradients-$set-hier" 2 2 GYRE_HIERARCHICAL_ALLREDUCE=1 -- --gradients "$here/data/${set}_sizes.txt" -w 1 -n 3
     run "gradients-$set-flat" 2 2 GYRE_HIERARCHICAL_ALLREDUCE=0 -- --gradients "$here/data/${set}_sizes.txt" -w 1 -n 3
