@@ -236,10 +236,11 @@ def check(d):
     for layout, name, pattern, key, model in cases:
         t = sweep_times(load_runs(d, pattern), key)
         for n in sorted(t):
-            if n not in (1024, 65536, 1 << 20, 4 << 20, 16 << 20, 64 << 20):
+            if n not in (8, 2048, 1024, 65536, 131072, 1 << 20, 2 << 20, 4 << 20, 8 << 20,
+                         16 << 20, 64 << 20):
                 continue
             pred = model(n)
-            print(f"| {layout} | {name} | {n} | {pred * 1e6:.0f} | {spread(t[n])} | "
+            print(f"| {layout} | {name} | {n} | {pred * 1e6:.1f} | {spread(t[n])} | "
                   f"{min(t[n]) / pred:.2f} |")
     for layout, ranks, link in (("1x2", 2, "shm"), ("2x1", 2, "net"), ("2x2", 4, "net")):
         runs = load_runs(d, f"latency-{layout}.*.json")
@@ -253,7 +254,7 @@ def check(d):
         else:
             coll = recursive_doubling(8, ranks, a, b)
         pred = coll + negotiation_round(ranks, p, link)
-        print(f"| {layout} | runtime, 8 bytes (round + allreduce) | 8 | {pred * 1e6:.0f} | "
+        print(f"| {layout} | runtime, 8 bytes (round + allreduce) | 8 | {pred * 1e6:.1f} | "
               f"{spread(rts)} | {rt / pred:.2f} |")
 
 

@@ -21,14 +21,14 @@
 # whole machine and would bind its first rank to core 0, so the first ranks of
 # all hosts would share one core and, as they poll, take turns only at each
 # scheduler tick (4 ms at HZ=250): every small message took ~4 ms or more.
-# And the ranks yield the core while they poll (mpi_yield_when_idle, which
-# mpirun turns on by itself for a node it knows is oversubscribed but cannot
-# here: each host's launcher sees all the cores as its own). The simulated
-# hosts share one machine's cores, and a rank that spins while its peer on
-# "another host" waits for a core delays both: measured under load (16-34
-# runnable on 2 cores), the 2x2 runtime's 8-byte allreduce took 0.55-0.66 ms
-# with yielding, 2x1's 7.8-14 ms without, and multihost.collectives.2x2
-# 41-54 s against 112-126 s. GYRE_HOSTS_YIELD=0 leaves it off.
+# And when the job has more ranks than the machine has cores, the ranks yield
+# the core while they poll (mpi_yield_when_idle, which mpirun turns on by
+# itself for a node it knows is oversubscribed but cannot here: each host's
+# launcher sees all the cores as its own): multihost.collectives.2x2 took
+# 41-54 s with it, 112-126 s without, under the same load. GYRE_HOSTS_YIELD=1
+# turns it on for every job, 0 off (with fewer ranks than cores, an 8-byte
+# ping-pong under load was faster with it in one pair of runs and slower in
+# the next: not settled).
 # Extra mpirun arguments: GYRE_HOSTS_MPIRUN_ARGS.
 set -euo pipefail
 
@@ -122,8 +122,10 @@ case "${1:-}" in
     setup "$hosts"
     hostlist=""
     for ((h = 0; h < hosts; h++)); do hostlist+="${hostlist:+,}$(host_of $h):$slots"; done
-    yield=(--mca mpi_yield_when_idle 1)
-    [ "${GYRE_HOSTS_YIELD:-1}" = 0 ] && yield=()
+    yield=()
+    (( hosts * slots > $(nproc) )) && yield=(--mca mpi_yield_when_idle 1)
+    [ "${GYRE_HOSTS_YIELD:-}" = 1 ] && yield=(--mca mpi_yield_when_idle 1)
+    [ "${GYRE_HOSTS_YIELD:-}" = 0 ] && yield=()
     # mpirun itself runs on host0, like a job launched from its first node.
     cmd=(mpirun --allow-run-as-root --oversubscribe -np $((hosts * slots)) --host "$hostlist"
          --bind-to none "${yield[@]}"
