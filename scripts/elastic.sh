@@ -40,7 +40,10 @@ cmake -S "$GYRE_ROOT" -B "$GYRE_BUILD" -DCMAKE_BUILD_TYPE=Release -DGYRE_BUILD_T
   -DMPIEXEC_EXECUTABLE="$venv/bin/mpirun" | grep "gyre:"
 cmake --build "$GYRE_BUILD" -j "$jobs" --target gyre_elastic_kill
 # The test binaries must load Open MPI 5's libmpi, not Debian's.
-ldd "$GYRE_BUILD/tests/elastic/gyre_elastic_kill" | grep -q "$venv/lib/libmpi.so" || {
+# (ldd's output is captured first: grep -q closing the pipe early would
+# fail the pipeline under pipefail.)
+libs=$(ldd "$GYRE_BUILD/tests/elastic/gyre_elastic_kill")
+grep -q "$venv/lib/libmpi.so" <<<"$libs" || {
   echo "elastic.sh: gyre_elastic_kill does not link $venv/lib/libmpi.so" >&2; exit 1; }
 
 status=0
@@ -56,7 +59,8 @@ if [ "$with_python" = 1 ]; then
     -C cmake.define.MPI_C_COMPILER="$venv/bin/mpicc" \
     -C cmake.define.MPI_CXX_COMPILER="$venv/bin/mpicxx" "$GYRE_ROOT"
   ext=$("$venv/bin/python" -c "import gyre._gyre as m; print(m.__file__)")
-  ldd "$ext" | grep -q "$venv/lib/libmpi.so" || {
+  libs=$(ldd "$ext")
+  grep -q "$venv/lib/libmpi.so" <<<"$libs" || {
     echo "elastic.sh: $ext does not link $venv/lib/libmpi.so" >&2; exit 1; }
   for kill_rank in 1 0; do
     echo "== Python: elastic training, 3 ranks, rank $kill_rank killed at step 7"

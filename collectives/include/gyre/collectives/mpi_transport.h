@@ -77,7 +77,9 @@ class MpiWorld {
   // Ends the whole job with a non-zero status (MPI_Abort on MPI_COMM_WORLD).
   [[noreturn]] void abort(int code);
 
-  // MPI_Finalize, only if MpiWorld initialised MPI; idempotent.
+  // MPI_Finalize, only if MpiWorld initialised MPI; idempotent. After a
+  // rebuild() it is given 10 s, then the process exits with status 0
+  // (Open MPI 5.0 may wait for ever for the dead rank).
   void finalize();
 
  private:
@@ -87,6 +89,7 @@ class MpiWorld {
   bool uniform_hosts_ = true;
   bool owns_mpi_ = false;
   bool finalized_ = false;
+  bool rebuilt_ = false;  // rebuild() replaced the world: a rank died
 };
 
 }  // namespace gyre::transport
