@@ -9,7 +9,7 @@ namespace {
 
 // The Python classes, set once by gyre/__init__.py. Deliberately leaked:
 // they must outlive any translation during interpreter shutdown.
-enum Kind { kGyre, kInvalid, kMismatch, kDivergence, kTimeout, kTransport, kState, kKinds };
+enum Kind { kGyre, kInvalid, kMismatch, kDivergence, kTimeout, kTransport, kState, kRankFailed, kKinds };
 std::array<PyObject*, kKinds> classes{};
 
 void raise(Kind kind, const char* what) {
@@ -22,7 +22,7 @@ void raise(Kind kind, const char* what) {
 void set_exception_classes(const py::dict& by_name) {
   const std::array<const char*, kKinds> names = {
       "GyreError",    "InvalidArgumentError", "MismatchError", "DivergenceError",
-      "TimeoutError", "TransportError",       "StateError"};
+      "TimeoutError", "TransportError",       "StateError",    "RankFailedError"};
   for (int k = 0; k < kKinds; ++k) {
     py::object cls = by_name[names[k]];
     Py_XDECREF(classes[k]);
@@ -43,6 +43,8 @@ void register_translator() {
       raise(kDivergence, e.what());
     } catch (const TimeoutError& e) {
       raise(kTimeout, e.what());
+    } catch (const RankFailedError& e) {
+      raise(kRankFailed, e.what());
     } catch (const TransportError& e) {
       raise(kTransport, e.what());
     } catch (const StateError& e) {

@@ -310,6 +310,21 @@ PYBIND11_MODULE(_gyre, m) {
       },
       py::arg("path"), py::arg("mark_cycles") = false);
   m.def("stop_timeline", [] { blocking([] { gyre::stop_timeline(); }); });
+  m.def("elastic_supported", [] { return gyre::elastic_supported(); });
+  m.def("elastic_enabled", [] { return gyre::elastic_enabled(); });
+  m.def("rebuild", [] {
+    gyre::RebuildInfo r = blocking([] { return gyre::rebuild(); });
+    py::dict d;
+    d["rank"] = r.rank;
+    d["size"] = r.size;
+    d["step"] = r.step;
+    d["root"] = r.root;
+    d["lost"] = r.lost;
+    d["previous_ranks"] = r.previous_ranks;
+    d["attempts"] = r.attempts;
+    d["seconds"] = r.seconds;
+    return d;
+  });
   bind_operations(m);
   bind_divergence(m);
 }

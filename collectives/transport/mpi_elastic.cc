@@ -127,6 +127,7 @@ RebuildOutcome MpiWorld::rebuild(std::uint64_t own_step) {
       // The communicator before is not freed: freeing is collective, and
       // its failed members cannot take part.
       detail::world_comm() = shrunk;
+      rebuilt_ = true;
       derive_layout();
       return out;
     }

@@ -13,9 +13,9 @@ type hints (the package ships ``py.typed``). Run under mpirun::
 import atexit
 
 from . import exceptions
-from .exceptions import (DivergenceError, GyreError, HorovodInternalError, InvalidArgumentError,
-                         InvalidTypeError, MismatchError, NotSupportedError, StateError,
-                         TimeoutError, TransportError)
+from .exceptions import (DivergenceError, GyreError, HorovodInternalError, HostsUpdatedInterrupt,
+                         InvalidArgumentError, InvalidTypeError, MismatchError, NotSupportedError,
+                         RankFailedError, StateError, TimeoutError, TransportError)
 
 try:
     from . import _gyre
@@ -50,4 +50,5 @@ __all__ = list(_ops_all) + [
     "Compression", "Compressor", "broadcast_object", "allgather_object", "GyreError",
     "InvalidArgumentError", "InvalidTypeError", "NotSupportedError", "HorovodInternalError",
     "MismatchError", "DivergenceError", "TimeoutError", "TransportError", "StateError",
+    "RankFailedError", "HostsUpdatedInterrupt",
 ]

@@ -311,7 +311,30 @@ def stop_timeline() -> None:
     _gyre.stop_timeline()
 
 
+def elastic_supported() -> bool:
+    """Whether this build can recover from a rank's death (elastic
+    training): built against an MPI with ULFM (Open MPI 5). Any time."""
+    return bool(_gyre.elastic_supported())
+
+
+def elastic_enabled() -> bool:
+    """elastic_supported(), and the job runs with fault tolerance on
+    (``mpirun --with-ft ulfm``). Any time."""
+    return bool(_gyre.elastic_enabled())
+
+
+def rebuild() -> dict:
+    """After a RankFailedError, on every surviving rank: a new world of the
+    survivors (gyre::rebuild() in C++). Returns ``rank``, ``size``, ``step``
+    (the last step every survivor committed: every rank's committed_steps()
+    from now on), ``root`` (a rank whose own commit is ``step``: broadcast
+    state from it), ``lost`` (old ranks that died), ``previous_ranks``,
+    ``attempts`` and ``seconds``. ``gyre.torch.elastic.run`` calls it."""
+    return dict(_gyre.rebuild())
+
+
 __all__ = [
+    "elastic_supported", "elastic_enabled", "rebuild",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported", "mpi_built",

@@ -18,6 +18,9 @@ that failed, ``ValueError`` for bad arguments and for calls before ``init()``,
           MismatchError, DivergenceError, TransportError,
           TimeoutError (also builtins.TimeoutError),
           StateError (also ValueError: Horovod's "not initialized")
+          TransportError
+            RankFailedError (a rank died; elastic training recovers)
+      HostsUpdatedInterrupt (Horovod's elastic membership signal)
 """
 
 import builtins
@@ -72,6 +75,26 @@ class TransportError(HorovodInternalError):
     """The transport (MPI, ...) reported a failure."""
 
 
+class RankFailedError(TransportError):
+    """A rank of the job died while this rank's operations needed it (an MPI
+    with ULFM, run with ``mpirun --with-ft ulfm``): every pending operation
+    on every surviving rank fails with it. ``gyre.torch.elastic.run`` catches
+    it (as Horovod's elastic mode catches ``HorovodInternalError``), rebuilds
+    the world from the survivors and restores the last commit. See
+    docs/elastic.md."""
+
+
+class HostsUpdatedInterrupt(GyreError):
+    """Horovod's signal that the set of hosts changed while training.
+    ``gyre.torch.elastic.run`` handles it like Horovod (reset, then go on);
+    gyre raises it only from ``State.check_host_updates()`` when a rank was
+    lost since the last check, as its membership changes only by failure."""
+
+    def __init__(self, skip_sync=False):
+        super().__init__("the set of ranks changed")
+        self.skip_sync = skip_sync
+
+
 class StateError(HorovodInternalError, ValueError):
     """gyre is not initialised (Horovod raises ValueError there), initialised
     twice, or was shut down while the operation was pending (Horovod raises
@@ -86,5 +109,6 @@ _BY_NAME = {
     "DivergenceError": DivergenceError,
     "TimeoutError": TimeoutError,
     "TransportError": TransportError,
+    "RankFailedError": RankFailedError,
     "StateError": StateError,
 }

@@ -26,6 +26,7 @@ from .consistency import check_consistency, resync
 from .functions import broadcast_optimizer_state, broadcast_parameters, sparse_allreduce_async
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
+from . import elastic  # noqa: E402 (Horovod's hvd.elastic)
 
 
 def _check_torch_version():
@@ -40,5 +41,5 @@ _check_torch_version()
 
 __all__ = list(_gyre_all) + [
     "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
-    "sparse_allreduce_async", "SyncBatchNorm", "check_consistency", "resync",
+    "sparse_allreduce_async", "SyncBatchNorm", "check_consistency", "resync", "elastic",
 ]

@@ -201,6 +201,17 @@ class _DistributedOptimizerMixin:
                 p.grad.copy_(self._gyre_compression.decompress(sent, ctx))
         return None
 
+    def _gyre_elastic_reset(self):
+        """After a rank died and the world was rebuilt (gyre.torch.elastic):
+        the allreduces of the failed step are gone with the old world (they
+        failed), so every gradient is reduced afresh in the redone step."""
+        self._gyre_handles.clear()
+        self._gyre_reduced.clear()
+        for p in self._gyre_passes:
+            self._gyre_passes[p] = 0
+        self._gyre_failed = False
+        self._gyre_synchronized = False
+
     # Horovod's interface ----------------------------------------------------------
 
     def synchronize(self):
@@ -271,7 +282,10 @@ class _DistributedOptimizerMixin:
                 "or zero_grad() and recompute the gradients")
         self._gyre_synchronized = False
         super().step()
-        ops.commit_step()
+        # Under gyre.torch.elastic the TorchState's commit() counts the steps
+        # instead (it commits the state it saved, which the recovery agrees on).
+        if getattr(self, "_gyre_auto_commit", True):
+            ops.commit_step()
         return loss
 
     def zero_grad(self, set_to_none=True):

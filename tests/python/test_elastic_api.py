@@ -1,0 +1,126 @@
+"""gyre.torch.elastic in the ordinary build and job (no ULFM, or fault
+tolerance off): Horovod's elastic API works, run() calls the function once
+and says on rank 0 that a rank's failure ends the job and how to get ULFM.
+The recovery itself is tested under Open MPI 5 with ULFM by
+tests/elastic/ (scripts/elastic.sh)."""
+
+import pytest
+import torch
+
+import gyre
+import gyre.torch as hvd
+from gyre.torch.elastic import ElasticSampler, TorchState
+
+
+def test_rank_failed_error_is_horovods_internal_error():
+    assert issubclass(gyre.RankFailedError, gyre.HorovodInternalError)
+    assert issubclass(gyre.RankFailedError, gyre.TransportError)
+    assert issubclass(gyre.HostsUpdatedInterrupt, RuntimeError)
+    assert gyre.HostsUpdatedInterrupt(skip_sync=True).skip_sync is True
+
+
+def test_elastic_support_is_reported():
+    assert isinstance(gyre.elastic_supported(), bool)
+    assert isinstance(gyre.elastic_enabled(), bool)
+    assert gyre.elastic_enabled() <= gyre.elastic_supported()
+
+
+def test_rebuild_without_ulfm_says_how_to_get_it():
+    if gyre.elastic_enabled():
+        pytest.skip("fault tolerance is on: rebuild() would rebuild")
+    with pytest.raises(gyre.StateError) as e:
+        gyre.rebuild()
+    assert "ulfm" in str(e.value).lower() and "docs/elastic.md" in str(e.value)
+    # Nothing was stopped: gyre still runs.
+    assert gyre.allreduce(torch.ones(1), op=gyre.Sum, name="after_rebuild").item() == gyre.size()
+
+
+def test_run_without_ulfm_calls_once_and_says_so(capfd, rank):
+    if gyre.elastic_enabled():
+        pytest.skip("fault tolerance is on")
+    model = torch.nn.Linear(3, 2)
+    state = TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1), epoch=0)
+    calls = []
+
+    @hvd.elastic.run
+    def train(state, x, scale=1):
+        calls.append(x)
+        return x * scale
+
+    assert train(state, 21, scale=2) == 42
+    assert calls == [21]
+    err = capfd.readouterr().err
+    if rank == 0:
+        assert "a rank's failure will end the job" in err
+        assert "ULFM" in err or "--with-ft ulfm" in err
+    else:
+        assert "will end the job" not in err
+
+
+def test_state_commit_restore_and_committed_steps():
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = TorchState(model, opt, epoch=3, batch=5)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()  # creates momentum buffers
+    before = gyre.committed_steps()
+    state.epoch, state.batch = 4, 0
+    state.commit()
+    assert gyre.committed_steps() == before + 1
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    momentum = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    opt.step()
+    state.epoch, state.batch = 9, 9
+    state.restore()
+    assert (state.epoch, state.batch) == (4, 0)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, saved[k])
+    for p, m in zip(model.parameters(), momentum):
+        assert torch.equal(opt.state[p]["momentum_buffer"], m)
+
+
+def test_sync_takes_rank_zeros_state(rank, size):
+    torch.manual_seed(100 + rank)  # a different model on every rank
+    model = torch.nn.Linear(4, 3)
+    state = TorchState(model, None, epoch=rank, note=f"from {rank}")
+    state.sync()
+    assert (state.epoch, state.note) == (0, "from 0")
+    for name, p in model.state_dict().items():
+        first = gyre.broadcast(p.clone(), root_rank=0, name=f"sync_check.{name}")
+        assert torch.equal(first, p)
+    # sync() also commits the synchronised state: restore() returns to it.
+    state.epoch = 7
+    state.restore()
+    assert state.epoch == 0
+
+
+def test_elastic_sampler_sees_each_sample_once_across_a_resize():
+    n, bs = 50, 3
+    three = [ElasticSampler(range(n), seed=1, num_replicas=3, rank=r) for r in range(3)]
+    assert len({i for s in three for i in s.indices}) == n  # a partition (with padding)
+    seen = []
+    for b in range(4):
+        for s in three:
+            seen += s.get_indices(b, bs)
+        for s in three:
+            s.record_batch(b, bs)
+    assert all(s.state_dict() == three[0].state_dict() for s in three)
+    two = [ElasticSampler(range(n), seed=1, num_replicas=2, rank=r) for r in range(2)]
+    for s in two:
+        s.load_state_dict(three[0].state_dict())
+    rest = [i for s in two for i in s.indices]
+    assert set(rest).isdisjoint(seen)
+    assert set(rest) | set(seen) == set(range(n))
+    assert len(seen) == len(set(seen)) == 4 * 3 * bs
+    # A new epoch starts over, in another order.
+    two[0].set_epoch(1)
+    assert len(two[0]) == n // 2 and two[0].processed_indices == set()
+
+
+def test_elastic_sampler_defaults_to_gyres_world(rank, size):
+    s = ElasticSampler(range(10 * size), shuffle=False)
+    assert (s.num_replicas, s.rank, len(s)) == (size, rank, 10)
+    assert list(s) == list(range(rank, 10 * size, size))
