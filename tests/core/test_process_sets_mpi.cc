@@ -63,7 +63,8 @@ TEST_CASE("process sets: disjoint sets reduce different values at once", "[mpi]"
   const bool in_lower = member(lower, r);
   const auto& mine = in_lower ? lower : upper;
   const int id = in_lower ? a : b;
-  CHECK(process_set_rank(id) == static_cast<int>(std::find(mine.begin(), mine.end(), r) - mine.begin()));
+  const auto at = std::find(mine.begin(), mine.end(), r) - mine.begin();
+  CHECK(process_set_rank(id) == static_cast<int>(at));
   CHECK(process_set_size(id) == static_cast<int>(mine.size()));
   CHECK(process_set_included(id));
   CHECK_FALSE(process_set_included(in_lower ? b : a));

@@ -46,7 +46,7 @@ def test_distributed_optimizer_argument_errors_are_horovods(multi_rank):
         hvd.DistributedOptimizer(base, groups=[[torch.ones(1)]])
     with pytest.raises(ValueError, match="gradient_predivide_factor"):
         hvd.DistributedOptimizer(base, op=hvd.Sum, gradient_predivide_factor=2.0)
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(ValueError, match="not registered"):
         hvd.DistributedOptimizer(base, process_set=hvd.ProcessSet([0]))
     opt = hvd.DistributedOptimizer(base, groups=[[p for _, p in named[:2]], [named[2][1]]])
     with pytest.raises(ValueError, match="backward_passes_per_step"):

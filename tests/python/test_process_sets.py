@@ -172,3 +172,22 @@ def test_parameters_optimizer_state_and_distributed_optimizer(size, rank, halves
     hvd.broadcast_optimizer_state(dopt, root_rank=root, process_set=mine)
     buf = dopt.state[model.bias]["momentum_buffer"]
     assert torch.allclose(buf, torch.full((2,), expected))
+
+
+def test_gradients_on_a_subset(size, rank, multi_rank):
+    ranks = _sub(size)
+    ps = hvd.add_process_set(ranks)
+    if ps.included():
+        k, me = len(ranks), ps.rank()
+        x = torch.full((2,), float(rank + 1), requires_grad=True)
+        hvd.allreduce(x, op=hvd.Sum, process_set=ps).sum().backward()
+        assert x.grad.tolist() == [float(k)] * 2  # the gradients' sum over the set
+        z = torch.ones(me + 1, 1, requires_grad=True)
+        g = hvd.allgather(z, process_set=ps)
+        (g * torch.arange(float(g.shape[0])).reshape(-1, 1)).sum().backward()
+        offset = sum(i + 1 for i in range(me))  # the rows of the set's earlier ranks
+        assert z.grad.flatten().tolist() == [float(offset + i) for i in range(me + 1)]
+        y = torch.full((3,), float(rank), requires_grad=True)
+        hvd.broadcast(y, ranks[0], process_set=ps).sum().backward()
+        assert y.grad.tolist() == ([1.0] * 3 if rank == ranks[0] else [0.0] * 3)
+    hvd.remove_process_set(ps)

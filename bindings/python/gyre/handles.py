@@ -41,7 +41,8 @@ def op_name(kind, name, process_set=None):
         if not isinstance(name, str) or not name:
             raise InvalidArgumentError(f"{kind}: name must be a non-empty string, got {name!r}")
         return name
-    key = (kind, getattr(process_set, "process_set_id", None) or 0)
+    sid = getattr(process_set, "process_set_id", None) or 0
+    key = kind if sid == 0 else (kind, sid)
     with _name_lock:
         n = _name_counters.get(key, 0)
         _name_counters[key] = n + 1

@@ -78,7 +78,8 @@ void agree(Runtime& world, const char* call, Proposal kind, std::int64_t id,
   }
   if (!differ) return;
   for (int r = 0; r < n; ++r) {
-    lines.push_back(fmt::format("rank {} {}", r, describe(all + static_cast<std::size_t>(r) * words, n)));
+    const std::int64_t* row = all + static_cast<std::size_t>(r) * words;
+    lines.push_back(fmt::format("rank {} {}", r, describe(row, n)));
   }
   throw InvalidArgument(fmt::format(
       "{}: the ranks do not make the same call (every rank must add and remove the same "

@@ -30,18 +30,15 @@ import torch
 from gyre import ops
 from gyre.basics import global_process_set
 from gyre.compression import Compression
-from gyre.exceptions import InvalidArgumentError, NotSupportedError
+from gyre.exceptions import InvalidArgumentError
 
 _LINEAR = (ops.Sum, ops.Average)
 
 
 def _differentiable_on(process_set, what):
-    """The differentiable collectives run on the global set only (not done
-    yet for other sets: their gradients need the set's size and ranks)."""
-    if ops.check_process_set(process_set, what) != 0:
-        raise NotSupportedError(
-            f"{what}: a differentiable {what} on {process_set} is not implemented in gyre yet "
-            f"(only on the global process set); detach the input or use torch.no_grad()")
+    """Refuses what is not a registered ProcessSet, before any autograd node
+    is made (the collectives themselves refuse ranks outside the set)."""
+    ops.check_process_set(process_set, what)
 
 
 def _wants_grad(*tensors):
@@ -61,137 +58,152 @@ def _no_gradient(kind, name, op):
 
 class _Allreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale, postscale):
-        ctx.meta = (name, op, prescale, postscale)
+    def forward(ctx, tensor, name, op, prescale, postscale, ps):
+        ctx.meta = (name, op, prescale, postscale, ps)
         return ops.allreduce(tensor, name=name, op=op, prescale_factor=prescale,
-                             postscale_factor=postscale)
+                             postscale_factor=postscale, process_set=ps)
 
     @staticmethod
     def backward(ctx, grad_output):
-        name, op, prescale, postscale = ctx.meta
+        name, op, prescale, postscale, ps = ctx.meta
         if op not in _LINEAR:
             _no_gradient("allreduce", name, op)
         grad = ops.allreduce(grad_output.contiguous(), name=f"{name}.grad", op=op,
-                             prescale_factor=prescale, postscale_factor=postscale)
-        return grad, None, None, None, None
+                             prescale_factor=prescale, postscale_factor=postscale,
+                             process_set=ps)
+        return grad, None, None, None, None, None
 
 
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, op, prescale, postscale, *tensors):
-        ctx.meta = (name, op, prescale, postscale)
+    def forward(ctx, name, op, prescale, postscale, ps, *tensors):
+        ctx.meta = (name, op, prescale, postscale, ps)
         return tuple(ops.grouped_allreduce(list(tensors), name=name, op=op,
-                                           prescale_factor=prescale, postscale_factor=postscale))
+                                           prescale_factor=prescale, postscale_factor=postscale,
+                                           process_set=ps))
 
     @staticmethod
     def backward(ctx, *grads):
-        name, op, prescale, postscale = ctx.meta
+        name, op, prescale, postscale, ps = ctx.meta
         if op not in _LINEAR:
             _no_gradient("grouped_allreduce", name, op)
         reduced = ops.grouped_allreduce([g.contiguous() for g in grads], name=f"{name}.grad",
                                         op=op, prescale_factor=prescale,
-                                        postscale_factor=postscale)
-        return (None, None, None, None, *reduced)
+                                        postscale_factor=postscale, process_set=ps)
+        return (None, None, None, None, None, *reduced)
 
 
-def _rows_of_this_rank(name, grad_output, rows):
+def _set_rank(ps):
+    """This rank's index in `ps` (allgather's row order)."""
+    return ops.rank() if ps is None or ps is global_process_set else ps.rank()
+
+
+def _set_size(ps):
+    return ops.size() if ps is None or ps is global_process_set else ps.size()
+
+
+def _rows_of_this_rank(name, grad_output, rows, ps):
     """Horovod's allgather gradient: average the output gradients over ranks,
     keep the rows this rank contributed."""
-    averaged = ops.allreduce(grad_output.contiguous(), name=f"{name}.grad", op=ops.Average)
-    counts = ops.allgather(torch.tensor([rows], dtype=torch.int64), name=f"{name}.grad.rows")
-    offset = int(counts[:ops.rank()].sum())
+    averaged = ops.allreduce(grad_output.contiguous(), name=f"{name}.grad", op=ops.Average,
+                             process_set=ps)
+    counts = ops.allgather(torch.tensor([rows], dtype=torch.int64), name=f"{name}.grad.rows",
+                           process_set=ps)
+    offset = int(counts[:_set_rank(ps)].sum())
     return averaged.narrow(0, offset, rows)
 
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name):
-        ctx.meta = (name, tensor.shape[0])
-        return ops.allgather(tensor, name=name)
+    def forward(ctx, tensor, name, ps):
+        ctx.meta = (name, tensor.shape[0], ps)
+        return ops.allgather(tensor, name=name, process_set=ps)
 
     @staticmethod
     def backward(ctx, grad_output):
-        name, rows = ctx.meta
-        return _rows_of_this_rank(name, grad_output, rows), None
+        name, rows, ps = ctx.meta
+        return _rows_of_this_rank(name, grad_output, rows, ps), None, None
 
 
 class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, *tensors):
-        ctx.meta = (name, [t.shape[0] for t in tensors])
-        return tuple(ops.grouped_allgather(list(tensors), name=name))
+    def forward(ctx, name, ps, *tensors):
+        ctx.meta = (name, [t.shape[0] for t in tensors], ps)
+        return tuple(ops.grouped_allgather(list(tensors), name=name, process_set=ps))
 
     @staticmethod
     def backward(ctx, *grads):
-        name, rows = ctx.meta
-        return (None, *[_rows_of_this_rank(f"{name}.{i}", g, n)
-                        for i, (g, n) in enumerate(zip(grads, rows))])
+        name, rows, ps = ctx.meta
+        return (None, None, *[_rows_of_this_rank(f"{name}.{i}", g, n, ps)
+                              for i, (g, n) in enumerate(zip(grads, rows))])
 
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
-        ctx.meta = (name, root_rank)
-        return ops.broadcast(tensor, root_rank, name=name)
+    def forward(ctx, tensor, root_rank, name, ps):
+        ctx.meta = (name, root_rank, ps)
+        return ops.broadcast(tensor, root_rank, name=name, process_set=ps)
 
     @staticmethod
     def backward(ctx, grad_output):
-        name, root_rank = ctx.meta
-        grad = ops.allreduce(grad_output.contiguous(), name=f"{name}.grad", op=ops.Average)
-        if ops.rank() != root_rank:
+        name, root_rank, ps = ctx.meta
+        grad = ops.allreduce(grad_output.contiguous(), name=f"{name}.grad", op=ops.Average,
+                             process_set=ps)
+        if ops.rank() != root_rank:  # roots are world ranks
             grad = torch.zeros_like(grad)
-        return grad, None, None
+        return grad, None, None, None
 
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, name):
-        out, received = ops.synchronize(ops.alltoall_async(tensor, splits, name))
-        ctx.meta = (name, received)
+    def forward(ctx, tensor, splits, name, ps):
+        out, received = ops.synchronize(ops.alltoall_async(tensor, splits, name, ps))
+        ctx.meta = (name, received, ps)
         ctx.mark_non_differentiable(received)
         return out, received
 
     @staticmethod
     def backward(ctx, grad_output, _grad_received):
-        name, received = ctx.meta
-        grad, _ = ops.alltoall(grad_output.contiguous(), splits=received, name=f"{name}.grad")
-        return grad, None, None
+        name, received, ps = ctx.meta
+        grad, _ = ops.alltoall(grad_output.contiguous(), splits=received, name=f"{name}.grad",
+                               process_set=ps)
+        return grad, None, None, None
 
 
-def _reducescatter_gradient(name, grad_output, op, prescale, postscale):
+def _reducescatter_gradient(name, grad_output, op, prescale, postscale, ps):
     if op not in _LINEAR:
         _no_gradient("reducescatter", name, op)
-    grad = ops.allgather(grad_output.contiguous(), name=f"{name}.grad")
-    scale = prescale * postscale / (ops.size() if op == ops.Average else 1)
+    grad = ops.allgather(grad_output.contiguous(), name=f"{name}.grad", process_set=ps)
+    scale = prescale * postscale / (_set_size(ps) if op == ops.Average else 1)
     return grad * scale if scale != 1.0 else grad
 
 
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale, postscale):
-        ctx.meta = (name, op, prescale, postscale)
+    def forward(ctx, tensor, name, op, prescale, postscale, ps):
+        ctx.meta = (name, op, prescale, postscale, ps)
         return ops.reducescatter(tensor, name=name, op=op, prescale_factor=prescale,
-                                 postscale_factor=postscale)
+                                 postscale_factor=postscale, process_set=ps)
 
     @staticmethod
     def backward(ctx, grad_output):
         return (_reducescatter_gradient(ctx.meta[0], grad_output, *ctx.meta[1:]),
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 class _GroupedReducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, op, prescale, postscale, *tensors):
-        ctx.meta = (name, op, prescale, postscale)
+    def forward(ctx, name, op, prescale, postscale, ps, *tensors):
+        ctx.meta = (name, op, prescale, postscale, ps)
         return tuple(ops.grouped_reducescatter(list(tensors), name=name, op=op,
                                                prescale_factor=prescale,
-                                               postscale_factor=postscale))
+                                               postscale_factor=postscale, process_set=ps))
 
     @staticmethod
     def backward(ctx, *grads):
-        name, op, prescale, postscale = ctx.meta
-        return (None, None, None, None,
-                *[_reducescatter_gradient(f"{name}.{i}", g, op, prescale, postscale)
+        name, op, prescale, postscale, ps = ctx.meta
+        return (None, None, None, None, None,
+                *[_reducescatter_gradient(f"{name}.{i}", g, op, prescale, postscale, ps)
                   for i, g in enumerate(grads)])
 
 
@@ -210,7 +222,8 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     _differentiable_on(process_set, "allreduce")
     rop = ops._reduce_op(average, op)
     compressed, ctx = compression.compress(tensor)
-    out = _Allreduce.apply(compressed, name, rop, float(prescale_factor), float(postscale_factor))
+    out = _Allreduce.apply(compressed, name, rop, float(prescale_factor), float(postscale_factor),
+                           process_set)
     return compression.decompress(out, ctx)
 
 
@@ -226,7 +239,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     rop = ops._reduce_op(average, op)
     packed = [compression.compress(t) for t in tensors]
     outs = _GroupedAllreduce.apply(name, rop, float(prescale_factor), float(postscale_factor),
-                                   *[c for c, _ in packed])
+                                   process_set, *[c for c, _ in packed])
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, packed)]
 
 
@@ -236,7 +249,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
     if not _wants_grad(tensor):
         return ops.allgather(tensor, name, process_set)
     _differentiable_on(process_set, "allgather")
-    return _Allgather.apply(tensor, name)
+    return _Allgather.apply(tensor, name, process_set)
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
@@ -246,7 +259,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
     if not _wants_grad(*tensors):
         return ops.grouped_allgather(tensors, name, process_set)
     _differentiable_on(process_set, "grouped_allgather")
-    return list(_GroupedAllgather.apply(name, *tensors))
+    return list(_GroupedAllgather.apply(name, process_set, *tensors))
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
@@ -255,7 +268,7 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     if not _wants_grad(tensor):
         return ops.broadcast(tensor, root_rank, name, process_set)
     _differentiable_on(process_set, "broadcast")
-    return _Broadcast.apply(tensor, root_rank, name)
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
@@ -265,7 +278,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     if not _wants_grad(tensor):
         return ops.alltoall(tensor, splits, name, process_set)
     _differentiable_on(process_set, "alltoall")
-    out, received = _Alltoall.apply(tensor, splits, name)
+    out, received = _Alltoall.apply(tensor, splits, name, process_set)
     return out if splits is None else (out, received)
 
 
@@ -280,7 +293,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=ops.Averag
     rop = ops._reduce_op(None, op)
     compressed, ctx = compression.compress(tensor)
     out = _Reducescatter.apply(compressed, name, rop, float(prescale_factor),
-                               float(postscale_factor))
+                               float(postscale_factor), process_set)
     return compression.decompress(out, ctx)
 
 
@@ -297,5 +310,6 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=o
     rop = ops._reduce_op(None, op)
     packed = [compression.compress(t) for t in tensors]
     outs = _GroupedReducescatter.apply(name, rop, float(prescale_factor),
-                                       float(postscale_factor), *[c for c, _ in packed])
+                                       float(postscale_factor), process_set,
+                                       *[c for c, _ in packed])
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, packed)]
