@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <exception>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -221,4 +222,42 @@ TEST_CASE("coordinator: different iterations of a reused name are a mismatch nam
                                          Catch::Contains("ranks 0, 2 have 2") &&
                                          Catch::Contains("rank 1 has 1"));
   CHECK(cache.size() == 0);
+}
+
+TEST_CASE("coordinator: alike requests agree without comparing; any difference is compared",
+          "[coordinator]") {
+  // check() skips the per-field comparisons when every rank sent the same
+  // request bit for bit; the slightest difference must still be judged.
+  auto run = [](const std::function<void(int, Request&)>& edit) {
+    ResponseCache cache(16);
+    Coordinator c(3, 0, 0);
+    std::vector<RoundMessage> msgs(3);
+    for (int r = 0; r < 3; ++r) {
+      Request q = named("a", 4);
+      q.prescale = 0.5;
+      edit(r, q);
+      msgs[static_cast<std::size_t>(r)].requests = {q};
+    }
+    auto out = c.process(msgs, cache, Clock::now());
+    REQUIRE(out.responses.size() == 1);
+    return out.responses[0];
+  };
+  CHECK(run([](int, Request&) {}).ok());
+  // Equal as numbers, different as bits: the comparison decides, as before.
+  auto zero = run([](int r, Request& q) { q.prescale = r == 2 ? -0.0 : 0.0; });
+  CHECK(zero.error_kind == ErrorKind::kMismatch);
+  CHECK_THAT(zero.error, Catch::Contains("prescale") && Catch::Contains("rank 2 has -0"));
+  auto shape = run([](int r, Request& q) { q.shape = {r == 1 ? 5 : 4}; });
+  CHECK_THAT(shape.error, Catch::Contains("shape") && Catch::Contains("rank 1 has [5]"));
+  auto op = run([](int r, Request& q) { q.op = r == 0 ? ReduceOp::kMax : ReduceOp::kSum; });
+  CHECK_THAT(op.error, Catch::Contains("reduce op") && Catch::Contains("rank 0 has max"));
+  // A rank that joined sends nothing: the others' requests alike suffice.
+  ResponseCache cache(16);
+  Coordinator c(2, 0, 0);
+  std::vector<RoundMessage> msgs(2);
+  msgs[0].requests = {named("j", 2)};
+  msgs[1].joined = true;
+  auto out = c.process(msgs, cache, Clock::now());
+  REQUIRE(out.responses.size() == 1);
+  CHECK(out.responses[0].ok());
 }
