@@ -136,6 +136,52 @@ TEST_CASE("queue: take_for hands a response its entry, never a later enqueue's",
   CHECK(q.size() == 0);
 }
 
+TEST_CASE("queue: wait_for_work polls for its spin, then sleeps until the deadline",
+          "[queue]") {
+  using namespace std::chrono_literals;
+  TensorQueue q;
+  auto push = [&q](const std::string& name) {
+    LocalEntry e;
+    e.request = named(name, 1);
+    e.state = std::make_shared<OpState>();
+    std::vector<LocalEntry> v;
+    v.push_back(std::move(e));
+    q.push(std::move(v));
+  };
+  // Work enqueued during the spin (or already there) ends the wait: bounds
+  // far above the time taken, never below (the machine may be loaded).
+  std::thread producer([&] {
+    std::this_thread::sleep_for(2ms);
+    push("a");
+  });
+  auto t0 = Clock::now();
+  q.wait_for_work(30s, 20s);
+  CHECK(Clock::now() - t0 < 20s);
+  producer.join();
+  CHECK(q.drain_new().size() == 1);
+  push("b");  // already there: no wait at all
+  t0 = Clock::now();
+  q.wait_for_work(30s, 20s);
+  CHECK(Clock::now() - t0 < 20s);
+  q.drain_new();
+  // wake() ends a spin as it ends a sleep.
+  std::thread waker([&] {
+    std::this_thread::sleep_for(2ms);
+    q.wake();
+  });
+  t0 = Clock::now();
+  q.wait_for_work(30s, 20s);
+  CHECK(Clock::now() - t0 < 20s);
+  waker.join();
+  q.drain_new();
+  // Nothing comes: the timeout bounds spin and sleep together.
+  t0 = Clock::now();
+  q.wait_for_work(50ms, 200ms);
+  const auto waited = Clock::now() - t0;
+  CHECK(waited >= 50ms);
+  CHECK(waited < 20s);
+}
+
 TEST_CASE("queue: a pending name is refused first and never announced", "[queue]") {
   TensorQueue q;
   LocalEntry e;

@@ -174,7 +174,8 @@ Response Coordinator::make_response(const std::string& name, Pending& p) const {
 }
 
 void Coordinator::check(Response& resp) const {
-  const std::string what = fmt::format("{} '{}'", collective_name(resp.collective), resp.name);
+  // Concatenated, not formatted: this runs for every response.
+  const std::string what = std::string(collective_name(resp.collective)) + " '" + resp.name + "'";
   auto fail = [&](ErrorKind kind, const std::string& text) {
     resp.error_kind = kind;
     resp.error = fmt::format("{}: {}", what, text);
