@@ -18,6 +18,7 @@
 
 #include "exceptions.h"
 #include "gyre/gyre.h"
+#include "output_pool.h"
 #include "output_tensor.h"
 #include "pending_op.h"
 #include "tensor_import.h"
@@ -79,6 +80,27 @@ std::shared_ptr<PendingOp> allreduce(const std::string& name, py::handle in, py:
       [&] { return allreduce_async(name, vin, vout, rop, pre, post, process_set); });
 }
 
+// Out of place into a new output: from the output pool when the input is a
+// CPU tensor of at least kPooledOutputMinBytes (output_pool.h), else None
+// and the caller allocates (allreduce() with an output).
+py::object allreduce_pooled(const std::string& name, py::handle in, int op, double pre,
+                            double post, const std::string& refusal, int process_set) {
+  Call call(refusal);
+  const ReduceOp rop = call.op(op);
+  TensorView vin = call.view(in, "input", Access::kRead);
+  if (!vin.refusal.empty() || vin.device.type != DeviceType::kCPU ||
+      vin.nbytes() < kPooledOutputMinBytes) {
+    return py::none();
+  }
+  auto block = acquire_output(vin.nbytes());
+  TensorView vout = vin;
+  vout.data = block.get();
+  OutputTensor out(block, vin.dtype, vin.shape);
+  auto pending =
+      call.start([&] { return allreduce_async(name, vin, vout, rop, pre, post, process_set); });
+  return py::make_tuple(pending, out);
+}
+
 std::shared_ptr<PendingOp> grouped_allreduce(const std::vector<std::string>& names,
                                              const py::sequence& ins, py::handle outs, int op,
                                              double pre, double post, const std::string& refusal,
@@ -119,7 +141,12 @@ void bind_operations(py::module_& m) {
   // an argument (empty: it could). The runtime then refuses the call.
   m.def("allreduce", &allreduce, py::arg("name"), py::arg("input"), py::arg("output"),
         py::arg("op"), py::arg("prescale"), py::arg("postscale"), py::arg("refusal") = "",
-        py::arg("process_set") = 0, "Enqueues an allreduce; output=None reduces in place.");
+        "Enqueues an allreduce; output=None reduces in place.");
+  m.def("allreduce_pooled", &allreduce_pooled, py::arg("name"), py::arg("input"), py::arg("op"),
+        py::arg("prescale"), py::arg("postscale"), py::arg("refusal") = "",
+        py::arg("process_set") = 0,
+        "Enqueues an allreduce into a new output from gyre's pool: (pending, output), or None "
+        "(nothing enqueued) when the input is not a CPU tensor of at least 1 MiB.");
   m.def("grouped_allreduce", &grouped_allreduce, py::arg("names"), py::arg("inputs"),
         py::arg("outputs"), py::arg("op"), py::arg("prescale"), py::arg("postscale"),
         py::arg("refusal") = "", py::arg("process_set") = 0);

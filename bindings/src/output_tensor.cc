@@ -45,6 +45,7 @@ const char* buffer_format(DataType dt) {
 // the shape array.
 struct ExportContext {
   Handle handle;
+  std::shared_ptr<std::byte> block;
   std::vector<std::int64_t> shape;
   DLManagedTensor managed{};
 };
@@ -64,23 +65,25 @@ void capsule_destructor(PyObject* capsule) {
 // A valid, aligned address for empty outputs, whose vector may hold none.
 alignas(256) std::byte empty_storage[1];
 
-void* data_pointer(const OwnedTensor& t) {
+}  // namespace
+
+void* OutputTensor::data() const {
+  if (block_) return block_.get();
+  const OwnedTensor& t = handle_.output();
   return t.data.empty() ? static_cast<void*>(empty_storage)
                         : const_cast<std::byte*>(t.data.data());
 }
 
-}  // namespace
-
 py::capsule OutputTensor::to_dlpack() const {
-  const OwnedTensor& t = tensor();
   auto ctx = std::make_unique<ExportContext>();
   ctx->handle = handle_;
-  ctx->shape = t.shape;
+  ctx->block = block_;
+  ctx->shape = shape();
   DLManagedTensor& m = ctx->managed;
-  m.dl_tensor.data = data_pointer(t);
+  m.dl_tensor.data = data();
   m.dl_tensor.device = DLDevice{kDLCPU, 0};
   m.dl_tensor.ndim = static_cast<int>(ctx->shape.size());
-  m.dl_tensor.dtype = to_dl_dtype(t.dtype);
+  m.dl_tensor.dtype = to_dl_dtype(dtype());
   m.dl_tensor.shape = ctx->shape.data();
   m.dl_tensor.strides = nullptr;  // compact row-major
   m.dl_tensor.byte_offset = 0;
@@ -93,16 +96,15 @@ py::capsule OutputTensor::to_dlpack() const {
 }
 
 py::buffer_info OutputTensor::buffer() const {
-  const OwnedTensor& t = tensor();
-  const auto item = static_cast<py::ssize_t>(dtype_size(t.dtype));
-  std::vector<py::ssize_t> shape(t.shape.begin(), t.shape.end());
+  const auto item = static_cast<py::ssize_t>(dtype_size(dtype()));
+  std::vector<py::ssize_t> shape(this->shape().begin(), this->shape().end());
   std::vector<py::ssize_t> strides(shape.size());
   py::ssize_t stride = item;
   for (std::size_t i = shape.size(); i-- > 0;) {
     strides[i] = stride;
     stride *= shape[i];
   }
-  return py::buffer_info(data_pointer(t), item, buffer_format(t.dtype),
+  return py::buffer_info(data(), item, buffer_format(dtype()),
                          static_cast<py::ssize_t>(shape.size()), shape, strides,
                          /*readonly=*/false);
 }
@@ -119,10 +121,10 @@ void bind_output_tensor(py::module_& m) {
           py::arg("dl_device") = py::none(), py::arg("copy") = py::none())
       .def("__dlpack_device__", [](const OutputTensor&) { return py::make_tuple(int(kDLCPU), 0); })
       .def_property_readonly(
-          "dtype", [](const OutputTensor& o) { return std::string(dtype_name(o.tensor().dtype)); })
+          "dtype", [](const OutputTensor& o) { return std::string(dtype_name(o.dtype())); })
       .def_property_readonly("shape", [](const OutputTensor& o) {
-        py::tuple s(o.tensor().shape.size());
-        for (std::size_t i = 0; i < o.tensor().shape.size(); ++i) s[i] = o.tensor().shape[i];
+        py::tuple s(o.shape().size());
+        for (std::size_t i = 0; i < o.shape().size(); ++i) s[i] = o.shape()[i];
         return s;
       });
 }

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <exception>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -135,6 +136,52 @@ TEST_CASE("queue: take_for hands a response its entry, never a later enqueue's",
   CHECK(q.size() == 0);
 }
 
+TEST_CASE("queue: wait_for_work polls for its spin, then sleeps until the deadline",
+          "[queue]") {
+  using namespace std::chrono_literals;
+  TensorQueue q;
+  auto push = [&q](const std::string& name) {
+    LocalEntry e;
+    e.request = named(name, 1);
+    e.state = std::make_shared<OpState>();
+    std::vector<LocalEntry> v;
+    v.push_back(std::move(e));
+    q.push(std::move(v));
+  };
+  // Work enqueued during the spin (or already there) ends the wait: bounds
+  // far above the time taken, never below (the machine may be loaded).
+  std::thread producer([&] {
+    std::this_thread::sleep_for(2ms);
+    push("a");
+  });
+  auto t0 = Clock::now();
+  q.wait_for_work(30s, 20s);
+  CHECK(Clock::now() - t0 < 20s);
+  producer.join();
+  CHECK(q.drain_new().size() == 1);
+  push("b");  // already there: no wait at all
+  t0 = Clock::now();
+  q.wait_for_work(30s, 20s);
+  CHECK(Clock::now() - t0 < 20s);
+  q.drain_new();
+  // wake() ends a spin as it ends a sleep.
+  std::thread waker([&] {
+    std::this_thread::sleep_for(2ms);
+    q.wake();
+  });
+  t0 = Clock::now();
+  q.wait_for_work(30s, 20s);
+  CHECK(Clock::now() - t0 < 20s);
+  waker.join();
+  q.drain_new();
+  // Nothing comes: the timeout bounds spin and sleep together.
+  t0 = Clock::now();
+  q.wait_for_work(50ms, 200ms);
+  const auto waited = Clock::now() - t0;
+  CHECK(waited >= 50ms);
+  CHECK(waited < 20s);
+}
+
 TEST_CASE("queue: a pending name is refused first and never announced", "[queue]") {
   TensorQueue q;
   LocalEntry e;
@@ -221,4 +268,42 @@ TEST_CASE("coordinator: different iterations of a reused name are a mismatch nam
                                          Catch::Contains("ranks 0, 2 have 2") &&
                                          Catch::Contains("rank 1 has 1"));
   CHECK(cache.size() == 0);
+}
+
+TEST_CASE("coordinator: alike requests agree without comparing; any difference is compared",
+          "[coordinator]") {
+  // check() skips the per-field comparisons when every rank sent the same
+  // request bit for bit; the slightest difference must still be judged.
+  auto run = [](const std::function<void(int, Request&)>& edit) {
+    ResponseCache cache(16);
+    Coordinator c(3, 0, 0);
+    std::vector<RoundMessage> msgs(3);
+    for (int r = 0; r < 3; ++r) {
+      Request q = named("a", 4);
+      q.prescale = 0.5;
+      edit(r, q);
+      msgs[static_cast<std::size_t>(r)].requests = {q};
+    }
+    auto out = c.process(msgs, cache, Clock::now());
+    REQUIRE(out.responses.size() == 1);
+    return out.responses[0];
+  };
+  CHECK(run([](int, Request&) {}).ok());
+  // Equal as numbers, different as bits: the comparison decides, as before.
+  auto zero = run([](int r, Request& q) { q.prescale = r == 2 ? -0.0 : 0.0; });
+  CHECK(zero.error_kind == ErrorKind::kMismatch);
+  CHECK_THAT(zero.error, Catch::Contains("prescale") && Catch::Contains("rank 2 has -0"));
+  auto shape = run([](int r, Request& q) { q.shape = {r == 1 ? 5 : 4}; });
+  CHECK_THAT(shape.error, Catch::Contains("shape") && Catch::Contains("rank 1 has [5]"));
+  auto op = run([](int r, Request& q) { q.op = r == 0 ? ReduceOp::kMax : ReduceOp::kSum; });
+  CHECK_THAT(op.error, Catch::Contains("reduce op") && Catch::Contains("rank 0 has max"));
+  // A rank that joined sends nothing: the others' requests alike suffice.
+  ResponseCache cache(16);
+  Coordinator c(2, 0, 0);
+  std::vector<RoundMessage> msgs(2);
+  msgs[0].requests = {named("j", 2)};
+  msgs[1].joined = true;
+  auto out = c.process(msgs, cache, Clock::now());
+  REQUIRE(out.responses.size() == 1);
+  CHECK(out.responses[0].ok());
 }

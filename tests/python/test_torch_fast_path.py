@@ -118,3 +118,27 @@ def test_handle_numbers_taken_late(size, rank):
     gyre.synchronize(done)
     assert gyre.synchronize(int(done)) is None  # taken only after it completed
     assert gyre.synchronize(done).tolist() == [float(size)] * 2
+
+
+def test_large_new_outputs_come_from_the_pool_and_are_reused(size, rank):
+    # At least 1 MiB: the output is a block of gyre's pool, returned to it
+    # when the tensor is freed and handed out again for the next output.
+    n = (1 << 20) // 4 + 3
+    x = torch.arange(n, dtype=torch.float32) * (rank + 1)
+    want = torch.arange(n, dtype=torch.float32) * (size * (size + 1) / 2)
+    first = gyre.allreduce(x, op=gyre.Sum, name="fast.pool")
+    assert torch.equal(first, want) and first.data_ptr() != x.data_ptr()
+    kept = gyre.allreduce(x, op=gyre.Sum, name="fast.pool")  # first still alive: another block
+    assert kept.data_ptr() != first.data_ptr() and torch.equal(kept, want)
+    ptr = first.data_ptr()
+    del first
+    again = gyre.allreduce(x * 2, op=gyre.Sum, name="fast.pool")
+    assert again.data_ptr() == ptr  # the freed block, reused
+    assert torch.equal(again, want * 2) and torch.equal(kept, want)
+    assert again.shape == x.shape and again.dtype == x.dtype
+    # Written to like any tensor, and still the caller's after more calls.
+    again.add_(1)
+    assert torch.equal(again, want * 2 + 1)
+    # A refused input still raises at the call (nothing enqueued from the pool).
+    with pytest.raises(gyre.InvalidArgumentError, match="not contiguous"):
+        gyre.allreduce(torch.ones(512, 1024).t(), name="fast.pool.refused")

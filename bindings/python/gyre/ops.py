@@ -80,6 +80,7 @@ def _reduce_op(average: Optional[bool], op: Optional[Op]) -> ReduceOp:
 # common call converts with one lookup instead of an enum construction.
 _OP_VALUES = {o: int(o) for o in ReduceOp}
 _OP_VALUES[None] = int(Average)  # Horovod's default
+_POOLED_OUTPUT_BYTES = 1 << 20  # the extension's kPooledOutputMinBytes
 
 
 def _op(c: _t.Conversion, average: Optional[bool], op: Optional[Op]) -> int:
@@ -175,6 +176,14 @@ def _start_allreduce(tensor, average, name, op, prescale_factor, postscale_facto
         refusal = c.refusal
     if in_place:
         return name, _gyre.allreduce(name, x, None, rop, pre, post, refusal, sid), None
+    if _t.is_torch(x) and x.is_cpu and x.nbytes >= _POOLED_OUTPUT_BYTES:
+        # A large new output from gyre's pool: already in memory when its
+        # size was used before (a fresh torch tensor would fault in every
+        # page; extension's output_pool.h).
+        started = _gyre.allreduce_pooled(name, x, rop, pre, post, refusal, sid)
+        if started is not None:
+            pending, pooled = started
+            return name, pending, _t.from_output(pooled, x)
     out = None if x is None else _t.empty_like(x)
     return name, _gyre.allreduce(name, x, out, rop, pre, post, refusal, sid), out
 

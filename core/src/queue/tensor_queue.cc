@@ -2,6 +2,7 @@
 #include "queue/tensor_queue.h"
 
 #include <algorithm>
+#include <thread>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -41,10 +42,14 @@ void TensorQueue::push(std::vector<LocalEntry> entries) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_reason_) std::rethrow_exception(make_error(closed_kind_, *closed_reason_));
-    std::unordered_set<std::string> seen;
-    for (const auto& e : entries) {
-      if (table_.count(e.request.name) || !seen.insert(e.request.name).second) {
-        throw_duplicate(e.request);
+    if (entries.size() == 1) {  // the common case: no set of names to build
+      if (table_.count(entries[0].request.name)) throw_duplicate(entries[0].request);
+    } else {
+      std::unordered_set<std::string> seen;
+      for (const auto& e : entries) {
+        if (table_.count(e.request.name) || !seen.insert(e.request.name).second) {
+          throw_duplicate(e.request);
+        }
       }
     }
     auto now = Clock::now();
@@ -52,6 +57,7 @@ void TensorQueue::push(std::vector<LocalEntry> entries) {
       e.enqueued = now;
       number(e.request);
       fresh_.push_back(e.request);
+      has_work_.store(true, std::memory_order_release);
       std::string name = e.request.name;
       table_.emplace(std::move(name), std::move(e));
     }
@@ -65,6 +71,7 @@ bool TensorQueue::announce_failure(Request r) {
     if (closed_reason_ || table_.count(r.name)) return false;
     number(r);
     fresh_.push_back(std::move(r));
+    has_work_.store(true, std::memory_order_release);
   }
   cv_.notify_one();
   return true;
@@ -75,6 +82,7 @@ std::vector<Request> TensorQueue::drain_new() {
   std::vector<Request> out;
   out.swap(fresh_);
   woken_ = false;
+  has_work_.store(false, std::memory_order_release);
   auto now = Clock::now();
   for (const auto& r : out) {
     auto it = table_.find(r.name);
@@ -127,15 +135,25 @@ std::vector<LocalEntry> TensorQueue::close(const std::string& reason, ErrorKind 
   return out;
 }
 
-void TensorQueue::wait_for_work(std::chrono::microseconds timeout) {
+void TensorQueue::wait_for_work(std::chrono::microseconds timeout,
+                                std::chrono::microseconds spin) {
+  const auto deadline = Clock::now() + timeout;
+  if (spin.count() > 0) {
+    const auto end = std::min(Clock::now() + spin, deadline);
+    while (!has_work_.load(std::memory_order_acquire)) {
+      if (Clock::now() >= end) break;
+      std::this_thread::yield();
+    }
+  }
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, timeout, [&] { return !fresh_.empty() || woken_; });
+  cv_.wait_until(lock, deadline, [&] { return !fresh_.empty() || woken_; });
 }
 
 void TensorQueue::wake() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     woken_ = true;
+    has_work_.store(true, std::memory_order_release);
   }
   cv_.notify_one();
 }

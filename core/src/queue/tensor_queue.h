@@ -19,6 +19,7 @@
 // restart_sequences().
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -85,8 +86,14 @@ class TensorQueue {
   // Removes every entry and refuses further pushes with `reason`.
   std::vector<LocalEntry> close(const std::string& reason, ErrorKind kind = ErrorKind::kState);
 
-  // Background thread: sleeps until new work, wake(), or `timeout`.
-  void wait_for_work(std::chrono::microseconds timeout);
+  // Background thread: sleeps until new work, wake(), or `timeout`. For the
+  // first `spin` of it (at most `timeout`) it polls instead, yielding the
+  // core between polls: an enqueue right after a completion (a loop of
+  // small operations) is then seen without the caller waking this thread
+  // through the condition variable, which costs a system call and a
+  // scheduler wake-up on both sides.
+  void wait_for_work(std::chrono::microseconds timeout,
+                     std::chrono::microseconds spin = std::chrono::microseconds(0));
   void wake();
 
   std::vector<std::string> pending_names() const;
@@ -103,6 +110,8 @@ class TensorQueue {
   std::vector<Request> fresh_;  // enqueued since the last drain
   std::unordered_map<std::string, std::uint64_t> submitted_;  // name -> submissions
   bool woken_ = false;
+  // !fresh_.empty() || woken_, readable without mu_ (wait_for_work's polls).
+  std::atomic<bool> has_work_{false};
   std::optional<std::string> closed_reason_;
   ErrorKind closed_kind_ = ErrorKind::kState;  // what push() throws once closed
 };

@@ -48,7 +48,9 @@ const OptionSpec kTable[] = {
   {"GYRE_SPIN_WAIT_US", "spin_wait_us",
    RealOption{&O::spin_wait_us, 0, kMaxSpinUs}, "100", false,
    "How long the background thread polls a pending transfer (negotiation message or ring chunk) "
-   "before it sleeps between polls, in naps of 5 µs doubling up to 200 µs."},
+   "before it sleeps between polls, in naps of 5 µs doubling up to 200 µs; also how long it "
+   "polls for the caller's next operation after a round that ran operations, before it sleeps "
+   "until an enqueue wakes it."},
   {"GYRE_CACHE_CAPACITY", "cache_capacity",
    SizeOption{&O::cache_capacity, 0, kMaxCacheEntries}, "1024", true,
    "Entries of the response cache."},

@@ -266,6 +266,7 @@ void Runtime::loop() {
   // enqueued the tensor anyway. A joined rank keeps the cycle time, since
   // the others' tensors wait for its rounds.
   auto idle_sleep = cycle;
+  const auto spin = std::chrono::microseconds(static_cast<long>(opt_.spin_wait_us));
   const auto idle_max = std::max(cycle, kIdleCycleMax);
   bool first = true;
   // The first round doubles as the start-up barrier: ranks may reach init()
@@ -276,7 +277,9 @@ void Runtime::loop() {
     while (true) {
       if (!first) {
         idle_sleep = last_round_idle_ ? std::min(2 * idle_sleep, idle_max) : cycle;
-        queue_.wait_for_work(idle_sleep);
+        // After a round that ran operations the caller's next one often
+        // follows at once: poll for it first (see TensorQueue).
+        queue_.wait_for_work(idle_sleep, last_round_ran_ ? spin : std::chrono::microseconds(0));
       }
       if (!round()) break;
       if (first) {
@@ -308,7 +311,7 @@ void Runtime::fatal(const std::exception& e) {
   std::string pending = fmt::format("{}", fmt::join(queue_.pending_names(), ", "));
   std::string text = fmt::format(
       "{} during {}: {}. Tensors pending on this rank: [{}]. {}", timeout ? "timed out" : "failed",
-      phase_, e.what(), pending,
+      phase(), e.what(), pending,
       timeout ? fmt::format("No progress for GYRE_OP_TIMEOUT_S={} s: a rank is stuck or gone "
                             "(ranks wait on their ring predecessor, so the stuck rank is the "
                             "one the other ranks' messages lead back to); aborting the job",
@@ -329,10 +332,17 @@ void Runtime::fatal(const std::exception& e) {
   fail_all(timeout ? ErrorKind::kTimeout : ErrorKind::kTransport, text);
 }
 
+std::string Runtime::phase() const {
+  if (phase_.responses == 0) return fmt::format("negotiation round {}", phase_.round);
+  return fmt::format("round {}: running {} responses from '{}'", phase_.round, phase_.responses,
+                     phase_.first);
+}
+
 bool Runtime::round() {
   const std::uint64_t round_no = rounds_.load();
   if (timeline_.active()) timeline_.mark_cycle(Clock::now());
-  phase_ = fmt::format("negotiation round {}", round_no);
+  phase_.round = round_no;
+  phase_.responses = 0;
   RoundFlags flags;
   flags.shutdown = shutdown_requested_.load();
   flags.joined = join_requested_.load();
@@ -340,6 +350,7 @@ bool Runtime::round() {
   Agreement agreed = negotiator_.round(queue_.drain_new(), std::move(flags));
   rounds_.fetch_add(1);
   last_round_idle_ = agreed.idle && queue_.size() == 0;
+  last_round_ran_ = !agreed.responses.empty();
   for (Response& resp : agreed.responses) {
     resp.local = queue_.take_for(resp, rank_);
     // A resync repairs the ranks' state: from here they count iterations
@@ -348,8 +359,8 @@ bool Runtime::round() {
   }
 
   if (!agreed.responses.empty()) {
-    phase_ = fmt::format("round {}: running {} responses from '{}'", round_no,
-                         agreed.responses.size(), agreed.responses.front().name);
+    phase_.responses = agreed.responses.size();
+    phase_.first.assign(agreed.responses.front().name);
     if (log_.enabled(LogLevel::kTrace)) {
       std::vector<std::string> names;
       for (const auto& r : agreed.responses) names.push_back(r.name);
