@@ -301,7 +301,7 @@ void Runtime::fatal(const std::exception& e) {
     std::string text = fmt::format(
         "a rank failed during {}: {}. Call gyre::rebuild() on every surviving rank to go on "
         "without it (Python: gyre.torch.elastic.run does this; see docs/elastic.md)",
-        phase_, e.what());
+        phase(), e.what());
     log_.warn("{}", text);
     stopped_ = true;
     fail_all(ErrorKind::kRankFailed, text);
