@@ -141,7 +141,7 @@ void bind_operations(py::module_& m) {
   // an argument (empty: it could). The runtime then refuses the call.
   m.def("allreduce", &allreduce, py::arg("name"), py::arg("input"), py::arg("output"),
         py::arg("op"), py::arg("prescale"), py::arg("postscale"), py::arg("refusal") = "",
-        "Enqueues an allreduce; output=None reduces in place.");
+        py::arg("process_set") = 0, "Enqueues an allreduce; output=None reduces in place.");
   m.def("allreduce_pooled", &allreduce_pooled, py::arg("name"), py::arg("input"), py::arg("op"),
         py::arg("prescale"), py::arg("postscale"), py::arg("refusal") = "",
         py::arg("process_set") = 0,
