@@ -2,6 +2,8 @@
 // completion, waiting, and running Python callbacks on completion.
 #include "pending_op.h"
 
+#include <pthread.h>
+
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -121,6 +123,10 @@ class CallbackThreads {
     }
   }
 
+  friend void fork_prepare();
+  friend void fork_parent();
+  friend void fork_child();
+
   std::mutex mu_;  // guards queue_, idle_, threads_
   std::condition_variable cv_;
   std::deque<PyObject*> queue_;
@@ -128,7 +134,32 @@ class CallbackThreads {
   int threads_ = 0;  // threads started and not ended
 };
 
+// fork(): the background thread (bury) and the callback threads take these
+// mutexes without the GIL, so one of them may hold one at the moment another
+// thread forks; the child, which has only the forking thread, would then
+// wait for ever at its first binding call. The forking thread holds both
+// across fork(). In the child the callback threads do not exist: the pool
+// starts empty (their queued callables are dropped with their references).
+void fork_prepare() {
+  graveyard_mutex().lock();
+  CallbackThreads::instance().mu_.lock();
+}
+void fork_parent() {
+  CallbackThreads::instance().mu_.unlock();
+  graveyard_mutex().unlock();
+}
+void fork_child() {
+  auto& t = CallbackThreads::instance();
+  t.queue_.clear();
+  t.idle_ = 0;
+  t.threads_ = 0;
+  t.mu_.unlock();
+  graveyard_mutex().unlock();
+}
+
 }  // namespace
+
+void register_fork_handlers() { pthread_atfork(fork_prepare, fork_parent, fork_child); }
 
 void drain_graveyard() {
   Imports dead;

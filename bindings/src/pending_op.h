@@ -39,6 +39,9 @@ using Imports = std::vector<std::unique_ptr<ImportedTensor>>;
 
 // Destroys the tensors of completed operations. GIL held.
 void drain_graveyard();
+// Keeps this file's mutexes usable in the child of a fork(); called once,
+// when the module is imported.
+void register_fork_handlers();
 
 struct Completion {
   std::mutex mu;  // guards done, keep

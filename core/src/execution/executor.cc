@@ -105,19 +105,28 @@ void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at
     } catch (...) {
       // Not known to be alike on every rank: the job ends (the caller,
       // Runtime::loop, rethrows it to Runtime::fatal). This round's
-      // operations that have not completed fail with the cause first: they
-      // are no longer in the queue, where the runtime's end would fail them.
-      const std::exception_ptr err = std::current_exception();
+      // operations that have not completed are no longer in the queue, where
+      // the runtime's end would fail them: they are held here and failed
+      // with the cause by fail_held(), after Runtime::fatal has logged it.
+      held_error_ = std::current_exception();
       for (auto& ent : bucket_entries) {
-        if (ent) ent->state->complete_one(err);
+        if (ent) held_.push_back(std::move(*ent));
       }
       for (std::size_t later = k + 1; later < buckets.size(); ++later) {
         for (auto m : buckets[later].members) {
-          if (entries[m] && responses[m].ok()) entries[m]->state->complete_one(err);
+          if (entries[m] && responses[m].ok()) held_.push_back(std::move(*entries[m]));
         }
       }
       throw;
     }
+  }
+}
+
+void Executor::fail_held() {
+  std::vector<LocalEntry> held;
+  held.swap(held_);
+  for (auto& e : held) {
+    if (e.state) e.state->complete_one(held_error_);
   }
 }
 

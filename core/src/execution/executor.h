@@ -64,6 +64,12 @@ class Executor {
   }
   const char* host_backend() const { return backends_.cpu().name(); }
 
+  // After run() threw an error not known to be alike on every rank: fails
+  // the operations of that round that had not completed with that error.
+  // Runtime::fatal calls it once it has logged the error, so that a caller
+  // ending the process on the exception cannot cut the log short.
+  void fail_held();
+
  private:
   using Entry = std::optional<LocalEntry>;
   // The registry's backend for the bucket's device; InvalidArgument if none.
@@ -87,6 +93,9 @@ class Executor {
   Timeline* timeline_;
   const Logger& log_;
   BackendRegistry backends_;
+  // The failed round's operations, until fail_held() (background thread).
+  std::vector<LocalEntry> held_;
+  std::exception_ptr held_error_;
 };
 
 }  // namespace gyre::core

@@ -304,6 +304,7 @@ void Runtime::fatal(const std::exception& e) {
         phase(), e.what());
     log_.warn("{}", text);
     stopped_ = true;
+    executor_.fail_held();
     fail_all(ErrorKind::kRankFailed, text);
     return;
   }
@@ -329,6 +330,7 @@ void Runtime::fatal(const std::exception& e) {
   }
   if (info_.abort) info_.abort(1);
   // abort returned (in-process tests): fail everything and stop.
+  executor_.fail_held();
   fail_all(timeout ? ErrorKind::kTimeout : ErrorKind::kTransport, text);
 }
 
