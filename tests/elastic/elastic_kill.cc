@@ -1,10 +1,10 @@
-// Elastic recovery through the C++ API, under an MPI with ULFM and
-// `mpirun --with-ft ulfm`: every rank runs a loop of allreduces, committing
+// Elastic recovery through the C++ API (gyre::elastic::State and run), under
+// an MPI with ULFM and `mpirun --with-ft ulfm`: every rank runs a loop of allreduces, committing
 // after each step; one rank (GYRE_TEST_KILL_RANK, default 1) SIGKILLs itself
 // right after submitting the allreduce of step GYRE_TEST_KILL_STEP (default
 // 7), so that it dies with the operation in flight. Every survivor must see
-// RankFailedError, call gyre::rebuild(), roll back to the agreed commit and
-// finish every step on the smaller world, with exact results. With
+// RankFailedError; gyre::elastic::run calls gyre::rebuild() and rolls the
+// state back to the agreed commit; every survivor must finish every step on the smaller world, with exact results. With
 // GYRE_TEST_KILL_AFTER_US the rank dies that long after submitting, most
 // likely with its ring transfers half done: some survivors may then have
 // completed the step with its data and committed it, others not, and the
@@ -21,7 +21,11 @@
 //
 // Prints "elastic: rank P PASS ..." per survivor (run_elastic.sh counts
 // them) and the recovery time: from the failure seen by this rank to the
-// first step completed after the rebuild.
+// first step completed after the rebuild. For benchmarks/elastic_recovery.sh
+// the killed rank prints "elastic: rank P killed at T" and every survivor
+// "elastic: rank P recovered at T", T in nanoseconds of steady_clock
+// (CLOCK_MONOTONIC, common to the processes of one host): the job's recovery
+// time is the latest survivor's T minus the kill's.
 #include <chrono>
 #include <csignal>
 #include <cstdint>
@@ -32,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "gyre/elastic.h"
 #include "gyre/gyre.h"
 
 namespace {
@@ -43,6 +48,11 @@ constexpr std::int64_t kCount = 1 << 18;  // 2 MiB of int64: several ring chunks
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr ? std::atoi(v) : fallback;
+}
+
+long long mono_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
 }
 
 std::int64_t value(int start_rank, int step, std::int64_t i) {
@@ -73,7 +83,7 @@ int main() {
   std::vector<int> start_ranks;
   for (int r = 0; r < gyre::size(); ++r) start_ranks.push_back(r);
 
-  std::vector<std::int64_t> acc(kCount, 0), committed = acc, buf(kCount);
+  std::vector<std::int64_t> acc(kCount, 0), buf(kCount);
   // members[s]: the start ranks whose contributions step s committed.
   std::vector<std::set<int>> members;
   int failures = 0;
@@ -81,57 +91,66 @@ int main() {
   Clock::time_point failed_at{};
   bool recovering = false;
 
-  for (int step = static_cast<int>(gyre::committed_steps()); step < kSteps;) {
-    for (std::int64_t i = 0; i < kCount; ++i) buf[i] = value(me, step, i);
-    gyre::TensorView v{buf.data(), gyre::DataType::kInt64, {kCount}};
-    try {
+  // The state (acc) is committed and restored by gyre::elastic::State, the
+  // recovery driven by gyre::elastic::run; members and start_ranks, the
+  // test's own records, roll back in the reset callback.
+  gyre::elastic::State state;
+  state.add("acc", acc);
+  try {  // a second buffer of the same name is refused
+    state.add("acc", buf);
+    fail(me, "State::add accepted a duplicate name");
+  } catch (const gyre::InvalidArgument&) {
+  }
+  state.on_failure([&](const gyre::RankFailedError& e) {
+    ++failures;
+    std::fprintf(stderr, "elastic: rank %d saw at step %llu: %.200s\n", me,
+                 static_cast<unsigned long long>(gyre::committed_steps()), e.what());
+    if (me == kill_in_recovery) std::raise(SIGKILL);
+  });
+  state.on_reset([&](const gyre::elastic::Recovery& r) {
+    const gyre::RebuildInfo& info = r.info;
+    rebuild_s = info.seconds;
+    failed_at = r.failed_at;
+    std::vector<int> next;
+    for (int prev : info.previous_ranks) next.push_back(start_ranks.at(prev));
+    start_ranks = next;
+    std::fprintf(stderr,
+                 "elastic: rank %d rebuilt in %.3f s: now rank %d of %d, agreed step %llu "
+                 "(own commit %llu), state from rank %d, lost %zu rank(s)\n",
+                 me, info.seconds, info.rank, info.size,
+                 static_cast<unsigned long long>(info.step),
+                 static_cast<unsigned long long>(r.own_commit), info.root, info.lost.size());
+    members.resize(info.step);
+    recovering = true;
+  });
+
+  gyre::elastic::run(state, [&](gyre::elastic::State& s) {
+    for (int step = static_cast<int>(gyre::committed_steps()); step < kSteps; ++step) {
+      for (std::int64_t i = 0; i < kCount; ++i) buf[i] = value(me, step, i);
+      gyre::TensorView v{buf.data(), gyre::DataType::kInt64, {kCount}};
       gyre::Handle h = gyre::allreduce_async("grad", v, v, gyre::ReduceOp::kSum);
       if (me == kill_rank && step == kill_step) {
         // Fault injection, not a wait for a result.
         if (kill_after_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(kill_after_us));
+        std::fprintf(stderr, "elastic: rank %d killed at %lld\n", me, mono_ns());
+        std::fflush(stderr);
         std::raise(SIGKILL);
       }
       h.wait();
-    } catch (const gyre::RankFailedError& e) {
-      failed_at = Clock::now();
-      ++failures;
-      std::fprintf(stderr, "elastic: rank %d saw at step %d: %.200s\n", me, step, e.what());
-      if (me == kill_in_recovery) std::raise(SIGKILL);
-      const std::uint64_t own = gyre::committed_steps();
-      gyre::RebuildInfo info = gyre::rebuild();
-      rebuild_s = info.seconds;
-      std::vector<int> next;
-      for (int prev : info.previous_ranks) next.push_back(start_ranks.at(prev));
-      start_ranks = next;
-      std::fprintf(stderr,
-                   "elastic: rank %d rebuilt in %.3f s: now rank %d of %d, agreed step %llu "
-                   "(own commit %llu), state from rank %d, lost %zu rank(s)\n",
-                   me, info.seconds, info.rank, info.size,
-                   static_cast<unsigned long long>(info.step), static_cast<unsigned long long>(own),
-                   info.root, info.lost.size());
-      if (own < info.step) fail(me, "this rank's commit is behind the agreed step");
-      if (own > info.step + 1) fail(me, "this rank is more than one commit ahead");
-      // Roll back: to the own commit, then (a rank one commit ahead) to the
-      // root's, which is at the agreed step.
-      acc = committed;
-      gyre::TensorView a{acc.data(), gyre::DataType::kInt64, {kCount}};
-      gyre::broadcast_async("state.acc", a, info.root).wait();
-      committed = acc;
-      members.resize(info.step);
-      step = static_cast<int>(info.step);
-      recovering = true;
-      continue;
+      for (std::int64_t i = 0; i < kCount; ++i) acc[i] += buf[i];
+      members.emplace_back(start_ranks.begin(), start_ranks.end());
+      s.commit();
+      if (recovering) {
+        recovering = false;
+        const Clock::time_point now = Clock::now();
+        recovery_s = std::chrono::duration<double>(now - failed_at).count();
+        std::fprintf(stderr, "elastic: rank %d recovered at %lld\n", me,
+                     static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                now.time_since_epoch())
+                                                .count()));
+      }
     }
-    for (std::int64_t i = 0; i < kCount; ++i) acc[i] += buf[i];
-    members.emplace_back(start_ranks.begin(), start_ranks.end());
-    committed = acc;
-    gyre::commit_step();
-    if (recovering) {
-      recovering = false;
-      recovery_s = std::chrono::duration<double>(Clock::now() - failed_at).count();
-    }
-    ++step;
-  }
+  });
 
   // The closed form from the recorded membership of each committed step.
   if (static_cast<int>(members.size()) != kSteps) fail(me, "wrong number of committed steps");

@@ -82,6 +82,42 @@ def test_state_commit_restore_and_committed_steps():
         assert torch.equal(opt.state[p]["momentum_buffer"], m)
 
 
+def test_commit_reuses_its_buffers_and_restore_can_repeat():
+    # commit() copies into the previous commit's tensors (no allocation per
+    # step), and the commit survives a restore followed by a step: a second
+    # failure before the next commit restores the same state again.
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def train_step():
+        model(torch.randn(5, 3)).sum().backward()
+        opt.step()
+
+    train_step()
+    state = TorchState(model, opt)
+    state.commit()
+    ptrs = [v.data_ptr() for v in state._model_saved.values()]
+    mptrs = [s["momentum_buffer"].data_ptr() for s in state._optimizer_saved["state"].values()]
+    train_step()
+    state.commit()
+    assert [v.data_ptr() for v in state._model_saved.values()] == ptrs
+    assert [s["momentum_buffer"].data_ptr()
+            for s in state._optimizer_saved["state"].values()] == mptrs
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    momentum = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    for _ in range(2):  # fail, restore, step; fail again before a commit, restore
+        train_step()
+        state.restore()
+        for k, v in model.state_dict().items():
+            assert torch.equal(v, saved[k]), k
+        for p, m in zip(model.parameters(), momentum):
+            assert torch.equal(opt.state[p]["momentum_buffer"], m)
+    # After the restores, a commit holds the new values again.
+    train_step()
+    state.commit()
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state._model_saved.items())
+
+
 def test_sync_takes_rank_zeros_state(rank, size):
     torch.manual_seed(100 + rank)  # a different model on every rank
     model = torch.nn.Linear(4, 3)

@@ -167,19 +167,26 @@ class TorchState(ObjectState):
         self.save()
 
     def save(self) -> None:
+        # Into the tensors of the previous commit when the shapes agree (every
+        # step after the first): copy_ in place, no allocation per commit.
         if self.model is not None:
-            self._model_saved = copy.deepcopy(self.model.state_dict())
+            self._model_saved = _copy_into(self._model_saved, self.model.state_dict())
         if self.optimizer is not None:
-            self._optimizer_saved = copy.deepcopy(self.optimizer.state_dict())
+            self._optimizer_saved = _copy_into(self._optimizer_saved,
+                                               self.optimizer.state_dict())
         self._samplers_saved = {k: s.state_dict() for k, s in self._samplers.items()}
         super().save()
 
     def restore(self) -> None:
         if self.model is not None and self._model_saved is not None:
-            self.model.load_state_dict(self._model_saved)
+            self.model.load_state_dict(self._model_saved)  # copies into the parameters
         if self.optimizer is not None:
             if self._optimizer_saved is not None:
-                self.optimizer.load_state_dict(self._optimizer_saved)
+                # The optimizer keeps the tensors it is given (its state is
+                # replaced, not copied into): hand it copies, so that the
+                # commit stays intact for a second restore before the next
+                # commit.
+                self.optimizer.load_state_dict(copy.deepcopy(self._optimizer_saved))
             # A DistributedOptimizer forgets the allreduces of the failed step.
             reset = getattr(self.optimizer, "_gyre_elastic_reset", None)
             if reset is not None:
@@ -202,6 +209,32 @@ class TorchState(ObjectState):
         super().sync()
         self._sync_root = 0
         self.save()
+
+
+def _copy_into(dst: Any, src: Any) -> Any:
+    """A copy of ``src`` (nested dicts, lists and tuples of tensors and other
+    values), reusing ``dst``'s tensors where ``dst`` has the same structure
+    and the tensor the same shape, dtype and device (``copy_`` in place);
+    anything else is copied anew."""
+    if isinstance(src, torch.Tensor):
+        if (isinstance(dst, torch.Tensor) and dst is not src and dst.shape == src.shape
+                and dst.dtype == src.dtype and dst.device == src.device
+                and dst.layout == src.layout == torch.strided):
+            with torch.no_grad():
+                return dst.copy_(src)
+        return src.detach().clone()
+    if isinstance(src, dict):
+        old = dst if isinstance(dst, dict) else {}
+        out = type(src)() if type(src) is not dict else {}
+        for k, v in src.items():
+            out[k] = _copy_into(old.get(k), v)
+        if hasattr(src, "_metadata"):  # a module's state_dict (an OrderedDict)
+            out._metadata = copy.deepcopy(src._metadata)
+        return out
+    if isinstance(src, (list, tuple)) and type(src) in (list, tuple):
+        old = dst if isinstance(dst, (list, tuple)) and len(dst) == len(src) else [None] * len(src)
+        return type(src)(_copy_into(d, v) for d, v in zip(old, src))
+    return copy.deepcopy(src)
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
