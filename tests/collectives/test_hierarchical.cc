@@ -23,34 +23,8 @@ using namespace gyre::collectives;
 
 namespace {
 
-struct Region {
-  explicit Region(std::size_t bytes)
-      : p(static_cast<std::byte*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64))) {
-    std::memset(p, 0, bytes);
-  }
-  ~Region() { std::free(p); }
-  std::byte* p;
-};
-
-// Runs fn(r) on n threads; rethrows the first exception.
-template <class Fn>
-void on_threads(int n, Fn fn) {
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(n);
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
+using test::on_threads;
+using test::Region;
 
 enum class Placement { kHostMajor, kRoundRobin, kScrambled };
 

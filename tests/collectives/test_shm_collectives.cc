@@ -25,35 +25,17 @@ using namespace gyre::collectives;
 
 namespace {
 
-struct Region {
-  explicit Region(std::size_t bytes)
-      : p(static_cast<std::byte*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64))) {
-    std::memset(p, 0, bytes);
-  }
-  ~Region() { std::free(p); }
-  std::byte* p;
-};
+using test::on_threads;
+using test::Region;
 
 // Runs fn(group) on n threads over one region; rethrows the first exception.
 template <class Fn>
 void run_group(int n, const ShmOptions& opt, Fn fn) {
   Region region(ShmGroup::region_bytes(n, opt.slot_bytes));
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(n);
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        ShmGroup g(region.p, r, n, opt);
-        fn(g);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+  on_threads(n, [&](int r) {
+    ShmGroup g(region.p, r, n, opt);
+    fn(g);
+  });
 }
 
 struct Case {
@@ -401,30 +383,20 @@ TEST_CASE("hierarchical_allreduce: every dtype and op against the closed form, 2
           std::vector<std::shared_ptr<transport::LocalWorld>> cross;
           for (int l = 0; l < per_host; ++l) cross.push_back(transport::make_local_world(hosts));
           std::vector<std::vector<std::byte>> buf(n, std::vector<std::byte>(count * esz));
-          std::vector<std::thread> threads;
-          std::vector<std::exception_ptr> errors(n);
+          // Host-major ranks: rank r is local rank r % per_host of host r / per_host.
           for (int r = 0; r < n; ++r) {
-            // Host-major ranks: rank r is local rank r % per_host of host r / per_host.
             for (std::size_t i = 0; i < count; ++i) test::store(dt, buf[r].data(), i, test::contribution(op, r, i));
-            threads.emplace_back([&, r] {
-              try {
-                const int host = r / per_host, local = r % per_host;
-                ShmGroup g(regions[host]->p, local, per_host, opt);
-                transport::LocalTransport t(cross[local], host);
-                t.set_timeout(std::chrono::milliseconds(60000));
-                AllreduceOptions co;
-                co.chunk_bytes = 512;
-                co.small_bytes = 64;
-                hierarchical_allreduce(g, t, buf[r].data(), buf[r].data(), count, dt, op, 1.0, 1.0, co);
-              } catch (...) {
-                errors[r] = std::current_exception();
-              }
-            });
           }
-          for (auto& t : threads) t.join();
-          for (auto& e : errors) {
-            if (e) std::rethrow_exception(e);
-          }
+          on_threads(n, [&](int r) {
+            const int host = r / per_host, local = r % per_host;
+            ShmGroup g(regions[host]->p, local, per_host, opt);
+            transport::LocalTransport t(cross[local], host);
+            t.set_timeout(std::chrono::milliseconds(60000));
+            AllreduceOptions co;
+            co.chunk_bytes = 512;
+            co.small_bytes = 64;
+            hierarchical_allreduce(g, t, buf[r].data(), buf[r].data(), count, dt, op, 1.0, 1.0, co);
+          });
           const double tol = op == ReduceOp::kAverage ? test::scaled_tolerance(dt) : 0.0;
           for (int r = 0; r < n; ++r) {
             for (std::size_t i = 0; i < count; ++i) {

@@ -1,10 +1,15 @@
 // Helpers shared by the collectives unit tests: typed element access through
-// a DataType, closed-form inputs, and comparison tolerances.
+// a DataType, closed-form inputs, comparison tolerances, and the scaffolding
+// of tests that run ranks as threads over one cache-line-aligned region.
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <thread>
 #include <vector>
 
 #include "gyre/collectives/float16.h"
@@ -117,6 +122,39 @@ inline double expected(DataType dt, ReduceOp op, int n, std::size_t i) {
     return std::trunc(expected(ReduceOp::kSum, n, i) / n);
   }
   return expected(op, n, i);
+}
+
+// A zeroed, cache-line-aligned region that threads map as a host's segment.
+struct Region {
+  explicit Region(std::size_t bytes)
+      : p(static_cast<std::byte*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64))) {
+    std::memset(p, 0, bytes);
+  }
+  ~Region() { std::free(p); }
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+  std::byte* p;
+};
+
+// Runs fn(r) for r in [0, n) on n threads, joins them all, then rethrows the
+// first exception any of them raised.
+template <class Fn>
+void on_threads(int n, Fn fn) {
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(n);
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
 }
 
 }  // namespace gyre::test
