@@ -14,7 +14,9 @@
 # job nor the job from outside. Everything is torn down on exit, also on error
 # or Ctrl-C. Link shaping: a token bucket (tc tbf) of GYRE_HOSTS_RATE
 # (default 10gbit, a common datacenter NIC) on both ends of every host's link;
-# GYRE_HOSTS_RATE=none leaves links unshaped. The latency is the veth pair's
+# GYRE_HOSTS_RATE=none leaves links unshaped; GYRE_HOSTS_QUEUE_MS (default 5)
+# bounds the time a packet may wait in the bucket's queue (tbf's latency:
+# beyond it packets drop, and TCP backs off). The latency is the veth pair's
 # own (docs/benchmarks.md measures it): netem, which could add delay, is not
 # in every kernel (not in this machine's), so it is not relied on.
 # Ranks are not bound to cores (--bind-to none): each host's launcher sees the
@@ -85,8 +87,8 @@ setup() {
     ip -n "$ns" link set lo up
     if [ "$rate" != none ]; then
       # Both directions: egress of the host's end and of the bridge's end.
-      ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$rate" burst 1mb latency 5ms
-      tc qdisc add dev "${prefix}h$h" root tbf rate "$rate" burst 1mb latency 5ms
+      ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$rate" burst 1mb latency ${GYRE_HOSTS_QUEUE_MS:-5}ms
+      tc qdisc add dev "${prefix}h$h" root tbf rate "$rate" burst 1mb latency ${GYRE_HOSTS_QUEUE_MS:-5}ms
     fi
     # `ip netns exec` bind-mounts /etc/netns/NS/hosts over /etc/hosts.
     mkdir -p "/etc/netns/$ns"
