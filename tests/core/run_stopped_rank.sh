@@ -17,7 +17,7 @@ start=$(date +%s%N)
 # Each rank's stderr goes straight to a file of its own: what mpirun
 # forwards can lose a killed rank's last lines when it ends the job.
 out=$(GYRE_OP_TIMEOUT_S=$deadline_s timeout 120 "$mpiexec" -n "$np" "$@" \
-      bash -c 'exec "$0" "$1" 2>"$2/stderr.$OMPI_COMM_WORLD_RANK"' "$exe" "$delay_us" "$logs" 2>&1)
+      bash -c 'exec "$0" stop "$1" 2>"$2/stderr.$OMPI_COMM_WORLD_RANK"' "$exe" "$delay_us" "$logs" 2>&1)
 status=$?
 end_ms=$(date +%s%3N)
 for r in $(seq 0 $((np - 1))); do out+=$'\n'$(cat "$logs/stderr.$r" 2>/dev/null); done
