@@ -54,6 +54,13 @@ std::int64_t expected(int ranks, int steps, std::int64_t i) {
   return want;
 }
 
+// steady_clock (CLOCK_MONOTONIC, common to the processes of one host), for
+// the time from a kill to the survivors' end below min_np.
+long long mono_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
 [[noreturn]] void fail(const std::string& who, const std::string& what) {
   std::fprintf(stderr, "elastic: rank %s FAIL: %s\n", who.c_str(), what.c_str());
   std::fflush(stderr);
@@ -125,7 +132,8 @@ int main() {
         // Fault injection, not a wait for a result.
         if ((!replacement && r == kill_rank && step == kill_step && rebuilds == 0) ||
             (first_replacement && step == kill_replacement_step)) {
-          std::fprintf(stderr, "elastic: rank %s killed at step %d\n", who.c_str(), step);
+          std::fprintf(stderr, "elastic: rank %s killed at step %d at %lld ns\n", who.c_str(),
+                       step, mono_ns());
           std::fflush(stderr);
           std::raise(SIGKILL);
         }
@@ -139,7 +147,7 @@ int main() {
       }
     });
   } catch (const gyre::StateError& e) {
-    std::printf("elastic: rank %s ENDED: %s\n", who.c_str(), e.what());
+    std::printf("elastic: rank %s ENDED: %s (at %lld ns)\n", who.c_str(), e.what(), mono_ns());
     std::fflush(stdout);
     return 3;
   }
