@@ -25,6 +25,21 @@ got=$(grep -cE "^elastic: rank [^ ]+ PASS" <<<"$out" || true)
 [ "$got" -eq "$passes" ] || fail "$got rank(s) passed, expected $passes"
 got=$(grep -E "^elastic: rank [^ ]+ ENDED:" <<<"$out" | grep -cF -- "$ended_text" || true)
 [ "$got" -eq "$ends" ] || fail "$got rank(s) ended with '$ended_text', expected $ends"
+# Where the program prints when it killed a rank and when each rank ended
+# (steady_clock ns, elastic_respawn.cc), every end must come within
+# GYRE_TEST_END_WITHIN_S (default 30 s, generous on a loaded machine) of
+# the kill: the survivors end, they do not wait.
+killed_ns=$(grep -oE "^elastic: rank [^ ]+ killed at step [0-9]+ at [0-9]+ ns" <<<"$out" | head -n 1 |
+            grep -oE "[0-9]+ ns$" | grep -oE "^[0-9]+" || true)
+if [ -n "$killed_ns" ]; then
+  for end_ns in $(grep -E "^elastic: rank [^ ]+ ENDED:" <<<"$out" | grep -oE "\(at [0-9]+ ns\)" |
+                  grep -oE "[0-9]+"); do
+    waited_ms=$(( (end_ns - killed_ns) / 1000000 ))
+    echo "ended ${waited_ms} ms after the kill"
+    [ "$waited_ms" -le $(( ${GYRE_TEST_END_WITHIN_S:-30} * 1000 )) ] ||
+      fail "a rank ended ${waited_ms} ms after the kill"
+  done
+fi
 if [ -n "${GYRE_TEST_EXPECT_OUTPUT:-}" ]; then
   expect=${GYRE_TEST_EXPECT_OUTPUT//\{hostname\}/$(hostname)}
   grep -qF -- "$expect" <<<"$out" || fail "the output does not contain '$expect'"
