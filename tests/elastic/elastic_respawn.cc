@@ -15,6 +15,9 @@
 // died, in closed form, exact in int64. A replacement also checks that the
 // state it received before its first step is the closed form of the steps
 // committed before it. Each finishing rank prints "elastic: rank P PASS".
+// With GYRE_ELASTIC_MAX_NP=4 and GYRE_TEST_NP_AFTER=4 the world grows past
+// its start size: the steps from the first rebuild's agreed step on count
+// 4 ranks.
 //
 // With GYRE_ELASTIC_MIN_NP above the survivors (and no respawn), every
 // survivor must end with StateError naming the count and the bound: it
@@ -45,11 +48,12 @@ std::int64_t value(int rank, int step, std::int64_t i) {
   return (rank + 1) * 1000 + step * 10 + i % 7;
 }
 
-// The sum of the first `steps` steps, every step committed by `ranks` ranks.
-std::int64_t expected(int ranks, int steps, std::int64_t i) {
+// The sum of the first `steps` steps, each committed by `ranks` ranks before
+// step `grown_at` and by `ranks_after` from there on.
+std::int64_t expected(int ranks, int ranks_after, int grown_at, int steps, std::int64_t i) {
   std::int64_t want = 0;
   for (int s = 0; s < steps; ++s) {
-    for (int r = 0; r < ranks; ++r) want += value(r, s, i);
+    for (int r = 0; r < (s < grown_at ? ranks : ranks_after); ++r) want += value(r, s, i);
   }
   return want;
 }
@@ -85,6 +89,10 @@ int main() {
   // through the environment they pass on.
   const int full_size = env_int("GYRE_TEST_NP", gyre::size());
   const bool first_replacement = replacement && gyre::replacement_info().rebuilds == 1;
+  // With GYRE_ELASTIC_MAX_NP above the size at start, the world grows to
+  // GYRE_TEST_NP_AFTER ranks from the agreed step of the first rebuild.
+  const int size_after = env_int("GYRE_TEST_NP_AFTER", full_size);
+  int grown_at = first_replacement ? static_cast<int>(gyre::replacement_info().step) : kSteps;
 
   std::vector<std::int64_t> acc(kCount, 0), buf(kCount);
   gyre::elastic::State state;
@@ -98,7 +106,7 @@ int main() {
     failed_at = Clock::now();
   });
   state.on_reset([&](const gyre::elastic::Recovery& r) {
-    ++rebuilds;
+    if (rebuilds++ == 0) grown_at = static_cast<int>(r.info.step);
     spawned += r.info.spawned;
     recovering = true;
     std::fprintf(stderr,
@@ -114,10 +122,11 @@ int main() {
       if (replacement && first_entry) {
         // The committed state arrived before this rank's first step.
         for (std::int64_t i = 0; i < kCount; ++i) {
-          if (acc[i] != expected(full_size, from, i)) {
+          const std::int64_t want = expected(full_size, size_after, grown_at, from, i);
+          if (acc[i] != want) {
             fail(who, "joined at step " + std::to_string(from) + " with element " +
                           std::to_string(i) + " = " + std::to_string(acc[i]) + ", expected " +
-                          std::to_string(expected(full_size, from, i)));
+                          std::to_string(want));
           }
         }
         std::fprintf(stderr, "elastic: rank %s joined as rank %d of %d at step %d\n",
@@ -153,15 +162,17 @@ int main() {
   }
 
   for (std::int64_t i = 0; i < kCount; ++i) {
-    if (acc[i] != expected(full_size, kSteps, i)) {
+    const std::int64_t want = expected(full_size, size_after, grown_at, kSteps, i);
+    if (acc[i] != want) {
       fail(who, "element " + std::to_string(i) + " is " + std::to_string(acc[i]) +
-                    ", expected " + std::to_string(expected(full_size, kSteps, i)) +
-                    " (every step on " + std::to_string(full_size) + " ranks)");
+                    ", expected " + std::to_string(want) + " (steps before " +
+                    std::to_string(grown_at) + " on " + std::to_string(full_size) +
+                    " ranks, then on " + std::to_string(size_after) + ")");
     }
   }
-  if (respawn && gyre::size() != full_size) {
+  if (respawn && gyre::size() != size_after) {
     fail(who, "the world has " + std::to_string(gyre::size()) + " ranks at the end, not " +
-                  std::to_string(full_size));
+                  std::to_string(size_after));
   }
   if (!replacement && failures < 1) fail(who, "saw no failure");
   std::printf("elastic: rank %s PASS: %d steps, rank %d of %d at the end, %d failure(s) seen, "
