@@ -71,4 +71,19 @@ if [ "$with_python" = 1 ]; then
       "$GYRE_ROOT/tests/elastic/elastic_train.py" || status=1
   done
 fi
+# Growing back and min_np (docs/elastic.md, "Growing back"): the C++ tests
+# (label "respawn"), then the same from Python (numpy for min_np; torch and
+# TorchState for respawn).
+cmake --build "$GYRE_BUILD" -j "$jobs" --target gyre_elastic_respawn
+echo "== ctest -L respawn (C++: min_np, respawn)"
+(cd "$GYRE_BUILD" && ctest --output-on-failure -L respawn) || status=1
+if [ "$with_python" = 1 ]; then
+  echo "== Python: 3 ranks, GYRE_ELASTIC_MIN_NP=3, rank 1 killed: both survivors end"
+  GYRE_ELASTIC_TIMEOUT_S=300 bash "$GYRE_ROOT/tests/elastic/run_respawn.sh" "$venv/bin/mpirun" 3 0 2 \
+    "2 rank(s) left after the failure of rank(s) [1], fewer than GYRE_ELASTIC_MIN_NP=3" \
+    -x GYRE_ELASTIC_MIN_NP=3 "$venv/bin/python" "$GYRE_ROOT/tests/elastic/elastic_min_np.py" || status=1
+  echo "== Python: 3 ranks, GYRE_ELASTIC_RESPAWN=1, rank 1 killed at step 7: back to 3 ranks"
+  GYRE_ELASTIC_TIMEOUT_S=400 bash "$GYRE_ROOT/tests/elastic/run_respawn.sh" "$venv/bin/mpirun" 3 3 0 - \
+    -x GYRE_ELASTIC_RESPAWN=1 "$venv/bin/python" "$GYRE_ROOT/tests/elastic/elastic_respawn.py" || status=1
+fi
 exit "$status"

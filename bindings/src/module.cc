@@ -11,6 +11,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unistd.h>
+
 #include <functional>
 #include <string>
 #include <utility>
@@ -351,6 +353,36 @@ PYBIND11_MODULE(_gyre, m) {
     d["previous_ranks"] = r.previous_ranks;
     d["attempts"] = r.attempts;
     d["seconds"] = r.seconds;
+    d["spawned"] = r.spawned;
+    d["rebuilds"] = r.rebuilds;
+    return d;
+  });
+  m.def("is_replacement", [] { return blocking([] { return gyre::is_replacement(); }); });
+  m.def("replacement_info", [] {
+    gyre::RebuildInfo r = blocking([] { return gyre::replacement_info(); });
+    py::dict d;
+    d["rank"] = r.rank;
+    d["size"] = r.size;
+    d["step"] = r.step;
+    d["root"] = r.root;
+    d["spawned"] = r.spawned;
+    d["rebuilds"] = r.rebuilds;
+    return d;
+  });
+  m.def("set_respawn_command",
+        [](const std::vector<std::string>& argv) { gyre::set_respawn_command(argv); });
+  // The process's GYRE_* variables as the C library sees them: a
+  // replacement rank receives the survivors' at init(), after Python took
+  // its copy of the environment (os.environ).
+  m.def("gyre_environment", [] {
+    py::dict d;
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+      const std::string entry(*e);
+      const auto eq = entry.find('=');
+      if (entry.rfind("GYRE_", 0) == 0 && eq != std::string::npos) {
+        d[py::str(entry.substr(0, eq))] = entry.substr(eq + 1);
+      }
+    }
     return d;
   });
   bind_operations(m);

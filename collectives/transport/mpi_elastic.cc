@@ -124,10 +124,13 @@ RebuildOutcome MpiWorld::rebuild(std::uint64_t own_step) {
           out.lost.push_back(r);
         }
       }
+      lost_hosts_.clear();
+      for (int r : out.lost) lost_hosts_.push_back(hosts_.at(static_cast<std::size_t>(r)));
       // The communicator before is not freed: freeing is collective, and
       // its failed members cannot take part.
       detail::world_comm() = shrunk;
       rebuilt_ = true;
+      ++rebuilds_;
       derive_layout();
       return out;
     }

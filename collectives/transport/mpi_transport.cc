@@ -15,6 +15,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fmt/format.h>
 #include <thread>
 #include <vector>
@@ -371,7 +372,13 @@ MpiWorld::MpiWorld() {
         owns_mpi_ ? "" : " (the job initialised MPI itself; use MPI_Init_thread)"));
   }
   thread_multiple_ = provided == MPI_THREAD_MULTIPLE;
+  // A replacement started by the survivors' grow(): its world is theirs
+  // and it, merged (mpi_grow.cc).
+  MPI_Comm parent = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_get_parent(&parent), "MPI_Comm_get_parent");
+  if (parent != MPI_COMM_NULL) join_survivors(&parent);
   derive_layout();
+  if (!join_.replacement) start_size_ = size_;
 }
 
 // Rank, size and where the ranks sit, from the world communicator: at
@@ -395,6 +402,19 @@ void MpiWorld::derive_layout() {
   check_mpi(MPI_Comm_rank(cross, &cross_rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(cross, &cross_size_), "MPI_Comm_size");
   MPI_Comm_free(&cross);
+  // Every rank's host, for choosing where replacements start (grow()).
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  check_mpi(MPI_Get_processor_name(name, &len), "MPI_Get_processor_name");
+  std::vector<char> names(static_cast<std::size_t>(size_) * MPI_MAX_PROCESSOR_NAME);
+  check_mpi(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(),
+                          MPI_MAX_PROCESSOR_NAME, MPI_CHAR, world),
+            "MPI_Allgather");
+  hosts_.clear();
+  for (int r = 0; r < size_; ++r) {
+    const char* n = names.data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+    hosts_.emplace_back(n, strnlen(n, MPI_MAX_PROCESSOR_NAME));
+  }
   int sizes[2] = {local_size_, -local_size_}, extremes[2] = {0, 0};
   check_mpi(MPI_Allreduce(sizes, extremes, 2, MPI_INT, MPI_MIN, world), "MPI_Allreduce");
   uniform_hosts_ = extremes[0] == -extremes[1];

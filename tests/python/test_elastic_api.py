@@ -160,3 +160,11 @@ def test_elastic_sampler_defaults_to_gyres_world(rank, size):
     s = ElasticSampler(range(10 * size), shuffle=False)
     assert (s.num_replicas, s.rank, len(s)) == (size, rank, 10)
     assert list(s) == list(range(rank, 10 * size, size))
+
+
+def test_a_launched_rank_is_not_a_replacement():
+    # Only ranks started by a rebuild with GYRE_ELASTIC_RESPAWN=1 are
+    # (tests/elastic/elastic_respawn.py checks that side).
+    assert gyre.is_replacement() is False
+    with pytest.raises(gyre.StateError, match="not started by a rebuild"):
+        gyre.replacement_info()

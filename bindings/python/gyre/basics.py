@@ -8,6 +8,8 @@ truthfully: gyre always runs on MPI, never on Gloo, DDL, oneCCL or ROCm, and
 takes CUDA tensors when it was built with NCCL.
 """
 
+import os
+import sys
 from typing import Any, Iterable, List, Optional
 
 from . import _gyre
@@ -157,7 +159,14 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     "dynamic" (Horovod's switch for add/remove later; gyre allows those
     anyway)."""
     was_running = _gyre.is_initialized()
+    # Replacement ranks (GYRE_ELASTIC_RESPAWN) run this interpreter with its
+    # arguments (-m, -u, the script and its arguments), not the C++ default.
+    args = sys.orig_argv[1:] if hasattr(sys, "orig_argv") else sys.argv
+    _gyre.set_respawn_command([sys.executable] + list(args))
     _gyre.init()
+    if _gyre.is_replacement():
+        # The survivors' GYRE_* variables, received at init().
+        os.environ.update(_gyre.gyre_environment())
     _sync_global_ranks()
     try:
         if comm is not None:
@@ -333,8 +342,22 @@ def rebuild() -> dict:
     return dict(_gyre.rebuild())
 
 
+def is_replacement() -> bool:
+    """Whether this process was started by a rebuild (GYRE_ELASTIC_RESPAWN)
+    to replace a failed rank; ``gyre.torch.elastic.run`` then takes the
+    committed state from the rank the survivors sync from."""
+    return bool(_gyre.is_replacement())
+
+
+def replacement_info() -> dict:
+    """On a replacement rank: ``rank``, ``size``, ``step`` (the agreed
+    commit), ``root`` (the rank holding it), ``spawned``, ``rebuilds``.
+    StateError elsewhere."""
+    return dict(_gyre.replacement_info())
+
+
 __all__ = [
-    "elastic_supported", "elastic_enabled", "rebuild",
+    "elastic_supported", "elastic_enabled", "rebuild", "is_replacement", "replacement_info",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported", "mpi_built",

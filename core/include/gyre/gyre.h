@@ -163,6 +163,8 @@ struct RebuildInfo {
   std::vector<int> previous_ranks;  // [r]: rank r's rank before
   int attempts = 1;           // above 1: ranks also failed during the recovery
   double seconds = 0.0;       // time this rank spent in rebuild()
+  int spawned = 0;            // replacement ranks started (GYRE_ELASTIC_RESPAWN): the last ones
+  int rebuilds = 1;           // rebuilds of the world so far, this one included
 };
 // After a RankFailedError, on every surviving rank: stops this rank's
 // runtime, shrinks the world to the survivors (ULFM), agrees on the last
@@ -175,7 +177,27 @@ struct RebuildInfo {
 // during the recovery shrinks again. Calls of the API from other threads
 // wait until it returns. Throws StateError without ULFM or with fault
 // tolerance off at run time, saying how to get it.
+//
+// Bounds (docs/elastic.md): with GYRE_ELASTIC_RESPAWN=1 it first starts
+// replacement ranks (MPI_Comm_spawn, same program and arguments) up to
+// GYRE_ELASTIC_MAX_NP (default: the size at start), numbered after the
+// survivors (previous_ranks -1); they join in their init() and take the
+// agreed commit from `root`. Then, with fewer ranks than
+// GYRE_ELASTIC_MIN_NP, it throws StateError on every survivor naming the
+// count and the bound: the job cannot go on.
 RebuildInfo rebuild();
+
+// On a process started by a rebuild() to replace failed ranks (it finds
+// the survivors in init()): true, and what that rebuild agreed: `step`,
+// `root` (the rank to take the committed state from, e.g. State::sync),
+// `rank`, `size`, `spawned`, `rebuilds`. elastic::run uses it. Any time
+// after init(); replacement_info() throws StateError on other processes.
+bool is_replacement();
+RebuildInfo replacement_info();
+
+// The program and arguments rebuild() starts replacements with; by default
+// this process's own command line (/proc/self/cmdline). Any time.
+void set_respawn_command(const std::vector<std::string>& argv);
 
 // out may be the same view as in (in-place). Average divides by the number of
 // ranks that contributed (joined ranks excluded). Integer average and

@@ -70,6 +70,20 @@ struct Options {
   // GYRE_MAX_VERSION_LAG: largest difference of committed steps allowed
   // between the ranks taking part in one operation.
   long max_version_lag = 0;
+  // Elastic training (docs/elastic.md), read by gyre::rebuild().
+  // GYRE_ELASTIC_MIN_NP: the fewest ranks the job goes on with after a
+  // rank's failure; fewer make rebuild() fail on every survivor.
+  long elastic_min_np = 1;
+  // GYRE_ELASTIC_MAX_NP: the most ranks GYRE_ELASTIC_RESPAWN grows the world
+  // back to; 0: the job's size at start.
+  long elastic_max_np = 0;
+  // GYRE_ELASTIC_RESPAWN: 1 starts replacement ranks (MPI_Comm_spawn) in
+  // rebuild(), up to GYRE_ELASTIC_MAX_NP.
+  long elastic_respawn = 0;
+  // GYRE_ELASTIC_HOST_DISCOVERY_SCRIPT: a command printing `host:slots`
+  // lines, choosing where replacements start; empty: on the hosts of the
+  // ranks that failed.
+  std::string elastic_host_discovery_script;
 
   // Reads every GYRE_* variable of the table; throws InvalidArgument naming
   // a variable whose value does not parse or is out of range. init() checks

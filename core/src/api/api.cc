@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
@@ -60,6 +61,9 @@ struct PendingRebuild {
   std::uint64_t own_step = 0;
 };
 std::optional<PendingRebuild> g_rebuild;
+// A replacement rank (MpiWorld::join_record) started its first runtime;
+// guarded by g_mu.
+bool g_replacement_started = false;
 
 std::shared_ptr<core::Runtime> runtime(const char* call) {
   std::lock_guard<std::mutex> lock(g_mu);
@@ -190,6 +194,11 @@ void start(const Options& options, const std::string& failure) {
   // The first waits for the other ranks: bounded by the start-up deadline,
   // and interruptible (set_init_interrupt_check).
   info.interrupt_check = g_init_interrupt_check;
+  // A replacement's first runtime starts at the survivors' agreed commit.
+  if (world.join_record().replacement && !g_replacement_started) {
+    info.initial_step = world.join_record().step;
+    g_replacement_started = true;
+  }
   auto transport = world.make_transport(core::startup_deadline(options), g_init_interrupt_check);
   g_runtime = std::make_shared<core::Runtime>(options, std::move(transport), std::move(info));
 }
@@ -197,6 +206,9 @@ void start(const Options& options, const std::string& failure) {
 }  // namespace
 
 void init() {
+  // MPI first: a replacement rank receives the survivors' GYRE_* variables
+  // when it joins them, before they are read here.
+  transport::MpiWorld::instance();
   // A variable that does not parse fails init() on every rank (through the
   // start-up agreement), not on this rank alone while the others wait.
   Options options;
@@ -232,6 +244,70 @@ bool elastic_enabled() {
   return transport::MpiWorld::fault_tolerant();
 }
 
+namespace {
+
+// After the shrink of rebuild(): replacements up to the bound
+// (GYRE_ELASTIC_RESPAWN), then the lower bound (GYRE_ELASTIC_MIN_NP),
+// which every survivor checks on the same size.
+void grow_back(transport::MpiWorld& world, const Options& options, RebuildInfo& info) {
+  if (options.elastic_respawn != 0) {
+    transport::GrowRequest req;
+    req.target_size = static_cast<int>(options.elastic_max_np > 0 ? options.elastic_max_np
+                                                                   : world.start_size());
+    req.discovery_script = options.elastic_host_discovery_script;
+    req.step = info.step;
+    req.root = info.root;
+    if (world.size() < req.target_size) {
+      transport::GrowOutcome g = world.grow(req);
+      if (!g.problem.empty()) {
+        std::fprintf(stderr, "gyre::rebuild(): started %d of %d replacement rank(s): %s\n",
+                     g.spawned, req.target_size - info.size, g.problem.c_str());
+      }
+      if (g.spawned > 0 && world.rank() == 0) {
+        std::fprintf(stderr, "gyre::rebuild(): started %d replacement rank(s) on [%s]\n",
+                     g.spawned, fmt::format("{}", fmt::join(g.hosts, ", ")).c_str());
+      }
+      info.spawned = g.spawned;
+      info.size = world.size();
+      info.previous_ranks.resize(static_cast<std::size_t>(info.size), -1);
+    }
+  }
+  if (world.size() < options.elastic_min_np) {
+    throw StateError(fmt::format(
+        "gyre::rebuild(): {} rank(s) left after the failure of rank(s) [{}]{}, fewer than "
+        "GYRE_ELASTIC_MIN_NP={}: the job cannot go on",
+        world.size(), fmt::join(info.lost, ", "),
+        options.elastic_respawn != 0 ? fmt::format(" ({} replacement(s) started)", info.spawned)
+                                     : std::string(),
+        options.elastic_min_np));
+  }
+}
+
+}  // namespace
+
+bool is_replacement() { return transport::MpiWorld::instance().join_record().replacement; }
+
+RebuildInfo replacement_info() {
+  auto& world = transport::MpiWorld::instance();
+  const transport::JoinRecord& j = world.join_record();
+  if (!j.replacement) {
+    throw StateError("gyre::replacement_info(): this process was not started by a rebuild()");
+  }
+  RebuildInfo info;
+  info.rank = rank();
+  info.size = size();
+  info.step = j.step;
+  info.root = j.root;
+  info.spawned = info.size - j.survivors;
+  info.rebuilds = j.rebuilds;
+  info.previous_ranks.assign(static_cast<std::size_t>(info.size), -1);
+  return info;
+}
+
+void set_respawn_command(const std::vector<std::string>& argv) {
+  transport::MpiWorld::set_spawn_command(argv);
+}
+
 RebuildInfo rebuild() {
   const auto start = std::chrono::steady_clock::now();
   // Held throughout: the API's other calls wait here for the new world.
@@ -263,6 +339,7 @@ RebuildInfo rebuild() {
     info.previous_ranks = std::move(o.previous_ranks);
     info.attempts = o.attempts + attempt - 1;
     try {
+      grow_back(world, g_rebuild->options, info);
       core::RuntimeInfo ri = runtime_info(world, g_rebuild->options);
       // Every survivor stands at the agreed commit from its first round on:
       // the caller rolls its state back to it.
@@ -271,6 +348,7 @@ RebuildInfo rebuild() {
                                                 std::move(ri));
       g_runtime = std::move(rt);
       g_rebuild.reset();
+      info.rebuilds = world.rebuilds();
       info.seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       return info;

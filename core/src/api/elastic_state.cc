@@ -59,9 +59,15 @@ void State::sync(int root) {
 
 void run(State& state, const std::function<void(State&)>& fn) {
   bool need_sync = true;
+  // A replacement rank (GYRE_ELASTIC_RESPAWN) takes the agreed commit from
+  // the rank the survivors sync from, as they do after their rebuild().
+  int first_root = is_replacement() ? replacement_info().root : 0;
+  bool joining = is_replacement();  // until it holds the committed state
   for (;;) {
     try {
-      if (need_sync) state.sync(0);
+      if (need_sync) state.sync(first_root);
+      first_root = 0;
+      joining = false;
       need_sync = false;
       fn(state);
       return;
@@ -70,6 +76,12 @@ void run(State& state, const std::function<void(State&)>& fn) {
       r.failed_at = std::chrono::steady_clock::now();
       r.own_commit = committed_steps();
       for (auto& cb : state.failure_callbacks_) cb(e);
+      if (joining) {
+        // Nothing to go back to: the survivors' next rebuild counts this
+        // rank as failed (it ends) and may start another in its place.
+        throw StateError(std::string("gyre::elastic::run: a rank failed before this replacement "
+                                     "rank received the committed state: ") + e.what());
+      }
       if (r.own_commit != state.committed_at_) {
         throw StateError("gyre::elastic::run: this rank committed " +
                          std::to_string(r.own_commit) + " steps but its State holds step " +

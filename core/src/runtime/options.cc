@@ -31,6 +31,7 @@ constexpr double kMaxSeconds = 1e7;         // about 115 days
 constexpr double kMaxCycleMs = 60000;       // a minute between idle rounds
 constexpr double kMaxSpinUs = 1e7;          // ten seconds: spinning always
 constexpr long kMaxVersionLag = 1000000000;
+constexpr long kMaxRanks = 1 << 24;
 
 using O = Options;
 // clang-format off
@@ -102,6 +103,20 @@ const OptionSpec kTable[] = {
    IntegerOption{&O::max_version_lag, 0, kMaxVersionLag}, "0", true,
    "Largest difference in committed steps (`commit_step()`) allowed between the requests of one "
    "tensor."},
+  {"GYRE_ELASTIC_MIN_NP", "elastic_min_np",
+   IntegerOption{&O::elastic_min_np, 1, kMaxRanks}, "1", true,
+   "The fewest ranks an elastic job goes on with after a rank's failure (Horovod's `--min-np`)."},
+  {"GYRE_ELASTIC_MAX_NP", "elastic_max_np",
+   IntegerOption{&O::elastic_max_np, 0, kMaxRanks}, "0", true,
+   "The most ranks `GYRE_ELASTIC_RESPAWN` grows an elastic job back to (Horovod's `--max-np`)."},
+  {"GYRE_ELASTIC_RESPAWN", "elastic_respawn",
+   IntegerOption{&O::elastic_respawn, 0, 1}, "0", true,
+   "1: after a rank's failure, `rebuild()` starts replacement ranks with `MPI_Comm_spawn` and "
+   "merges them into the world."},
+  {"GYRE_ELASTIC_HOST_DISCOVERY_SCRIPT", "elastic_host_discovery_script",
+   TextOption{&O::elastic_host_discovery_script}, "", false,
+   "A command printing `host:slots` lines (Horovod's `--host-discovery-script`): where "
+   "`GYRE_ELASTIC_RESPAWN` starts replacement ranks."},
 };
 // clang-format on
 

@@ -24,8 +24,11 @@ runs the reset callbacks and calls the function again. Without ULFM ``run``
 calls the function once, and a rank's death ends the job, as without
 ``run``; it says so on rank 0 when it starts.
 
-What differs from Horovod: the world only shrinks (no hosts are added, so
-``check_host_updates()`` never interrupts); errors other than a rank's death
+What differs from Horovod: the world changes only at a failure: it shrinks
+to the survivors and, with ``GYRE_ELASTIC_RESPAWN=1``, grows back with
+replacement ranks started by the survivors (no hosts join on their own, so
+``check_host_updates()`` never interrupts; a replacement takes the committed
+state in ``run``'s first ``sync()``); errors other than a rank's death
 (a mismatch, a divergence) are raised, not retried, as retrying would repeat
 them.
 """
@@ -41,7 +44,7 @@ import torch
 
 import gyre
 from gyre import _gyre, handles
-from gyre.exceptions import HostsUpdatedInterrupt, RankFailedError
+from gyre.exceptions import HostsUpdatedInterrupt, RankFailedError, StateError
 from gyre.objects import broadcast_object
 
 from .functions import broadcast_optimizer_state, broadcast_parameters
@@ -251,9 +254,24 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             print(f"gyre.torch.elastic.run: a rank's failure will end the job: {why_not}",
                   file=sys.stderr, flush=True)
         skip_sync = False
+        # A replacement rank (GYRE_ELASTIC_RESPAWN) takes the agreed commit
+        # from the rank the survivors sync from after their rebuild.
+        joining = gyre.is_replacement()
+        if joining:
+            state._sync_root = int(gyre.replacement_info()["root"])
         while True:
             if not skip_sync:
-                state.sync()
+                try:
+                    state.sync()
+                except RankFailedError as e:
+                    if joining:
+                        # Nothing to go back to: the survivors count this
+                        # rank as failed when it ends, and may start another.
+                        raise StateError(
+                            "gyre.torch.elastic.run: a rank failed before this replacement rank "
+                            f"received the committed state: {e}") from e
+                    raise
+            joining = False
             try:
                 return func(state, *args, **kwargs)
             except HostsUpdatedInterrupt as e:

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gyre/collectives/transport.h"
@@ -28,6 +29,30 @@ struct RebuildOutcome {
   std::vector<std::uint64_t> steps;  // [r]: new rank r's committed step
   std::vector<int> lost;            // ranks of the world before that failed
   int attempts = 1;                 // shrinks it took (above 1: failures during recovery)
+};
+
+// What MpiWorld::grow() asks for; only the new rank 0's values are used.
+struct GrowRequest {
+  int target_size = 0;           // grow the world to this many ranks
+  std::string discovery_script;  // prints `host:slots` lines; empty: the lost ranks' hosts
+  std::uint64_t step = 0;        // the agreed commit, told to the replacements
+  int root = 0;                  // the rank holding it
+};
+
+// What MpiWorld::grow() did, the same on every rank except `problem`.
+struct GrowOutcome {
+  int spawned = 0;                 // replacement ranks, numbered after the survivors
+  std::vector<std::string> hosts;  // on the new rank 0: where each was asked to start
+  std::string problem;             // on the new rank 0: why fewer were started, if so
+};
+
+// What a replacement rank was told by the ranks that started it.
+struct JoinRecord {
+  bool replacement = false;  // this process was started by MpiWorld::grow()
+  std::uint64_t step = 0;    // the survivors' agreed commit
+  int root = 0;              // the rank to take the committed state from
+  int survivors = 0;         // ranks before the replacements (survivors first)
+  int rebuilds = 0;          // rebuilds of the world so far, the one that started it included
 };
 
 class MpiWorld {
@@ -95,6 +120,28 @@ class MpiWorld {
   // be destroyed. Throws StateError without fault tolerance.
   RebuildOutcome rebuild(std::uint64_t own_step);
 
+  // Growing back (collectives/transport/mpi_grow.cc). Collective over the
+  // world after rebuild(): the new rank 0 chooses hosts (the discovery
+  // script's free slots, or the hosts of the ranks rebuild() lost) for
+  // target_size - size() replacements and starts them with
+  // MPI_Comm_spawn_multiple (the spawn command, in this process's working
+  // directory); the world becomes the survivors followed by the
+  // replacements (MPI_Intercomm_merge), which are told the agreed step,
+  // the root and the new rank 0's GYRE_* environment variables. A spawn
+  // MPI refuses leaves the world as it was (outcome.spawned 0, problem on
+  // rank 0); a rank's failure during it throws RankFailedError.
+  GrowOutcome grow(const GrowRequest& request);
+  // The program and arguments replacements run: by default this process's
+  // command line (/proc/self/cmdline); Python sets sys.executable and its
+  // arguments. Any time; read by grow() on the new rank 0.
+  static void set_spawn_command(std::vector<std::string> argv);
+  // Set on a process started by grow(), at MPI initialisation.
+  const JoinRecord& join_record() const { return join_; }
+  // The world's size when the job started (a replacement: as its starters knew it).
+  int start_size() const { return start_size_; }
+  // Rebuilds of the world so far (a replacement counts those before it joined).
+  int rebuilds() const { return rebuilds_; }
+
   // Ends the whole job with a non-zero status (MPI_Abort on MPI_COMM_WORLD).
   [[noreturn]] void abort(int code);
 
@@ -110,12 +157,18 @@ class MpiWorld {
  private:
   MpiWorld();
   void derive_layout();
+  void join_survivors(void* parent);  // MPI_Comm*, on a replacement (mpi_grow.cc)
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, cross_rank_ = 0, cross_size_ = 1;
   bool uniform_hosts_ = true;
   bool owns_mpi_ = false;
   bool finalized_ = false;
   bool thread_multiple_ = false;
   bool rebuilt_ = false;  // rebuild() replaced the world: a rank died
+  std::vector<std::string> hosts_;       // [r]: rank r's host (MPI_Get_processor_name)
+  std::vector<std::string> lost_hosts_;  // hosts of the ranks the last rebuild() lost
+  JoinRecord join_;
+  int start_size_ = 1;
+  int rebuilds_ = 0;
 };
 
 }  // namespace gyre::transport
