@@ -7,6 +7,8 @@
 // shm_allreduce, call after call on the same buffers.
 #include <catch2/catch.hpp>
 
+#include <sys/statvfs.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -208,6 +210,19 @@ TEST_CASE("shm group: a rank that fails wakes the ranks waiting for it", "[shm]"
     }
     g.barrier();
   }), Catch::Contains("local rank 1 failed"));
+}
+
+TEST_CASE("shm segment: one larger than the room in /dev/shm fails at creation, leaving no name",
+          "[shm]") {
+  struct statvfs fs{};
+  REQUIRE(::statvfs("/dev/shm", &fs) == 0);
+  const std::size_t room = static_cast<std::size_t>(fs.f_bavail) * fs.f_frsize;
+  const std::string name = "/gyre-test-big-" + std::to_string(::getpid());
+  // Without allocating the pages at creation this would succeed and fault
+  // (SIGBUS) at the first write past the room.
+  CHECK_THROWS_WITH(ShmSegment::create(name, room + (std::size_t{1} << 30)),
+                    Catch::Contains("posix_fallocate"));
+  CHECK_THROWS_AS(ShmSegment::open(name, 1), TransportError);
 }
 
 TEST_CASE("shm segment: created exclusively, mapped by name, gone after unlink", "[shm]") {
@@ -507,7 +522,7 @@ TEST_CASE("shm_allreduce_buffers: the same bits as shm_allreduce, every dtype an
   }
 }
 
-TEST_CASE("shm_allreduce_buffers: more than the buffer is refused on every rank before any wait; "
+TEST_CASE("shm_allreduce_buffers: more than the buffer is refused on every rank before any wait, "
           "a rank that never arrives is a TimeoutError naming it", "[shm]") {
   ShmOptions opt;
   opt.buffer_bytes = 1;  // rounded up to 2 MiB
