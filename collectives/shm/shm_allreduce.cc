@@ -1,6 +1,8 @@
 // shm_allreduce: every rank reduces its share of each chunk straight from
 // every rank's slot and writes it into all of them; shm_reduce_slots is that
-// middle step alone (the single-copy bound of the benchmarks).
+// middle step alone (the single-copy bound of the benchmarks), and
+// shm_allreduce_buffers the same step on the ranks' buffers (the runtime's
+// fusion buffers).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -20,11 +22,15 @@ namespace {
 // cache line of a slot.
 std::size_t line_elems(std::size_t esize) { return std::max<std::size_t>(64 / esize, 1); }
 
-// Rank g.rank()'s share of the first n elements of every slot, reduced in
-// rank order (rank 0's operand first) and written into every slot. `acc` is
-// scratch. Between two barriers: each rank touches only its own share.
-void reduce_my_share(ShmGroup& g, std::size_t n, DataType dt, ReduceFn reduce, CombineFn combine,
-                     double postscale, std::vector<std::byte>& acc) {
+// Where each rank's operand lies: its slot, or its buffer.
+using Area = std::byte* (ShmGroup::*)(int) const;
+
+// Rank g.rank()'s share of the first n elements of every rank's `area`,
+// reduced in rank order (rank 0's operand first) and written into every
+// rank's area. `acc` is scratch. Between two barriers: each rank touches
+// only its own share.
+void reduce_my_share(ShmGroup& g, Area area, std::size_t n, DataType dt, ReduceFn reduce,
+                     CombineFn combine, double postscale, std::vector<std::byte>& acc) {
   const int p = g.size();
   const std::size_t esize = dtype_size(dt);
   const std::size_t line = line_elems(esize);
@@ -41,18 +47,19 @@ void reduce_my_share(ShmGroup& g, std::size_t n, DataType dt, ReduceFn reduce, C
     const std::size_t m = std::min(piece, hi - a);
     const std::size_t bytes = m * esize;
     const std::size_t at = a * esize;
+    auto operand = [&](int q) { return (g.*area)(q) + at; };
     std::byte* mine;
     if (p == 1) {
-      mine = g.slot(0) + at;
+      mine = operand(0);
     } else {
       acc.resize(bytes);
       mine = acc.data();
-      combine(mine, g.slot(0) + at, g.slot(1) + at, m);
-      for (int q = 2; q < p; ++q) reduce(mine, g.slot(q) + at, m);
+      combine(mine, operand(0), operand(1), m);
+      for (int q = 2; q < p; ++q) reduce(mine, operand(q), m);
     }
     if (postscale != 1.0) scale(mine, m, dt, postscale);
     for (int q = 0; q < p; ++q) {
-      if (g.slot(q) + at != mine) std::memcpy(g.slot(q) + at, mine, bytes);
+      if (operand(q) != mine) std::memcpy(operand(q), mine, bytes);
     }
   }
 }
@@ -94,7 +101,7 @@ void shm_allreduce(ShmGroup& g, const void* in, void* out, std::size_t count, Da
       if (prescale != 1.0) scale(g.slot(me), n, dt, prescale);
       g.barrier();
       // 2. My share of the chunk, from every slot into every slot.
-      reduce_my_share(g, n, dt, reduce, combine, postscale, acc);
+      reduce_my_share(g, &ShmGroup::slot, n, dt, reduce, combine, postscale, acc);
       g.barrier();
       // 3. The reduced chunk out of my slot. Peers write my slot again only
       // after the next chunk's first barrier, which waits for me.
@@ -117,7 +124,35 @@ void shm_reduce_slots(ShmGroup& g, std::size_t count, DataType dt, ReduceOp op) 
   std::vector<std::byte> acc;
   try {
     g.barrier();
-    reduce_my_share(g, count, dt, reduce, combine, postscale, acc);
+    reduce_my_share(g, &ShmGroup::slot, count, dt, reduce, combine, postscale, acc);
+    g.barrier();
+  } catch (...) {
+    g.fail();
+    throw;
+  }
+}
+
+void shm_allreduce_buffers(ShmGroup& g, std::size_t count, DataType dt, ReduceOp op,
+                           double prescale, double postscale) {
+  // Checked alike on every rank (agreed arguments) before the first barrier.
+  check_scales(dt, prescale, postscale);
+  if (count * dtype_size(dt) > g.buffer_bytes()) {
+    throw InvalidArgument(fmt::format(
+        "shm allreduce of buffers: {} {} elements exceed a buffer of {} bytes", count,
+        dtype_name(dt), g.buffer_bytes()));
+  }
+  if (op == ReduceOp::kAverage) postscale /= g.size();
+  const ReduceFn reduce = reduce_kernel(dt, op);
+  const CombineFn combine = combine_kernel(dt, op);
+  std::vector<std::byte> acc;
+  try {
+    if (prescale != 1.0) scale(g.buffer(g.rank()), count, dt, prescale);
+    // Every rank's data are in its buffer...
+    g.barrier();
+    reduce_my_share(g, &ShmGroup::buffer, count, dt, reduce, combine, postscale, acc);
+    // ... and every share has been written into every buffer: from here on
+    // no peer reads or writes this rank's buffer until the next call's
+    // first barrier, which waits for this rank.
     g.barrier();
   } catch (...) {
     g.fail();

@@ -15,6 +15,7 @@ namespace gyre::collectives {
 
 namespace {
 constexpr std::size_t kLine = 64;
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
 std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 }  // namespace
 
@@ -39,9 +40,20 @@ std::size_t ShmGroup::region_bytes(int size, std::size_t slot_bytes) {
          static_cast<std::size_t>(size) * round_up(slot_bytes, kLine);
 }
 
+std::size_t ShmGroup::buffers_offset(int size, std::size_t slot_bytes) {
+  return round_up(region_bytes(size, slot_bytes), kHugePage);
+}
+
+std::size_t ShmGroup::region_bytes(int size, const ShmOptions& opt) {
+  if (opt.buffer_bytes == 0) return region_bytes(size, opt.slot_bytes);
+  return buffers_offset(size, opt.slot_bytes) +
+         static_cast<std::size_t>(size) * round_up(opt.buffer_bytes, kHugePage);
+}
+
 ShmGroup::ShmGroup(void* region, int rank, int size, const ShmOptions& opt)
     : header_(static_cast<Header*>(region)),
       slots_(static_cast<std::byte*>(region) + round_up(sizeof(Header), kLine)),
+      buffers_(nullptr),
       rank_(rank), size_(size), opt_(opt) {
   if (size < 1 || size > kShmMaxRanks || rank < 0 || rank >= size) {
     throw InvalidArgument(fmt::format("shared memory group: rank {} of {} (at most {} ranks)",
@@ -53,11 +65,20 @@ ShmGroup::ShmGroup(void* region, int rank, int size, const ShmOptions& opt)
         opt.slot_bytes, kLine, region));
   }
   opt_.slot_bytes = round_up(opt.slot_bytes, kLine);
+  opt_.buffer_bytes = round_up(opt.buffer_bytes, kHugePage);
+  if (opt_.buffer_bytes > 0) {
+    buffers_ = static_cast<std::byte*>(region) + buffers_offset(size, opt.slot_bytes);
+  }
   epoch_ = header_->arrived[rank].value.load(std::memory_order_acquire);
 }
 
 std::byte* ShmGroup::slot(int r) const {
   return slots_ + static_cast<std::size_t>(r) * opt_.slot_bytes;
+}
+
+std::byte* ShmGroup::buffer(int r) const {
+  if (buffers_ == nullptr) return nullptr;
+  return buffers_ + static_cast<std::size_t>(r) * opt_.buffer_bytes;
 }
 
 void ShmGroup::fail() noexcept {

@@ -42,6 +42,14 @@ ShmSegment ShmSegment::create(const std::string& name, std::size_t bytes) {
     ::shm_unlink(name.c_str());
     fail("ftruncate", name, err);
   }
+  // The pages now, so that a segment larger than the room left in
+  // /dev/shm fails here (ENOSPC) rather than with SIGBUS at its first
+  // write in some collective.
+  if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    fail("posix_fallocate", name, err);
+  }
   void* p = nullptr;
   try {
     p = map(fd, name, bytes);

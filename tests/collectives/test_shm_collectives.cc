@@ -3,12 +3,16 @@
 // to one cache line, in place and out of place, scale factors, bit-identical
 // results on every rank; allgather, broadcast, reduce-scatter and all-to-all
 // with uneven sizes; a rank that stops coming is a TimeoutError naming it,
-// a rank that fails wakes the rest.
+// a rank that fails wakes the rest. shm_allreduce_buffers: the same bits as
+// shm_allreduce, call after call on the same buffers.
 #include <catch2/catch.hpp>
+
+#include <sys/statvfs.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,7 +35,7 @@ using test::Region;
 // Runs fn(group) on n threads over one region; rethrows the first exception.
 template <class Fn>
 void run_group(int n, const ShmOptions& opt, Fn fn) {
-  Region region(ShmGroup::region_bytes(n, opt.slot_bytes));
+  Region region(ShmGroup::region_bytes(n, opt));
   on_threads(n, [&](int r) {
     ShmGroup g(region.p, r, n, opt);
     fn(g);
@@ -188,6 +192,19 @@ TEST_CASE("shm group: a rank that fails wakes the ranks waiting for it", "[shm]"
     }
     g.barrier();
   }), Catch::Contains("local rank 1 failed"));
+}
+
+TEST_CASE("shm segment: one larger than the room in /dev/shm fails at creation, leaving no name",
+          "[shm]") {
+  struct statvfs fs{};
+  REQUIRE(::statvfs("/dev/shm", &fs) == 0);
+  const std::size_t room = static_cast<std::size_t>(fs.f_bavail) * fs.f_frsize;
+  const std::string name = "/gyre-test-big-" + std::to_string(::getpid());
+  // Without allocating the pages at creation this would succeed and fault
+  // (SIGBUS) at the first write past the room.
+  CHECK_THROWS_WITH(ShmSegment::create(name, room + (std::size_t{1} << 30)),
+                    Catch::Contains("posix_fallocate"));
+  CHECK_THROWS_AS(ShmSegment::open(name, 1), TransportError);
 }
 
 TEST_CASE("shm segment: created exclusively, mapped by name, gone after unlink", "[shm]") {
@@ -408,5 +425,97 @@ TEST_CASE("hierarchical_allreduce: every dtype and op against the closed form, 2
         }
       }
     }
+  }
+}
+
+namespace {
+
+// Inputs whose floating-point sums depend on the order of the additions
+// (fractions that no binary type holds exactly), so that equal bits mean the
+// same reduction order; small integers for the integer types.
+double varied(DataType dt, ReduceOp op, int r, std::size_t i, int call) {
+  const double base = test::contribution(op, r, i + static_cast<std::size_t>(call));
+  const bool floating = dt == DataType::kFloat32 || dt == DataType::kFloat64 ||
+                        dt == DataType::kFloat16 || dt == DataType::kBFloat16;
+  if (!floating) return base;
+  return base + 0.1 * static_cast<double>((i * 7 + static_cast<std::size_t>(r) * 13 +
+                                           static_cast<std::size_t>(call)) % 10);
+}
+
+}  // namespace
+
+TEST_CASE("shm_allreduce_buffers: the same bits as shm_allreduce, every dtype and op, "
+          "1..4 ranks, several calls on the same buffers", "[shm]") {
+  // Counts in elements, one call after the other on the same buffers:
+  // odd sizes, one element, nothing, more than the slot (4096 bytes).
+  const std::size_t counts[] = {1009, 1, 0, 5003, 77};
+  for (int n = 1; n <= 4; ++n) {
+    for (DataType dt : test::kAllTypes) {
+      for (ReduceOp op : test::kAllOps) {
+        if (!op_defined(dt, op)) continue;
+        ShmOptions opt;
+        opt.slot_bytes = 4096;
+        opt.buffer_bytes = 64u << 10;  // rounded up to 2 MiB
+        opt.timeout = std::chrono::milliseconds(60000);
+        const bool scaled = scaling_defined(dt) && dt != DataType::kBool;
+        std::vector<std::string> wrong(static_cast<std::size_t>(n));
+        run_group(n, opt, [&](ShmGroup& g) {
+          const std::size_t esz = dtype_size(dt);
+          if (g.buffer(g.rank()) == nullptr) throw std::runtime_error("group has no buffer");
+          for (int call = 0; call < static_cast<int>(std::size(counts)); ++call) {
+            const std::size_t count = counts[call];
+            const double pre = scaled && call % 2 ? 0.5 : 1.0;
+            const double post = scaled && call % 2 ? 3.0 : 1.0;
+            std::vector<std::byte> in(count * esz), want(count * esz);
+            for (std::size_t i = 0; i < count; ++i) {
+              test::store(dt, in.data(), i, varied(dt, op, g.rank(), i, call));
+            }
+            shm_allreduce(g, in.data(), want.data(), count, dt, op, pre, post);
+            std::byte* buf = g.buffer(g.rank());
+            if (count > 0) std::memcpy(buf, in.data(), in.size());
+            shm_allreduce_buffers(g, count, dt, op, pre, post);
+            // One rank per call is late to read its result and start the
+            // next call, so a peer that wrote into a buffer too early (or
+            // read one too late) would show.
+            if (g.rank() == call % n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            if (count > 0 && std::memcmp(buf, want.data(), want.size()) != 0) {
+              wrong[static_cast<std::size_t>(g.rank())] +=
+                  " call " + std::to_string(call) + " (" + std::to_string(count) + " elements)";
+            }
+          }
+        });
+        for (int r = 0; r < n; ++r) {
+          INFO("n=" << n << " dtype=" << dtype_name(dt) << " op=" << op_name(op) << " rank " << r
+                    << " differs at" << wrong[static_cast<std::size_t>(r)]);
+          CHECK(wrong[static_cast<std::size_t>(r)].empty());
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("shm_allreduce_buffers: more than the buffer is refused on every rank before any wait, "
+          "a rank that never arrives is a TimeoutError naming it", "[shm]") {
+  ShmOptions opt;
+  opt.buffer_bytes = 1;  // rounded up to 2 MiB
+  opt.timeout = std::chrono::milliseconds(10000);
+  CHECK_THROWS_AS(run_group(2, opt, [&](ShmGroup& g) {
+    shm_allreduce_buffers(g, (2u << 20) / 4 + 1, DataType::kFloat32, ReduceOp::kSum);
+  }), InvalidArgument);
+
+  opt.timeout = std::chrono::milliseconds(200);
+  std::vector<std::string> seen(3);
+  run_group(3, opt, [&](ShmGroup& g) {
+    if (g.rank() == 2) return;  // never takes part
+    try {
+      shm_allreduce_buffers(g, 1000, DataType::kFloat32, ReduceOp::kSum);
+      seen[static_cast<std::size_t>(g.rank())] = "completed";
+    } catch (const TimeoutError& e) {
+      seen[static_cast<std::size_t>(g.rank())] = e.what();
+    }
+  });
+  for (int r : {0, 1}) {
+    INFO("rank " << r << ": " << seen[static_cast<std::size_t>(r)]);
+    CHECK_THAT(seen[static_cast<std::size_t>(r)], Catch::Contains("local rank(s) 2 to reach"));
   }
 }

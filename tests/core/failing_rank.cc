@@ -13,7 +13,11 @@
 //       whom it waited for, the time, and that no process is left behind.
 //
 // GYRE_TEST_KILL_RANK names the failing rank (default 1; across simulated
-// hosts, a rank on the other host). Every rank prints its pid first.
+// hosts, a rank on the other host). GYRE_TEST_FUSED=1: each step is a
+// grouped allreduce of 16 tensors of 1 MiB, one fused bucket of 16 MiB (in
+// the shared segment's fusion buffers when they are on: a few ms of
+// reduction to fail in); else one unfused 4 MiB tensor (several
+// shared-memory chunks). Every rank prints its pid first.
 #include <unistd.h>
 
 #include <chrono>
@@ -54,11 +58,21 @@ int main(int argc, char** argv) {
   gyre::init(gyre::Options::from_env());
   std::printf("rank %d pid %d\n", gyre::rank(), static_cast<int>(::getpid()));
   std::fflush(stdout);
-  std::vector<float> g(1 << 20, 1.0f);  // 4 MiB: several shared-memory chunks
+  const char* fused_env = std::getenv("GYRE_TEST_FUSED");
+  const bool fused = fused_env != nullptr && std::string(fused_env) == "1";
+  std::vector<float> g(1 << 22, 1.0f);
   gyre::TensorView v{g.data(), gyre::DataType::kFloat32, {1 << 20}};
+  std::vector<gyre::TensorView> parts;
+  std::vector<std::string> names;
+  for (int k = 0; k < 16; ++k) {
+    parts.push_back({g.data() + k * (1 << 18), gyre::DataType::kFloat32, {1 << 18}});
+    names.push_back("part." + std::to_string(k));
+  }
   for (int step = 0; step < 100000; ++step) {
-    gyre::Handle h = gyre::allreduce_async("grad." + std::to_string(step % 4), v, v,
-                                           gyre::ReduceOp::kSum);
+    gyre::Handle h =
+        fused ? gyre::grouped_allreduce_async(names, parts, parts, gyre::ReduceOp::kSum)
+              : gyre::allreduce_async("grad." + std::to_string(step % 4), v, v,
+                                      gyre::ReduceOp::kSum);
     if (gyre::rank() == victim && step == 50) {
       if (stop) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
       fail_now(victim, stop);

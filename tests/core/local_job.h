@@ -29,8 +29,13 @@
 namespace gyre::test {
 
 struct LocalJob {
+  // Fills in a rank's RuntimeInfo before its runtime is built (e.g. a
+  // shared-memory group over a region the test owns).
+  using Setup = std::function<void(int rank, core::RuntimeInfo& info)>;
+
   static void run(int n, const Options& opt,
-                  const std::function<void(int rank, core::Runtime& rt)>& fn) {
+                  const std::function<void(int rank, core::Runtime& rt)>& fn,
+                  const Setup& setup = {}) {
     auto world = transport::make_local_world(n);
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
     std::vector<std::thread> threads;
@@ -39,6 +44,7 @@ struct LocalJob {
         try {
           core::RuntimeInfo info;
           info.abort = [](int) {};  // in-process: the runtime fails its handles instead
+          if (setup) setup(r, info);
           core::Runtime rt(opt, std::make_unique<transport::LocalTransport>(world, r), info);
           fn(r, rt);
           rt.shutdown();

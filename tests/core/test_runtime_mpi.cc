@@ -6,11 +6,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <map>
 #include <random>
+#include <sstream>
 
 #include <fmt/format.h>
 
 #include "gyre/gyre.h"
+#include "shm_fusion_cases.h"
 
 using namespace gyre;
 
@@ -68,7 +72,119 @@ std::vector<std::vector<float>> random_order(std::size_t fusion_threshold) {
   return bufs;
 }
 
+// Bytes of this process's mappings of gyre's shared-memory segments (their
+// names are unlinked, so /proc/self/maps shows them as deleted).
+std::size_t shm_mapped_bytes() {
+  std::ifstream maps("/proc/self/maps");
+  std::size_t total = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("/dev/shm/gyre-") == std::string::npos) continue;
+    std::istringstream in(line);
+    std::string range;
+    in >> range;
+    const auto dash = range.find('-');
+    total += std::stoull(range.substr(dash + 1), nullptr, 16) -
+             std::stoull(range.substr(0, dash), nullptr, 16);
+  }
+  return total;
+}
+
+constexpr int kFusedSteps = 3;
+
+// kFusedSteps steps of small tensors of every dtype and op, then a grouped
+// bucket of 4 x 800 KB, larger than a 2 MiB buffer: this rank's results by
+// name, and the bytes of shared memory mapped meanwhile.
+std::map<std::string, std::vector<std::byte>> fused_steps(const Options& o,
+                                                          std::size_t* mapped) {
+  Session session(o);
+  *mapped = shm_mapped_bytes();
+  const int r = rank();
+  std::map<std::string, std::vector<std::byte>> results;
+  auto run = [&](const std::vector<test::Spec>& specs, int step, bool grouped) {
+    std::vector<std::vector<std::byte>> bufs(specs.size());
+    std::vector<TensorView> views;
+    std::vector<std::string> names;
+    for (std::size_t k = 0; k < specs.size(); ++k) {
+      const test::Spec& s = specs[k];
+      bufs[k].resize(s.count * dtype_size(s.dt));
+      for (std::size_t i = 0; i < s.count; ++i) {
+        test::store(s.dt, bufs[k].data(), i, test::value(s, r, i, step));
+      }
+      views.push_back(TensorView{bufs[k].data(), s.dt, {static_cast<std::int64_t>(s.count)}});
+      names.push_back(s.name);
+    }
+    if (grouped) {
+      grouped_allreduce_async(names, views, views, specs[0].op).wait();
+    } else {
+      std::vector<Handle> hs;
+      for (std::size_t k = 0; k < specs.size(); ++k) {
+        hs.push_back(allreduce_async(names[k], views[k], views[k], specs[k].op,
+                                     specs[k].prescale, specs[k].postscale));
+      }
+      for (auto& h : hs) h.wait();
+    }
+    for (std::size_t k = 0; k < specs.size(); ++k) results[specs[k].name] = std::move(bufs[k]);
+  };
+  for (int step = 0; step < kFusedSteps; ++step) run(test::small_specs(step), step, false);
+  std::vector<test::Spec> big;
+  for (int k = 0; k < 4; ++k) {
+    big.push_back({fmt::format("big.{}", k), DataType::kFloat32, ReduceOp::kSum, 200'000,
+                   k % 2 == 0});
+  }
+  run(big, 7, true);
+  return results;
+}
+
 }  // namespace
+
+TEST_CASE("mpi: fused buckets in the shared segment's fusion buffers, through the slots and "
+          "over the ring give the same bits", "[mpi][shm]") {
+  Options in_segment = test_options();
+  in_segment.shared_memory = 1;
+  in_segment.shm_fusion_bytes = 1u << 20;  // a 2 MiB buffer per rank: "big" exceeds it
+  Options slots = in_segment;
+  slots.shm_fusion_bytes = 0;
+  Options ring = in_segment;
+  ring.shared_memory = 0;
+  std::size_t mapped_segment = 0, mapped_slots = 0, mapped_ring = 0;
+  const auto a = fused_steps(in_segment, &mapped_segment);
+  const auto b = fused_steps(slots, &mapped_slots);
+  const auto c = fused_steps(ring, &mapped_ring);
+  init(test_options());
+  const bool one_host = local_size() == size();
+  const int n = size();
+  shutdown();
+  if (one_host) {
+    // The buffers exist (one per local rank, 2 MiB each) only when asked for.
+    CHECK(mapped_segment >= static_cast<std::size_t>(n) * (2u << 20));
+    CHECK(mapped_slots > 0);
+    CHECK(mapped_slots < (2u << 20));
+    CHECK(mapped_ring == 0);
+  }
+  REQUIRE(a.size() == b.size());
+  REQUIRE(a.size() == c.size());
+  for (const auto& [name, bits] : a) {
+    INFO(name);
+    CHECK(bits == b.at(name));
+  }
+  for (const char* name : {"big.0", "big.2"}) {
+    INFO(name);
+    CHECK(a.at(name) == c.at(name));
+  }
+  for (const test::ExactCase& e : test::exact_cases(kFusedSteps)) {
+    INFO(e.spec.name);
+    const auto& bits = a.at(e.spec.name);
+    CHECK(bits == c.at(e.spec.name));
+    bool all = true;
+    for (std::size_t i = 0; i < e.spec.count && all; ++i) {
+      const double want =
+          test::expected(e.spec.dt, e.spec.op, n, i + static_cast<std::size_t>(e.step));
+      const double tol = e.spec.op == ReduceOp::kAverage ? test::scaled_tolerance(e.spec.dt) : 0;
+      all = test::close_enough(test::load(e.spec.dt, bits.data(), i), want, tol);
+    }
+    CHECK(all);
+  }
+}
 
 TEST_CASE("mpi: lifecycle errors are StateError, init() twice and re-init work", "[mpi]") {
   CHECK_FALSE(is_initialized());

@@ -3,7 +3,10 @@
 //
 // A ShmGroup is p ranks (p <= kShmMaxRanks) over one memory region that all
 // of them map: a header of per-rank counters, then one slot of slot_bytes per
-// rank. Ranks synchronise through the counters alone (acquire/release atomics,
+// rank, then (if buffer_bytes > 0) one buffer of buffer_bytes per rank, each
+// starting on a 2 MiB boundary of the region (huge pages where the mapping
+// gets them). A slot stages chunks; a buffer holds data a collective reduces
+// in place, read and written by every rank (the runtime's fusion buffer). Ranks synchronise through the counters alone (acquire/release atomics,
 // no system call): every rank runs the same sequence of collectives, and each
 // collective advances every rank's counter by the same amount, so "all
 // counters have reached my own" is a barrier.
@@ -32,8 +35,10 @@ inline constexpr int kShmMaxRanks = 64;
 // leaves nothing in /dev/shm. Unmapped on destruction.
 class ShmSegment {
  public:
-  // Creates and maps `bytes` zero-filled bytes; throws TransportError naming
-  // the segment and errno's text.
+  // Creates and maps `bytes` zero-filled bytes, all of them allocated now
+  // (a segment the room left in /dev/shm cannot hold fails here, not with
+  // SIGBUS at its first use); throws TransportError naming the segment and
+  // errno's text.
   static ShmSegment create(const std::string& name, std::size_t bytes);
   // Maps an existing segment of `bytes` bytes.
   static ShmSegment open(const std::string& name, std::size_t bytes);
@@ -70,12 +75,19 @@ struct ShmOptions {
   // `max_nap` (zero: spin forever).
   std::chrono::microseconds spin{100};
   std::chrono::microseconds max_nap{200};
+  // Bytes of each rank's buffer (0: none), rounded up to 2 MiB.
+  std::size_t buffer_bytes = 0;
 };
 
 class ShmGroup {
  public:
-  // Bytes a region must have for `size` ranks with the given slot size.
+  // Bytes a region must have for `size` ranks with the given slot size
+  // (and no buffers).
   static std::size_t region_bytes(int size, std::size_t slot_bytes);
+  // ... with opt's slot and buffer sizes.
+  static std::size_t region_bytes(int size, const ShmOptions& opt);
+  // Offset of the first buffer from the start of the region (2 MiB aligned).
+  static std::size_t buffers_offset(int size, std::size_t slot_bytes);
 
   // `region`: region_bytes(size, opt.slot_bytes) bytes, zero-filled before
   // any rank uses it, 64-byte aligned, mapped by every rank of the group.
@@ -85,6 +97,9 @@ class ShmGroup {
   int size() const { return size_; }
   std::size_t slot_bytes() const { return opt_.slot_bytes; }
   std::byte* slot(int r) const;
+  // Rank r's buffer (nullptr when buffer_bytes() is 0).
+  std::size_t buffer_bytes() const { return opt_.buffer_bytes; }
+  std::byte* buffer(int r) const;
 
   // Barrier: publishes that this rank reached the next point, waits until
   // every rank has. Throws TimeoutError after opt.timeout, naming the ranks
@@ -100,6 +115,7 @@ class ShmGroup {
   struct Header;
   Header* header_;
   std::byte* slots_;
+  std::byte* buffers_;
   int rank_, size_;
   ShmOptions opt_;
   std::uint64_t epoch_ = 0;  // barriers this rank has passed
@@ -121,6 +137,17 @@ void shm_allreduce(ShmGroup& g, const void* in, void* out, std::size_t count, Da
 // or out: the single-copy bound an allreduce of data in shared memory can
 // reach (the benchmark's bound row), and the middle step of shm_allreduce.
 void shm_reduce_slots(ShmGroup& g, std::size_t count, DataType dt, ReduceOp op);
+
+// Allreduce in place of `count` elements at the start of every rank's
+// buffer (count * dtype_size(dt) <= g.buffer_bytes()): each rank scales its
+// own buffer by `prescale`, then, between two barriers, reduces its share
+// straight from every rank's buffer and writes it into all of them. No copy
+// in or out: the data were written into the buffer where the peers read
+// them. The same bits as shm_allreduce of the same inputs (same reduction
+// order, same scaling). On return every peer has finished with this rank's
+// buffer (the second barrier), so the caller may write it again.
+void shm_allreduce_buffers(ShmGroup& g, std::size_t count, DataType dt, ReduceOp op,
+                           double prescale = 1.0, double postscale = 1.0);
 
 // The other collectives, staged through the slots with the same barriers;
 // their arguments mean what they mean for the ring algorithms of

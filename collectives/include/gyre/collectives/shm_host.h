@@ -4,7 +4,9 @@
 // all have, so that nothing is left in /dev/shm whatever happens later.
 //
 // Collective over MPI_COMM_WORLD: every rank calls create() at the same
-// point. It returns nullptr on every rank unless every rank `wanted` it with
+// point. With opt.buffer_bytes the segment holds a buffer per rank as well
+// (ShmGroup::buffer), or none if /dev/shm has no room for them
+// (group().buffer_bytes() tells which). It returns nullptr on every rank unless every rank `wanted` it with
 // the same slot size and all ranks are on this one host (several hosts need
 // a hierarchical backend). Failure on any rank (segment cannot be created or
 // mapped) is a TransportError on every rank, with the failing rank's reason.
@@ -24,6 +26,11 @@ class ShmHost {
   // one: every host gets a group of its own ranks (hierarchical collectives).
   static std::unique_ptr<ShmHost> create_per_host(const collectives::ShmOptions& opt,
                                                   bool wanted = true);
+  // A group over a region the caller owns and every rank maps (ranks as
+  // threads of one process in tests: zero-filled,
+  // ShmGroup::region_bytes(size, opt) bytes, 64-byte aligned). Not collective.
+  static std::unique_ptr<ShmHost> attach(void* region, int rank, int size,
+                                         const collectives::ShmOptions& opt);
   collectives::ShmGroup& group() { return *group_; }
 
  private:

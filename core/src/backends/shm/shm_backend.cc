@@ -10,8 +10,20 @@
 
 namespace gyre::core {
 
+std::byte* ShmBackend::fusion_buffer(std::size_t bytes, const OpLabel& what) {
+  if (bytes <= group().buffer_bytes()) return group().buffer(group().rank());
+  return CpuRingBackend::fusion_buffer(bytes, what);
+}
+
 void ShmBackend::allreduce(const void* in, void* out, std::size_t count, DataType dt,
                            const Reduction& red, const OpLabel&) {
+  // A bucket packed into this rank's buffer in the segment (fusion_buffer
+  // above; every rank's is, the sizes being agreed): reduced where it lies.
+  std::byte* mine = group().buffer(group().rank());
+  if (mine != nullptr && in == mine && out == mine) {
+    collectives::shm_allreduce_buffers(group(), count, dt, red.op, red.prescale, red.postscale);
+    return;
+  }
   collectives::shm_allreduce(group(), in, out, count, dt, red.op, red.prescale, red.postscale);
 }
 
