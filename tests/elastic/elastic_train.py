@@ -81,7 +81,30 @@ opt = hvd.DistributedOptimizer(new_optimizer(model), named_parameters=model.name
 sampler = ElasticSampler(range(N), seed=3)
 state = hvd.elastic.TorchState(model, opt, sampler=sampler, step=0)
 resets = []
-state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+# What this rank held after each of its commits (its own copies): after the
+# recovery the state must be, bit for bit, the commit of the agreed step,
+# whether or not commit()'s background copy was done when the failure came.
+held = {}
+
+
+def held_now():
+    return ([p.detach().clone() for p in model.parameters()],
+            [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()
+             if "momentum_buffer" in opt.state[p]])
+
+
+def check_restored():
+    resets.append(hvd.size())
+    if state.step not in held:
+        fail(f"restored to step {state.step}, which this rank never committed")
+    params, momentum = held_now()
+    want_params, want_momentum = held[state.step]
+    if len(momentum) != len(want_momentum) or not all(
+            torch.equal(a, b) for a, b in zip(params + momentum, want_params + want_momentum)):
+        fail(f"the restored state differs from the commit of step {state.step}")
+
+
+state.register_reset_callbacks([check_restored])
 step_done_at = []
 
 
@@ -98,6 +121,7 @@ def train(state):
         state.sampler.record_batch(b, BS)
         state.step += 1
         state.commit()
+        held[state.step] = held_now()
         step_done_at.append((state.step, time.monotonic()))
     return state.step
 
