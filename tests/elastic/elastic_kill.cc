@@ -12,6 +12,10 @@
 // GYRE_TEST_KILL_IN_RECOVERY_RANK=r, rank r dies too, as soon as it has
 // seen the first failure, before it calls rebuild(): a failure during the
 // recovery, which the others' rebuild() (or a second one) must absorb.
+// With GYRE_TEST_PROCESS_SETS=1 two process sets are added before the loop
+// (one of survivors, one with the rank that dies) and used once; after the
+// recovery every operation on them must fail at once with StateError naming
+// the set and saying the rebuild dropped it (a rebuild drops process sets).
 // With GYRE_TEST_FUSED=K each step is K allreduces of kCount / K elements,
 // one handle each, which the runtime fuses into one bucket; with
 // GYRE_TEST_KILL_IN_SEND=1 as well, the rank dies inside that bucket's ring
@@ -35,12 +39,14 @@
 // "elastic: rank P recovered at T", T in nanoseconds of steady_clock
 // (CLOCK_MONOTONIC, common to the processes of one host): the job's recovery
 // time is the latest survivor's T minus the kill's.
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <set>
 #include <string>
 #include <thread>
@@ -167,6 +173,23 @@ int main() {
     commit_now = *want;
   });
 
+  // Process sets made before the failure (GYRE_TEST_PROCESS_SETS).
+  std::vector<int> old_sets;
+  if (env_int("GYRE_TEST_PROCESS_SETS", 0) != 0) {
+    if (start_size != 3 || kill_rank != 1) fail(me, "GYRE_TEST_PROCESS_SETS needs 3 ranks, rank 1 killed");
+    for (const std::vector<int>& ranks : {std::vector<int>{0, 2}, std::vector<int>{0, 1}}) {
+      const int id = gyre::add_process_set(ranks);
+      old_sets.push_back(id);
+      if (std::find(ranks.begin(), ranks.end(), me) != ranks.end()) {
+        std::int64_t one = 1;
+        gyre::TensorView v{&one, gyre::DataType::kInt64, {1}};
+        gyre::allreduce_async("set.check", v, v, gyre::ReduceOp::kSum, 1.0, 1.0, id).wait();
+        if (one != 2) fail(me, "allreduce on process set " + std::to_string(id) + " gave " +
+                                   std::to_string(one));
+      }
+    }
+  }
+
   gyre::elastic::run(state, [&](gyre::elastic::State& s) {
     for (int step = static_cast<int>(gyre::committed_steps()); step < kSteps; ++step) {
       for (std::int64_t i = 0; i < kCount; ++i) buf[i] = value(me, step, i);
@@ -224,6 +247,42 @@ int main() {
       }
     }
   });
+
+  // Operations on the process sets from before the rebuild fail at once, on
+  // every survivor, member or not, saying why.
+  for (int id : old_sets) {
+    const std::string set = "process set " + std::to_string(id);
+    const auto expect_dropped = [&](const char* what, const std::function<void()>& call) {
+      const Clock::time_point t0 = Clock::now();
+      try {
+        call();
+        fail(me, std::string(what) + " on the dropped " + set + " did not fail");
+      } catch (const gyre::StateError& e) {
+        const std::string msg = e.what();
+        if (msg.find(set) == std::string::npos || msg.find("dropped by gyre::rebuild()") ==
+                                                      std::string::npos) {
+          fail(me, std::string(what) + " on the dropped " + set + ": unclear error: " + msg);
+        }
+      } catch (const std::exception& e) {
+        fail(me, std::string(what) + " on the dropped " + set + ": wrong error: " + e.what());
+      }
+      if (Clock::now() - t0 > std::chrono::seconds(10)) {
+        fail(me, std::string(what) + " on the dropped " + set + " took over 10 s to fail");
+      }
+    };
+    std::int64_t one = 1;
+    gyre::TensorView v{&one, gyre::DataType::kInt64, {1}};
+    expect_dropped("allreduce", [&] {
+      gyre::allreduce_async("set.after", v, v, gyre::ReduceOp::kSum, 1.0, 1.0, id).wait();
+    });
+    expect_dropped("broadcast", [&] { gyre::broadcast_async("set.after.b", v, 0, id).wait(); });
+    expect_dropped("barrier", [&] { gyre::barrier(id); });
+    expect_dropped("process_set_ranks", [&] { gyre::process_set_ranks(id); });
+  }
+  if (!old_sets.empty()) {
+    std::fprintf(stderr, "elastic: rank %d: operations on the %zu dropped process sets failed "
+                         "as expected\n", me, old_sets.size());
+  }
 
   // The closed form from the recorded membership of each committed step.
   if (static_cast<int>(members.size()) != kSteps) fail(me, "wrong number of committed steps");

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+import gyre
 import gyre.torch as hvd
 from gyre.torch.elastic import ElasticSampler
 
@@ -80,6 +81,10 @@ model = new_model()
 opt = hvd.DistributedOptimizer(new_optimizer(model), named_parameters=model.named_parameters())
 sampler = ElasticSampler(range(N), seed=3)
 state = hvd.elastic.TorchState(model, opt, sampler=sampler, step=0)
+# A process set made before the failure: the rebuild drops it.
+old_set = hvd.add_process_set([0, 2])
+if start_rank in (0, 2):
+    hvd.allreduce(torch.ones(1), name="set.before", op=hvd.Sum, process_set=old_set)
 resets = []
 # What this rank held after each of its commits (its own copies): after the
 # recovery the state must be, bit for bit, the commit of the agreed step,
@@ -128,6 +133,18 @@ def train(state):
 
 steps = train(state)
 want_model, want_steps = reference()
+if hvd.global_process_set.ranks != list(range(hvd.size())):
+    fail(f"global_process_set.ranks is {hvd.global_process_set.ranks} after the rebuild")
+try:
+    hvd.allreduce(torch.ones(1), name="set.after", op=hvd.Sum, process_set=old_set)
+    fail("an allreduce on a process set from before the rebuild did not fail")
+except gyre.StateError as e:
+    if f"process set {old_set.process_set_id}" not in str(e) or "dropped by gyre::rebuild()" not in str(e):
+        fail(f"unclear error for a process set dropped by the rebuild: {e}")
+new_set = hvd.add_process_set([0])  # a set added after the rebuild, in the new ranks
+if hvd.rank() == 0 and hvd.allreduce(torch.ones(1), name="set.new", op=hvd.Sum,
+                                     process_set=new_set).item() != 1:
+    fail("an allreduce on a process set added after the rebuild gave a wrong sum")
 if resets != [2]:
     fail(f"reset callbacks saw sizes {resets}, expected one reset to 2 ranks")
 if steps != want_steps or hvd.committed_steps() != want_steps:
