@@ -151,7 +151,8 @@ class TorchState(ObjectState):
     picklable keyword attributes.
 
     ``commit()`` copies the model's parameters and the optimizer's state
-    tensors in a background thread, into tensors kept from the previous
+    tensors in a background thread (a ``memcpy`` in gyre's extension, outside
+    the GIL, for contiguous CPU tensors), into tensors kept from the previous
     commit (no allocation after the first), and returns at once: the copy
     runs while the next step computes. Everything that can change those
     tensors waits for it first: ``optimizer.step()`` (a step pre-hook),
@@ -200,7 +201,7 @@ class TorchState(ObjectState):
             return
         self._copy_waiting = True
         try:
-            pending.done.wait()
+            pending.wait()
         finally:
             self._copy_waiting = False
         self._copy = None
@@ -243,8 +244,7 @@ class TorchState(ObjectState):
         ObjectState.save(self)
         self._broken_commit = None
         if deferred:
-            self._copy = _CopyJob(deferred, self._copy_gate)
-            _copy_worker.submit(self._copy)
+            self._copy = _CopyJob(deferred, self._copy_gate)  # starts the copy
 
     def restore(self) -> None:
         self.wait_for_commit()
@@ -285,14 +285,36 @@ class TorchState(ObjectState):
         self.save()
 
 
+def _plain_cpu(t: torch.Tensor) -> bool:
+    return t.is_cpu and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+
+
 class _CopyJob:
-    """One commit's background copy: ``pairs`` of (dst, src, version, name)."""
+    """One commit's background copy: ``pairs`` of (dst, src, version, name).
+    Contiguous CPU tensors are copied by gyre's extension on a thread of its
+    own that never takes the GIL (``_gyre.BackgroundCopy``); anything else
+    (or a test's ``gate``) by torch on the worker thread below."""
 
     def __init__(self, pairs: List[tuple], gate: Optional[Callable[[], None]]) -> None:
         self.pairs = pairs
         self.gate = gate
         self.error: Optional[BaseException] = None
         self.done = threading.Event()
+        self._native = None
+        # (_copy_into made every dst a strided tensor of its src's shape and
+        # dtype.)
+        if gate is None and all(_plain_cpu(d) and _plain_cpu(s) for d, s, _v, _n in pairs):
+            self._native = _gyre.BackgroundCopy(
+                [(d.data_ptr(), s.data_ptr(), d.numel() * d.element_size())
+                 for d, s, _v, _n in pairs])
+        else:
+            _copy_worker.submit(self)
+
+    def wait(self) -> None:
+        if self._native is not None:
+            self._native.wait()  # without the GIL
+        else:
+            self.done.wait()
 
     def run(self) -> None:
         try:
