@@ -296,11 +296,13 @@ class _CopyJob:
     (or a test's ``gate``) by torch on the worker thread below."""
 
     def __init__(self, pairs: List[tuple], gate: Optional[Callable[[], None]]) -> None:
+        # First in the instance's dict, so released first: a job dropped
+        # without wait() joins its copy thread before the tensors can go.
+        self._native = None
         self.pairs = pairs
         self.gate = gate
         self.error: Optional[BaseException] = None
         self.done = threading.Event()
-        self._native = None
         # (_copy_into made every dst a strided tensor of its src's shape and
         # dtype.)
         if gate is None and all(_plain_cpu(d) and _plain_cpu(s) for d, s, _v, _n in pairs):
@@ -315,6 +317,11 @@ class _CopyJob:
             self._native.wait()  # without the GIL
         else:
             self.done.wait()
+
+    def __del__(self) -> None:
+        # The copy thread writes into tensors this job keeps alive.
+        if getattr(self, "_native", None) is not None:
+            self._native.wait()
 
     def run(self) -> None:
         try:
