@@ -22,6 +22,24 @@ from gyre.torch.elastic import ElasticSampler
 
 N, BS, KILL_STEP = 132, 4, 7
 KILL_RANK = int(os.environ.get("GYRE_TEST_KILL_RANK", "1"))
+# GYRE_TEST_KILL_IN_SEND=1, with tests/elastic/kill_in_send.cc preloaded
+# (LD_PRELOAD): the rank dies inside the transfer of its step's gradients,
+# which the DistributedOptimizer's allreduces fuse into one bucket: at step
+# 0 it counts the bucket's data sends, at the kill step it dies just before
+# posting the first send of the second half of them. The survivors must
+# still finish equal to the reference: no partial sum is ever committed.
+KILL_IN_SEND = os.environ.get("GYRE_TEST_KILL_IN_SEND") == "1"
+HIDDEN, LR = 16, 0.05
+SEND_MIN_BYTES = 1 << 30
+if KILL_IN_SEND:
+    import ctypes
+    _inject = ctypes.CDLL(None)  # the preloaded library's functions
+    _inject.gyre_test_arm_kill.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_int]
+    _inject.gyre_test_sends.restype = ctypes.c_long
+    # 40 KiB of gradients: ring chunks (~13 KiB) far above negotiation messages
+    # (run with GYRE_ALLREDUCE_SMALL_BYTES=0); a smaller rate for the wider layer.
+    HIDDEN, LR = 1024, 0.002
+    SEND_MIN_BYTES = 4096
 
 
 def data():
@@ -31,11 +49,12 @@ def data():
 
 def new_model():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    return torch.nn.Sequential(torch.nn.Linear(8, HIDDEN), torch.nn.Tanh(),
+                               torch.nn.Linear(HIDDEN, 1))
 
 
 def new_optimizer(model):
-    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    return torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
 
 
 X, Y = data()
@@ -111,18 +130,26 @@ def check_restored():
 
 state.register_reset_callbacks([check_restored])
 step_done_at = []
+sends_per_step = [0]
 
 
 @hvd.elastic.run
 def train(state):
     indices = list(state.sampler)
     for b in range(len(indices) // BS):
-        if start_rank == KILL_RANK and state.step == KILL_STEP:
+        if start_rank == KILL_RANK and KILL_IN_SEND and state.step in (0, KILL_STEP):
+            if state.step == KILL_STEP and sends_per_step[0] < 2:
+                fail(f"step 0 made {sends_per_step[0]} data sends of its gradients' bucket")
+            nth = sends_per_step[0] // 2 + 1 if state.step == KILL_STEP else 0
+            _inject.gyre_test_arm_kill(nth, SEND_MIN_BYTES, start_rank)
+        elif start_rank == KILL_RANK and state.step == KILL_STEP:
             os.kill(os.getpid(), signal.SIGKILL)
         batch = indices[b * BS:(b + 1) * BS]
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(X[batch]), Y[batch]).backward()
         opt.step()
+        if start_rank == KILL_RANK and KILL_IN_SEND and state.step == 0:
+            sends_per_step[0] = _inject.gyre_test_sends()
         state.sampler.record_batch(b, BS)
         state.step += 1
         state.commit()
