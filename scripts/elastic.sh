@@ -86,4 +86,15 @@ if [ "$with_python" = 1 ]; then
   GYRE_ELASTIC_TIMEOUT_S=400 bash "$GYRE_ROOT/tests/elastic/run_respawn.sh" "$venv/bin/mpirun" 3 3 0 - \
     -x GYRE_ELASTIC_RESPAWN=1 "$venv/bin/python" "$GYRE_ROOT/tests/elastic/elastic_respawn.py" || status=1
 fi
+if [ "$with_python" = 1 ]; then
+  # A rank dies inside the transfer of a fused bucket of gradients
+  # (tests/elastic/kill_in_send.cc, preloaded: it wraps MPI_Isend); the
+  # survivors must match the reference, no partial sum committed.
+  echo "== Python: elastic training, 3 ranks, rank 1 killed inside a fused bucket's transfer"
+  cmake --build "$GYRE_BUILD" -j "$jobs" --target gyre_test_kill_in_send
+  GYRE_ELASTIC_TIMEOUT_S=300 bash "$GYRE_ROOT/tests/elastic/run_elastic.sh" "$venv/bin/mpirun" 3 \
+    -x GYRE_TEST_KILL_IN_SEND=1 -x GYRE_CYCLE_TIME_MS=5 -x GYRE_ALLREDUCE_SMALL_BYTES=0 \
+    -x LD_PRELOAD="$GYRE_BUILD/tests/elastic/libgyre_test_kill_in_send.so" \
+    "$venv/bin/python" "$GYRE_ROOT/tests/elastic/elastic_train.py" || status=1
+fi
 exit "$status"

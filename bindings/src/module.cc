@@ -13,8 +13,13 @@
 
 #include <unistd.h>
 
+#include <cstdint>
+#include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -240,6 +245,32 @@ void bind_divergence(py::module_& m) {
 }  // namespace
 }  // namespace gyre::python
 
+// A copy of host memory on a thread of its own, without the GIL: what
+// gyre.torch.elastic.TorchState.commit() leaves to run in the background
+// (the caller keeps the buffers alive, and unchanged, until wait()).
+class BackgroundCopy {
+ public:
+  using Item = std::tuple<std::uintptr_t, std::uintptr_t, std::size_t>;  // dst, src, bytes
+  explicit BackgroundCopy(std::vector<Item> items)
+      : items_(std::move(items)), thread_([this] {
+          for (const auto& [dst, src, bytes] : items_) {
+            std::memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+          }
+        }) {}
+  ~BackgroundCopy() {
+    if (thread_.joinable()) thread_.join();
+  }
+  BackgroundCopy(const BackgroundCopy&) = delete;
+  BackgroundCopy& operator=(const BackgroundCopy&) = delete;
+  void wait() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::vector<Item> items_;
+  std::thread thread_;
+};
+
 PYBIND11_MODULE(_gyre, m) {
   using namespace gyre::python;
   m.doc() = "gyre's C++ runtime; use the gyre and gyre.torch packages instead.";
@@ -329,6 +360,9 @@ PYBIND11_MODULE(_gyre, m) {
   m.def("remove_process_set",
         [](int ps) { blocking([ps] { gyre::remove_process_set(ps); }); }, py::arg("process_set"));
   m.def("process_set_ids", [] { return gyre::process_set_ids(); });
+  py::class_<BackgroundCopy, std::shared_ptr<BackgroundCopy>>(m, "BackgroundCopy")
+      .def(py::init<std::vector<BackgroundCopy::Item>>())
+      .def("wait", &BackgroundCopy::wait, py::call_guard<py::gil_scoped_release>());
   m.def("process_set_ranks", [](int ps) { return gyre::process_set_ranks(ps); });
   m.def("process_set_rank", [](int ps) { return gyre::process_set_rank(ps); });
   m.def("process_set_size", [](int ps) { return gyre::process_set_size(ps); });

@@ -16,11 +16,30 @@ import time
 
 import torch
 
+import gyre
 import gyre.torch as hvd
 from gyre.torch.elastic import ElasticSampler
 
 N, BS, KILL_STEP = 132, 4, 7
 KILL_RANK = int(os.environ.get("GYRE_TEST_KILL_RANK", "1"))
+# GYRE_TEST_KILL_IN_SEND=1, with tests/elastic/kill_in_send.cc preloaded
+# (LD_PRELOAD): the rank dies inside the transfer of its step's gradients,
+# which the DistributedOptimizer's allreduces fuse into one bucket: at step
+# 0 it counts the bucket's data sends, at the kill step it dies just before
+# posting the first send of the second half of them. The survivors must
+# still finish equal to the reference: no partial sum is ever committed.
+KILL_IN_SEND = os.environ.get("GYRE_TEST_KILL_IN_SEND") == "1"
+HIDDEN, LR = 16, 0.05
+SEND_MIN_BYTES = 1 << 30
+if KILL_IN_SEND:
+    import ctypes
+    _inject = ctypes.CDLL(None)  # the preloaded library's functions
+    _inject.gyre_test_arm_kill.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_int]
+    _inject.gyre_test_sends.restype = ctypes.c_long
+    # 40 KiB of gradients: ring chunks (~13 KiB) far above negotiation messages
+    # (run with GYRE_ALLREDUCE_SMALL_BYTES=0); a smaller rate for the wider layer.
+    HIDDEN, LR = 1024, 0.002
+    SEND_MIN_BYTES = 4096
 
 
 def data():
@@ -30,11 +49,12 @@ def data():
 
 def new_model():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    return torch.nn.Sequential(torch.nn.Linear(8, HIDDEN), torch.nn.Tanh(),
+                               torch.nn.Linear(HIDDEN, 1))
 
 
 def new_optimizer(model):
-    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    return torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
 
 
 X, Y = data()
@@ -80,30 +100,78 @@ model = new_model()
 opt = hvd.DistributedOptimizer(new_optimizer(model), named_parameters=model.named_parameters())
 sampler = ElasticSampler(range(N), seed=3)
 state = hvd.elastic.TorchState(model, opt, sampler=sampler, step=0)
+# A process set made before the failure: the rebuild drops it.
+old_set = hvd.add_process_set([0, 2])
+if start_rank in (0, 2):
+    hvd.allreduce(torch.ones(1), name="set.before", op=hvd.Sum, process_set=old_set)
 resets = []
-state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+# What this rank held after each of its commits (its own copies): after the
+# recovery the state must be, bit for bit, the commit of the agreed step,
+# whether or not commit()'s background copy was done when the failure came.
+held = {}
+
+
+def held_now():
+    return ([p.detach().clone() for p in model.parameters()],
+            [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()
+             if "momentum_buffer" in opt.state[p]])
+
+
+def check_restored():
+    resets.append(hvd.size())
+    if state.step not in held:
+        fail(f"restored to step {state.step}, which this rank never committed")
+    params, momentum = held_now()
+    want_params, want_momentum = held[state.step]
+    if len(momentum) != len(want_momentum) or not all(
+            torch.equal(a, b) for a, b in zip(params + momentum, want_params + want_momentum)):
+        fail(f"the restored state differs from the commit of step {state.step}")
+
+
+state.register_reset_callbacks([check_restored])
 step_done_at = []
+sends_per_step = [0]
 
 
 @hvd.elastic.run
 def train(state):
     indices = list(state.sampler)
     for b in range(len(indices) // BS):
-        if start_rank == KILL_RANK and state.step == KILL_STEP:
+        if start_rank == KILL_RANK and KILL_IN_SEND and state.step in (0, KILL_STEP):
+            if state.step == KILL_STEP and sends_per_step[0] < 2:
+                fail(f"step 0 made {sends_per_step[0]} data sends of its gradients' bucket")
+            nth = sends_per_step[0] // 2 + 1 if state.step == KILL_STEP else 0
+            _inject.gyre_test_arm_kill(nth, SEND_MIN_BYTES, start_rank)
+        elif start_rank == KILL_RANK and state.step == KILL_STEP:
             os.kill(os.getpid(), signal.SIGKILL)
         batch = indices[b * BS:(b + 1) * BS]
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(X[batch]), Y[batch]).backward()
         opt.step()
+        if start_rank == KILL_RANK and KILL_IN_SEND and state.step == 0:
+            sends_per_step[0] = _inject.gyre_test_sends()
         state.sampler.record_batch(b, BS)
         state.step += 1
         state.commit()
+        held[state.step] = held_now()
         step_done_at.append((state.step, time.monotonic()))
     return state.step
 
 
 steps = train(state)
 want_model, want_steps = reference()
+if hvd.global_process_set.ranks != list(range(hvd.size())):
+    fail(f"global_process_set.ranks is {hvd.global_process_set.ranks} after the rebuild")
+try:
+    hvd.allreduce(torch.ones(1), name="set.after", op=hvd.Sum, process_set=old_set)
+    fail("an allreduce on a process set from before the rebuild did not fail")
+except gyre.StateError as e:
+    if f"process set {old_set.process_set_id}" not in str(e) or "dropped by gyre::rebuild()" not in str(e):
+        fail(f"unclear error for a process set dropped by the rebuild: {e}")
+new_set = hvd.add_process_set([0])  # a set added after the rebuild, in the new ranks
+if hvd.rank() == 0 and hvd.allreduce(torch.ones(1), name="set.new", op=hvd.Sum,
+                                     process_set=new_set).item() != 1:
+    fail("an allreduce on a process set added after the rebuild gave a wrong sum")
 if resets != [2]:
     fail(f"reset callbacks saw sizes {resets}, expected one reset to 2 ranks")
 if steps != want_steps or hvd.committed_steps() != want_steps:

@@ -4,6 +4,10 @@ and says on rank 0 that a rank's failure ends the job and how to get ULFM.
 The recovery itself is tested under Open MPI 5 with ULFM by
 tests/elastic/ (scripts/elastic.sh)."""
 
+import copy
+import threading
+import time
+
 import pytest
 import torch
 
@@ -69,6 +73,7 @@ def test_state_commit_restore_and_committed_steps():
     assert gyre.committed_steps() == before + 1
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     momentum = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    state.wait_for_commit()  # before changing parameters other than by opt.step()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
@@ -115,7 +120,94 @@ def test_commit_reuses_its_buffers_and_restore_can_repeat():
     # After the restores, a commit holds the new values again.
     train_step()
     state.commit()
+    state.wait_for_commit()  # the parameters are copied in the background
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state._model_saved.items())
+
+
+def _wait_until(pred, what, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.001)
+
+
+def test_step_waits_for_the_background_copy_of_the_commit():
+    # commit() returns before its copy is done; optimizer.step() right after
+    # it must wait for the copy, so that the commit holds the values at
+    # commit() bit for bit, and a restore (as after a failure) returns to
+    # them, also when it comes while the copy is still under way.
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32),
+                                torch.nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+
+    def train_step():
+        model(torch.randn(8, 16)).sum().backward()
+        opt.step()
+
+    train_step()
+    state = TorchState(model, opt)
+    train_step()
+    release = threading.Event()
+    state._copy_gate = release.wait  # the copy starts only when released
+    state.commit()
+    assert state._copy is not None  # the copy is pending
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_opt = copy.deepcopy(opt.state_dict())
+    # Released only once the step is blocked in its wait for the copy: a
+    # step that did not wait would change the parameters before the copy.
+    releaser = threading.Thread(
+        target=lambda: (_wait_until(lambda: state._copy_waiting, "the step's wait"),
+                        release.set()))
+    releaser.start()
+    train_step()
+    releaser.join()
+    assert not all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+    state.restore()
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, saved[k]), k
+    got = opt.state_dict()
+    for i, st in saved_opt["state"].items():
+        for k, v in st.items():
+            assert torch.equal(got["state"][i][k], v), (i, k)
+    # A restore while the copy is still under way (a failure during the
+    # next step's communication) waits for it and returns to the commit too.
+    train_step()
+    release.clear()
+    state.commit()
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    releaser = threading.Thread(
+        target=lambda: (_wait_until(lambda: state._copy_waiting, "restore's wait"),
+                        release.set()))
+    releaser.start()
+    with torch.no_grad():
+        model[1].running_mean.add_(5.0)  # the forward pass changes buffers: copied at commit()
+    state.restore()
+    releaser.join()
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, saved[k]), k
+
+
+def test_change_in_place_during_the_commit_copy_is_refused():
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()
+    state = TorchState(model, opt)
+    state.commit()
+    with torch.no_grad():
+        model.weight.add_(1.0)  # without state.wait_for_commit() first
+    with pytest.raises(gyre.StateError, match=r"\['weight'\].*changed in place"):
+        opt.step()
+    with pytest.raises(gyre.StateError, match="not exact"):
+        state.restore()
+    # The next commit is exact again.
+    state.commit()
+    saved = model.weight.detach().clone()
+    opt.step()
+    state.restore()
+    assert torch.equal(model.weight, saved)
 
 
 def test_sync_takes_rank_zeros_state(rank, size):

@@ -94,8 +94,10 @@ def add_process_set(process_set: Any) -> ProcessSet:
     same order (checked: InvalidArgumentError on every rank otherwise).
     Unlike Horovod, gyre needs no ``init(process_sets="dynamic")`` first."""
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    if ps.process_set_id is not None:
+    if ps.process_set_id is not None and ps.process_set_id in _gyre.process_set_ids():
         raise InvalidArgumentError(f"add_process_set: {ps} is already registered")
+    # (An id no longer registered is one a rebuild dropped: the set may be
+    # added again, under a new id.)
     ps.process_set_id = int(_gyre.add_process_set(list(ps.ranks)))
     _registered.setdefault(ps.process_set_id, []).append(ps)
     return ps
@@ -339,7 +341,11 @@ def rebuild() -> dict:
     from now on), ``root`` (a rank whose own commit is ``step``: broadcast
     state from it), ``lost`` (old ranks that died), ``previous_ranks``,
     ``attempts`` and ``seconds``. ``gyre.torch.elastic.run`` calls it."""
-    return dict(_gyre.rebuild())
+    info = dict(_gyre.rebuild())
+    # The world's ranks are renumbered; process sets from before are dropped
+    # (operations on them raise StateError saying so; add them again).
+    _sync_global_ranks()
+    return info
 
 
 def is_replacement() -> bool:

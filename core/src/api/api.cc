@@ -99,13 +99,19 @@ std::vector<int> ranks_of(const char* call, int process_set) {
     return all;
   }
   auto e = g_sets.find(process_set);
-  if (!e) throw InvalidArgument(fmt::format("{}: no process set has id {}", call, process_set));
+  if (!e) {
+    if (std::string dropped = g_sets.dropped_error(call, process_set); !dropped.empty()) {
+      throw StateError(dropped);
+    }
+    throw InvalidArgument(fmt::format("{}: no process set has id {}", call, process_set));
+  }
   return e->ranks;
 }
 
-// Stops the process sets' runtimes, then the world's.
-void stop_all(std::shared_ptr<core::Runtime> world) {
-  for (auto& rt : g_sets.clear()) rt->shutdown();
+// Stops the process sets' runtimes, then the world's. For a rebuild the
+// sets' ids stay known as dropped (operations on them then say so).
+void stop_all(std::shared_ptr<core::Runtime> world, bool for_rebuild = false) {
+  for (auto& rt : for_rebuild ? g_sets.drop_for_rebuild() : g_sets.clear()) rt->shutdown();
   if (world) world->shutdown();
 }
 
@@ -328,7 +334,7 @@ RebuildInfo rebuild() {
     // After a failure its loop has ended; otherwise this ends it (the other
     // ranks' runtimes stop in the same round, or fail if a rank is gone).
     // Process sets end with it: their communicators hold the old ranks.
-    stop_all(std::move(old));
+    stop_all(std::move(old), /*for_rebuild=*/true);
   }
   for (int attempt = 1;; ++attempt) {
     transport::RebuildOutcome o = world.rebuild(g_rebuild->own_step);

@@ -134,7 +134,8 @@ void remove_process_set(Runtime& world, ProcessSetTable& table, int id) {
   if (id == 0) {
     error = "remove_process_set: the global process set (id 0) cannot be removed";
   } else if (!table.find(id)) {
-    error = fmt::format("remove_process_set: no process set has id {}", id);
+    error = table.dropped_error("remove_process_set", id);
+    if (error.empty()) error = fmt::format("remove_process_set: no process set has id {}", id);
   }
   agree(world, "remove_process_set", kRemove, id, {}, error);
   if (auto rt = table.erase(id)) rt->shutdown();

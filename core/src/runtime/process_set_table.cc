@@ -13,6 +13,9 @@ std::shared_ptr<Runtime> ProcessSetTable::runtime_of(const char* call, int id, i
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sets_.find(id);
   if (it == sets_.end()) {
+    if (std::string dropped = dropped_error_locked(call, id); !dropped.empty()) {
+      throw StateError(dropped);
+    }
     throw InvalidArgument(fmt::format(
         "{}: no process set has id {} (registered: 0 (global){}{}); add it with "
         "add_process_set() on every rank first",
@@ -82,7 +85,34 @@ std::vector<std::shared_ptr<Runtime>> ProcessSetTable::clear() {
     if (e.runtime) v.push_back(std::move(e.runtime));
   }
   sets_.clear();
+  dropped_.clear();
   return v;
+}
+
+std::vector<std::shared_ptr<Runtime>> ProcessSetTable::drop_for_rebuild() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<Runtime>> v;
+  for (auto& [id, e] : sets_) {
+    if (e.runtime) v.push_back(std::move(e.runtime));
+    dropped_[id] = std::move(e.ranks);
+  }
+  sets_.clear();
+  return v;
+}
+
+std::string ProcessSetTable::dropped_error(const char* call, int id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return dropped_error_locked(call, id);
+}
+
+std::string ProcessSetTable::dropped_error_locked(const char* call, int id) const {
+  auto it = dropped_.find(id);
+  if (it == dropped_.end()) return {};
+  return fmt::format(
+      "{}: process set {} (ranks [{}] of the world before the rebuild) was dropped by "
+      "gyre::rebuild() after a rank's failure: process sets do not survive a rebuild; add it "
+      "again with add_process_set() on every rank, with the ranks as the rebuild renumbered them",
+      call, id, fmt::join(it->second, ", "));
 }
 
 }  // namespace gyre::core

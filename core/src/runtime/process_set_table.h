@@ -37,7 +37,7 @@ class ProcessSetTable {
  public:
   // The runtime of set `id` for a call of `call` by world rank `rank`.
   // Throws InvalidArgument naming the call when no set has that id or this
-  // rank is not in it.
+  // rank is not in it, StateError when a rebuild dropped the set.
   std::shared_ptr<Runtime> runtime_of(const char* call, int id, int rank) const;
   std::optional<ProcessSetEntry> find(int id) const;
   // The id of a registered set with exactly these ranks.
@@ -51,10 +51,20 @@ class ProcessSetTable {
   std::shared_ptr<Runtime> erase(int id);
   // Removes every set (shutdown); returns their runtimes.
   std::vector<std::shared_ptr<Runtime>> clear();
+  // Removes every set for a rebuild (their communicators hold the old
+  // world's ranks); returns their runtimes. Their ids stay known as
+  // dropped: a later call on one gets dropped_error().
+  std::vector<std::shared_ptr<Runtime>> drop_for_rebuild();
+  // The error for a call of `call` on set `id` if a rebuild dropped it:
+  // a message naming the set and the rebuild; empty otherwise.
+  std::string dropped_error(const char* call, int id) const;
 
  private:
-  mutable std::mutex mu_;  // guards sets_ and next_id_
+  std::string dropped_error_locked(const char* call, int id) const;
+
+  mutable std::mutex mu_;  // guards sets_, dropped_ and next_id_
   std::map<int, ProcessSetEntry> sets_;
+  std::map<int, std::vector<int>> dropped_;  // id -> its ranks in the world before the rebuild
   int next_id_ = 1;
 };
 

@@ -36,7 +36,9 @@ them.
 import copy
 import functools
 import math
+import queue
 import sys
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -149,7 +151,22 @@ class TorchState(ObjectState):
     """Horovod's ``TorchState(model=None, optimizer=None, **kwargs)``: the
     model's and the optimizer's state dicts, ElasticSamplers passed as
     keyword arguments (their progress through the epoch), and any other
-    picklable keyword attributes."""
+    picklable keyword attributes.
+
+    ``commit()`` copies the model's parameters and the optimizer's state
+    tensors in a background thread (a ``memcpy`` in gyre's extension, outside
+    the GIL, for contiguous CPU tensors), into tensors kept from the previous
+    commit (no allocation after the first), and returns at once: the copy
+    runs while the next step computes. Everything that can change those
+    tensors waits for it first: ``optimizer.step()`` (a step pre-hook),
+    the next ``commit()``, ``restore()``, ``sync()``, and
+    ``wait_for_commit()``, which code that changes parameters or optimizer
+    state in place by other means must call before doing so. Every such
+    wait checks that no tensor being copied was changed in place meanwhile
+    (torch's version counters) and raises ``StateError`` if one was: the
+    commit is then not exact, and ``restore()`` refuses it. The model's
+    buffers (batch-norm statistics, which the forward pass changes) and
+    everything else are copied before ``commit()`` returns."""
 
     def __init__(self, model: Optional[torch.nn.Module] = None,
                  optimizer: Optional[torch.optim.Optimizer] = None, **kwargs: Any) -> None:
@@ -166,21 +183,77 @@ class TorchState(ObjectState):
         self._model_saved = None
         self._optimizer_saved = None
         self._samplers_saved: Dict[str, Any] = {}
+        # The background copy of the last commit; None once waited for.
+        self._copy: Optional[_CopyJob] = None
+        self._copy_waiting = False   # a wait for the copy is under way (tests)
+        self._copy_gate: Optional[Callable[[], None]] = None  # run before the copy (tests)
+        self._broken_commit: Optional[str] = None  # why the last commit is not exact
+        if optimizer is not None:
+            # optimizer.step() changes the parameters and the optimizer's
+            # state in place: it waits for the copy first.
+            optimizer.register_step_pre_hook(lambda *_: self.wait_for_commit())
         super().__init__(**others)
         self.save()
 
+    def wait_for_commit(self) -> None:
+        """Returns once the background copy of the last ``commit()`` is
+        done. Raises ``StateError`` if a tensor it copied was changed in
+        place since that ``commit()`` (the commit is then not exact)."""
+        pending = self._copy
+        if pending is None:
+            return
+        self._copy_waiting = True
+        try:
+            pending.wait()
+        finally:
+            self._copy_waiting = False
+        self._copy = None
+        if pending.error is not None:
+            self._broken_commit = f"its background copy failed: {pending.error!r}"
+            raise StateError(f"TorchState.commit(): the commit is not exact: "
+                             f"{self._broken_commit}") from pending.error
+        for _dst, src, version, name in pending.pairs:
+            if src._version != version:
+                self._broken_commit = (
+                    f"the tensor {name} was changed in place while the commit's background "
+                    f"copy was reading it; change parameters or optimizer state only through "
+                    f"optimizer.step(), or call state.wait_for_commit() before")
+                raise StateError(f"TorchState.commit(): the commit is not exact: "
+                                 f"{self._broken_commit}")
+
     def save(self) -> None:
-        # Into the tensors of the previous commit when the shapes agree (every
-        # step after the first): copy_ in place, no allocation per commit.
+        self.wait_for_commit()
+        # Parameters and optimizer state go to the background copy, into the
+        # tensors of the previous commit when the shapes agree (every commit
+        # after the first); the model's buffers and non-tensor values are
+        # copied now. (state_dict(keep_vars=True) and torch's
+        # Optimizer.state_dict() refer to the tensors themselves, which the
+        # ids below pick out; a tensor not picked out is copied now.)
+        deferred: List[tuple] = []
+        background = set()
         if self.model is not None:
-            self._model_saved = _copy_into(self._model_saved, self.model.state_dict())
+            background.update(id(p) for p in self.model.parameters())
+        if self.optimizer is not None:
+            for st in self.optimizer.state.values():
+                background.update(id(v) for v in st.values() if isinstance(v, torch.Tensor))
+        if self.model is not None:
+            self._model_saved = _copy_into(self._model_saved, self.model.state_dict(keep_vars=True),
+                                           deferred, background, "model")
         if self.optimizer is not None:
             self._optimizer_saved = _copy_into(self._optimizer_saved,
-                                               self.optimizer.state_dict())
+                                               self.optimizer.state_dict(),
+                                               deferred, background, "optimizer")
         self._samplers_saved = {k: s.state_dict() for k, s in self._samplers.items()}
-        super().save()
+        ObjectState.save(self)
+        self._broken_commit = None
+        if deferred:
+            self._copy = _CopyJob(deferred, self._copy_gate)  # starts the copy
 
     def restore(self) -> None:
+        self.wait_for_commit()
+        if self._broken_commit is not None:
+            raise StateError(f"TorchState.restore(): the last commit is not exact: "
+                             f"{self._broken_commit}")
         if self.model is not None and self._model_saved is not None:
             self.model.load_state_dict(self._model_saved)  # copies into the parameters
         if self.optimizer is not None:
@@ -197,9 +270,10 @@ class TorchState(ObjectState):
         for k, s in self._samplers.items():
             if k in self._samplers_saved:
                 s.load_state_dict(self._samplers_saved[k])
-        super().restore()
+        ObjectState.restore(self)
 
     def sync(self) -> None:
+        self.wait_for_commit()
         root = self._sync_root
         if self.model is not None:
             broadcast_parameters(self.model.state_dict(), root_rank=root)
@@ -209,34 +283,128 @@ class TorchState(ObjectState):
             s.load_state_dict(broadcast_object(s.state_dict(), root_rank=root,
                                                name=f"elastic.state.sampler.{k}"))
             s.reset()
-        super().sync()
+        ObjectState.sync(self)
         self._sync_root = 0
         self.save()
 
 
-def _copy_into(dst: Any, src: Any) -> Any:
+def _plain_cpu(t: torch.Tensor) -> bool:
+    return t.is_cpu and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+
+
+class _CopyJob:
+    """One commit's background copy: ``pairs`` of (dst, src, version, name).
+    Contiguous CPU tensors are copied by gyre's extension on a thread of its
+    own that never takes the GIL (``_gyre.BackgroundCopy``); anything else
+    (or a test's ``gate``) by torch on the worker thread below."""
+
+    def __init__(self, pairs: List[tuple], gate: Optional[Callable[[], None]]) -> None:
+        # First in the instance's dict, so released first: a job dropped
+        # without wait() joins its copy thread before the tensors can go.
+        self._native = None
+        self.pairs = pairs
+        self.gate = gate
+        self.error: Optional[BaseException] = None
+        self.done = threading.Event()
+        # (_copy_into made every dst a strided tensor of its src's shape and
+        # dtype.)
+        if gate is None and all(_plain_cpu(d) and _plain_cpu(s) for d, s, _v, _n in pairs):
+            self._native = _gyre.BackgroundCopy(
+                [(d.data_ptr(), s.data_ptr(), d.numel() * d.element_size())
+                 for d, s, _v, _n in pairs])
+        else:
+            _copy_worker.submit(self)
+
+    def wait(self) -> None:
+        if self._native is not None:
+            self._native.wait()  # without the GIL
+        else:
+            self.done.wait()
+
+    def __del__(self) -> None:
+        # The copy thread writes into tensors this job keeps alive.
+        if getattr(self, "_native", None) is not None:
+            self._native.wait()
+
+    def run(self) -> None:
+        try:
+            if self.gate is not None:
+                self.gate()
+            dsts = [d for d, _s, _v, _n in self.pairs]
+            srcs = [s for _d, s, _v, _n in self.pairs]
+            with torch.no_grad():
+                # One call for every tensor: the thread gives up the GIL for
+                # the whole copy, not once per tensor.
+                torch._foreach_copy_(dsts, srcs)
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            self.error = e
+        finally:
+            self.done.set()
+
+
+class _CopyWorker:
+    """The thread that runs the background copies, one at a time (started at
+    the first; a thread started per commit would cost its start-up on the
+    caller's thread)."""
+
+    def __init__(self) -> None:
+        self._jobs: "queue.SimpleQueue[_CopyJob]" = queue.SimpleQueue()
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+
+    def submit(self, job: _CopyJob) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="gyre-elastic-commit",
+                                                daemon=True)
+                self._thread.start()
+        self._jobs.put(job)
+
+    def _run(self) -> None:
+        while True:
+            self._jobs.get().run()
+
+
+_copy_worker = _CopyWorker()
+
+
+def _copy_into(dst: Any, src: Any, deferred: Optional[List[tuple]] = None,
+               background: Optional[set] = None, path: str = "") -> Any:
     """A copy of ``src`` (nested dicts, lists and tuples of tensors and other
     values), reusing ``dst``'s tensors where ``dst`` has the same structure
     and the tensor the same shape, dtype and device (``copy_`` in place);
-    anything else is copied anew."""
+    anything else is copied anew. A tensor whose id is in ``background`` is
+    not copied here: its destination is made ready and ``(dst, src,
+    src._version, path)`` appended to ``deferred``."""
     if isinstance(src, torch.Tensor):
+        later = deferred is not None and background is not None and id(src) in background
+        src_data = src.detach()
         if (isinstance(dst, torch.Tensor) and dst is not src and dst.shape == src.shape
                 and dst.dtype == src.dtype and dst.device == src.device
                 and dst.layout == src.layout == torch.strided):
+            out = dst
+        elif later and src.layout == torch.strided:
+            out = torch.empty_like(src_data, memory_format=torch.preserve_format)
+        else:
+            return src_data.clone()
+        if later:
+            deferred.append((out, src_data, src._version, path))
+        else:
             with torch.no_grad():
-                return dst.copy_(src)
-        return src.detach().clone()
+                out.copy_(src_data)
+        return out
     if isinstance(src, dict):
         old = dst if isinstance(dst, dict) else {}
         out = type(src)() if type(src) is not dict else {}
         for k, v in src.items():
-            out[k] = _copy_into(old.get(k), v)
+            out[k] = _copy_into(old.get(k), v, deferred, background, f"{path}[{k!r}]")
         if hasattr(src, "_metadata"):  # a module's state_dict (an OrderedDict)
             out._metadata = copy.deepcopy(src._metadata)
         return out
     if isinstance(src, (list, tuple)) and type(src) in (list, tuple):
         old = dst if isinstance(dst, (list, tuple)) and len(dst) == len(src) else [None] * len(src)
-        return type(src)(_copy_into(d, v) for d, v in zip(old, src))
+        return type(src)(_copy_into(d, v, deferred, background, f"{path}[{i}]")
+                         for i, (d, v) in enumerate(zip(old, src)))
     return copy.deepcopy(src)
 
 
