@@ -70,7 +70,7 @@ def _create_process_group(opts: Any, backend_options: Any = None) -> GyreProcess
     seq = _groups_created.get(sid, 0)
     _groups_created[sid] = seq + 1
     tag = f"g{seq}"
-    return GyreProcessGroup(rank, size, tag, process_set)
+    return GyreProcessGroup(rank, size, tag, process_set, index=seq)
 
 
 # World ranks -> the gyre ProcessSet registered for torch subgroups of them
