@@ -181,10 +181,16 @@ def _wrap_new_group(new_group: Any) -> Any:
     return wrapped
 
 
+def backend_devices() -> List[str]:
+    """The devices the backend takes: CUDA tensors too where gyre is built
+    with NCCL (they go through gyre's NCCL path, one GPU per rank)."""
+    return ["cpu", "cuda"] if gyre.nccl_built() else ["cpu"]
+
+
 def _register() -> None:
     if "GYRE" not in dist.Backend._plugins:
         dist.Backend.register_backend("gyre", _create_process_group, extended_api=True,
-                                      devices=["cpu"])
+                                      devices=backend_devices())
     _launch.register_rendezvous()
     wrapped = _launch.wrap_init_process_group(_c10d.init_process_group)
     _c10d.init_process_group = wrapped

@@ -446,14 +446,22 @@ class GyreProcessGroup(dist.ProcessGroup):
         world_peer = _gyre.ANY_SOURCE if peer is None else (
             self._world_rank(peer) if not refusal else 0)
         t = tensors[0] if not refusal else None
-        buf = None if refusal else (t.detach() if t.is_contiguous() else t.detach().contiguous())
+        # gyre's point-to-point runs on host memory: a CUDA tensor is staged
+        # through a host copy (not tested here: no GPU on the test machine).
+        if refusal:
+            buf = None
+        elif t.device.type != "cpu":
+            buf = t.detach().to("cpu", copy=True) if is_send else torch.empty(
+                t.shape, dtype=t.dtype)
+        else:
+            buf = t.detach() if t.is_contiguous() else t.detach().contiguous()
         if is_send:
             pending = _gyre.send(buf, world_peer, gtag, refusal, process_set=self._ps)
         else:
             pending = _gyre.recv(buf, world_peer, gtag, refusal, process_set=self._ps)
 
         def finish() -> List[torch.Tensor]:
-            if not is_send and buf.data_ptr() != t.data_ptr():
+            if not is_send and (buf.device != t.device or buf.data_ptr() != t.data_ptr()):
                 t.copy_(buf)
             return [t]
 
