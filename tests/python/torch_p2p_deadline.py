@@ -43,15 +43,20 @@ def main():
     dist.init_process_group("gyre")
     rank, size = dist.get_rank(), dist.get_world_size()
     assert size >= 2
+    # Every rank waits out one deadline at the same time, so that none waits
+    # in the barrier below longer than the short deadline allows collectives.
     if rank == 0:
-        expect_timeout(lambda: dist.recv(torch.empty(3), src=1, tag=1),
-                       "recv from rank 1", "rank 1 sent no matching message",
+        w1 = dist.irecv(torch.empty(3), src=1, tag=1)
+        w2 = dist.irecv(torch.empty(3), tag=2)
+        expect_timeout(w1.wait, "recv from rank 1", "rank 1 sent no matching message",
                        "GYRE_STALL_SHUTDOWN_S")
-        expect_timeout(lambda: dist.recv(torch.empty(3), tag=2),
-                       "recv from any rank", "no rank sent")
+        expect_timeout(w2.wait, "recv from any rank", "no rank sent")
     elif rank == 1:
         expect_timeout(lambda: dist.send(torch.ones(3), dst=0, tag=5),
                        "send to rank 0", "no matching recv was posted on rank 0")
+    else:
+        expect_timeout(lambda: dist.recv(torch.empty(3), src=1, tag=9),
+                       "rank 1 sent no matching message")
     dist.barrier()
     if rank == 0:
         # rank 1's send of tag 5 gave up before this recv: told, not paired.
