@@ -5,6 +5,7 @@
 #include "mpi_comm.h"
 
 #include <climits>
+#include <thread>
 #include <string>
 
 #include <fmt/format.h>
@@ -163,6 +164,52 @@ std::optional<int> MpiP2pChannel::receive_any(int tag, std::vector<std::byte>& o
   impl_->check(MPI_Mrecv(out.data(), n, MPI_BYTE, &msg, MPI_STATUS_IGNORE), "MPI_Mrecv",
                st.MPI_SOURCE);
   return st.MPI_SOURCE;
+}
+
+void MpiP2pChannel::quiesce(std::chrono::milliseconds limit) {
+  MPI_Request barrier;
+  if (MPI_Ibarrier(impl_->comm, &barrier) != MPI_SUCCESS) return;
+  const auto end = std::chrono::steady_clock::now() + limit;
+  std::vector<std::byte> scratch;
+  bool barrier_done = false;
+  for (;;) {
+    // Discard whatever has arrived, on any tag.
+    for (;;) {
+      int flag = 0;
+      MPI_Message msg;
+      MPI_Status st;
+      if (MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, impl_->comm, &flag, &msg, &st) !=
+              MPI_SUCCESS || !flag) {
+        break;
+      }
+      int n = 0;
+      MPI_Get_count(&st, MPI_BYTE, &n);
+      scratch.resize(static_cast<std::size_t>(n));
+      MPI_Mrecv(scratch.data(), n, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+    }
+    bool sends_done = true;
+    for (std::size_t i = 0; i < impl_->slots.size(); ++i) {
+      auto& sl = impl_->slots[i];
+      if (!sl.in_use || !sl.is_send) continue;
+      int done = 0;
+      if (MPI_Test(&sl.req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) {
+        impl_->release(static_cast<Request>(i));
+      } else {
+        sends_done = false;
+      }
+    }
+    if (!barrier_done) {
+      int done = 0;
+      if (MPI_Test(&barrier, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
+      barrier_done = done != 0;
+    }
+    if (barrier_done && sends_done) return;
+    if (std::chrono::steady_clock::now() > end) {
+      if (!barrier_done) MPI_Request_free(&barrier);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
 }
 
 }  // namespace gyre::transport

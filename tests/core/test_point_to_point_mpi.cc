@@ -164,6 +164,23 @@ TEST_CASE("p2p: bad arguments are refused at the call", "[mpi]") {
   CHECK_THROWS_WITH(send_async(refused, 0), Catch::Contains("unsupported dtype int16"));
 }
 
+TEST_CASE("p2p: a send refused at the call fails its receiver's recv at once", "[mpi]") {
+  Session s;
+  const int r = rank();
+  if (r == 0) {
+    float v = 0;
+    Handle h = recv_async(TensorView{&v, DataType::kFloat32, {1}}, 1, 6);
+    CHECK_THROWS_WITH(h.wait(), Catch::Contains("rank 1 refused its send") &&
+                                    Catch::Contains("unsupported dtype int16"));
+  } else if (r == 1) {
+    float v = 0;
+    TensorView refused{&v, DataType::kFloat32, {1}};
+    refused.refusal = "tensor has unsupported dtype int16";
+    CHECK_THROWS_AS(send_async(refused, 0, 6), InvalidArgument);
+  }
+  barrier();
+}
+
 TEST_CASE("p2p: on a process set, between its members", "[mpi]") {
   Session s;
   const int r = rank(), n = size();

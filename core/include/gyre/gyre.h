@@ -243,7 +243,9 @@ Handle join_async(int process_set = kGlobalProcessSet);
 // naming it after GYRE_STALL_SHUTDOWN_S; a peer's death under ULFM is
 // RankFailedError. The buffer must stay alive until the handle completes;
 // a send whose receiver came but whose data could not leave before its
-// deadline leaves the buffer to MPI (the job should stop).
+// deadline leaves the buffer to MPI (the job should stop). A send refused
+// at the call is announced to `dst`, whose recv that would have taken it
+// fails with the reason (InvalidArgument).
 constexpr int kAnySource = -1;
 Handle send_async(const TensorView& t, int dst, std::int64_t tag = 0,
                   int process_set = kGlobalProcessSet);

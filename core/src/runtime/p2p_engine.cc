@@ -26,6 +26,9 @@ constexpr int kAckTag = 2;
 constexpr int kPayloadTag = 3;
 constexpr std::size_t kPieceBytes = std::size_t{1} << 30;
 
+// A refused send's header has count kRefusedCount and its reason after it.
+constexpr std::int64_t kRefusedCount = -1;
+
 struct Header {
   std::uint64_t seq;
   std::int64_t tag;
@@ -89,6 +92,7 @@ struct P2pEngine::Engine {
   struct Arrived {
     int source;
     Header h;
+    std::string refusal;  // a refused send's reason
   };
   struct ControlSend {
     Channel::Request req;
@@ -130,6 +134,15 @@ struct P2pEngine::Engine {
   }
 
   void start(P2pOp op, Clock::time_point now) {
+    if (!op.refusal.empty()) {
+      // A send refused at the call: its receiver's recv fails with the reason.
+      const Header h{next_seq++, op.tag, kRefusedCount, op.process_set, 0};
+      auto bytes = bytes_of(h);
+      const auto* text = reinterpret_cast<const std::byte*>(op.refusal.data());
+      bytes.insert(bytes.end(), text, text + op.refusal.size());
+      send_control(op.peer, kHeaderTag, std::move(bytes));
+      return;
+    }
     Active a;
     a.op = std::move(op);
     a.deadline = deadline_from(now);
@@ -149,7 +162,12 @@ struct P2pEngine::Engine {
   // Receives the headers and acknowledgements that have arrived.
   void receive_control() {
     while (auto src = ch->receive_any(kHeaderTag, scratch)) {
-      if (auto h = parse<Header>(scratch)) arrived.push_back(Arrived{*src, *h});
+      if (scratch.size() < sizeof(Header)) continue;
+      Arrived a{*src, {}, {}};
+      std::memcpy(&a.h, scratch.data(), sizeof(Header));
+      a.refusal.assign(reinterpret_cast<const char*>(scratch.data()) + sizeof(Header),
+                       scratch.size() - sizeof(Header));
+      arrived.push_back(std::move(a));
     }
     while (auto src = ch->receive_any(kAckTag, scratch)) {
       if (auto ack = parse<Ack>(scratch)) on_ack(*src, *ack);
@@ -198,8 +216,16 @@ struct P2pEngine::Engine {
       const Arrived got = *h;
       arrived.erase(h);
       a.source = got.source;
+      if (got.h.count == kRefusedCount) {
+        fail(a, std::make_exception_ptr(InvalidArgument(fmt::format(
+            "{}: rank {} refused its send: {}", describe(a.op), got.source, got.refusal))));
+        it = recvs.erase(it);
+        continue;
+      }
       const auto my_dtype = static_cast<std::int32_t>(a.op.view.dtype);
       const bool ok = got.h.dtype == my_dtype && got.h.count == a.op.view.numel();
+      // The payload's receive is posted before the acknowledgement leaves.
+      if (ok) post_pieces(a, got.source);
       send_control(got.source, kAckTag,
                    bytes_of(Ack{got.h.seq, a.op.view.numel(), my_dtype, ok ? 1 : 0}));
       if (!ok) {
@@ -212,7 +238,6 @@ struct P2pEngine::Engine {
         continue;
       }
       a.bound = true;
-      post_pieces(a, got.source);
       ++it;
     }
   }
@@ -335,7 +360,7 @@ void P2pEngine::submit(P2pOp op) {
     }
   }
   if (refuse) {
-    op.state->complete_one(refuse);
+    if (op.state) op.state->complete_one(refuse);
     return;
   }
   cv_.notify_one();
@@ -396,7 +421,9 @@ void P2pEngine::loop() {
       {
         std::lock_guard<std::mutex> lock(mu_);
         broken_ = err;
-        for (auto& op : inbox_) op.state->complete_one(err);
+        for (auto& op : inbox_) {
+          if (op.state) op.state->complete_one(err);
+        }
         inbox_.clear();
       }
       for (auto& op : incoming) {
@@ -413,10 +440,25 @@ void P2pEngine::loop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& op : inbox_) {
+      if (!op.state) continue;
       op.state->complete_one(std::make_exception_ptr(
           StateError("point-to-point operation: gyre shut down while it was pending")));
     }
     inbox_.clear();
+  }
+  // Every rank stops its engine at shutdown: wait for the others (bounded)
+  // so that no message is left on the communicator when it is freed (left
+  // there, Open MPI was seen to let a later init() hang in its set-up).
+  bool failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed = broken_ != nullptr;
+  }
+  if (!failed) {
+    try {
+      e.ch->quiesce(std::chrono::seconds(2));
+    } catch (...) {
+    }
   }
   e.abandon_control();
   e.ch.reset();

@@ -22,6 +22,10 @@
 // receiver comes later, its acknowledgement is answered with an empty
 // payload that tells it the send was withdrawn (an error there too).
 //
+// A send refused at its call is announced instead: a header carrying the
+// reason, which fails the recv that takes it (InvalidArgument), so the
+// receiver does not wait for its deadline.
+//
 // Deadline: every operation not complete `deadline_s` after it was
 // submitted (GYRE_STALL_SHUTDOWN_S; 0: none) fails with TimeoutError naming
 // the peer. A failure of MPI itself (a peer's death under ULFM:
@@ -36,6 +40,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -52,6 +57,9 @@ struct P2pOp {
   std::int64_t tag = 0;
   int process_set = kGlobalProcessSet;
   std::shared_ptr<OpState> state;
+  // Non-empty: a send refused at the call, announced to `peer` (whose recv
+  // that would have taken it fails with this reason); no view, no state.
+  std::string refusal;
 };
 
 class P2pEngine {

@@ -12,6 +12,7 @@
 // beside it. Destroy it before MPI is finalised.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -51,6 +52,12 @@ class MpiP2pChannel {
   // Receives one whole message of `tag` from any rank if one has arrived
   // (matched probe): its source, its bytes in `out`. Never blocks.
   std::optional<int> receive_any(int tag, std::vector<std::byte>& out);
+  // Before the channel goes (gyre's shutdown, on every rank): waits, at most
+  // `limit`, for every rank to get here (a non-blocking barrier) and for
+  // this rank's sends to complete, receiving and discarding every message
+  // that arrives meanwhile, so that none is left behind on the
+  // communicator when it is freed.
+  void quiesce(std::chrono::milliseconds limit);
 
  private:
   struct Impl;

@@ -443,8 +443,10 @@ class GyreProcessGroup(dist.ProcessGroup):
         if not refusal and not -(1 << 31) <= int(tag) < (1 << 31):
             refusal = f"{what}: tag {tag} does not fit in 32 bits"
         gtag = self._p2p_scope | (int(tag) & 0xFFFFFFFF)
+        # A peer outside the group stays outside the set (-2), so that gyre
+        # does not announce the refusal to a rank that is not the peer.
         world_peer = _gyre.ANY_SOURCE if peer is None else (
-            self._world_rank(peer) if not refusal else 0)
+            self._world_rank(peer) if 0 <= peer < self.size() else -2)
         t = tensors[0] if not refusal else None
         # gyre's point-to-point runs on host memory: a CUDA tensor is staged
         # through a host copy (not tested here: no GPU on the test machine).
