@@ -197,6 +197,28 @@ void bind_operations(py::module_& m) {
       },
       py::arg("name"), py::arg("input"), py::arg("op"), py::arg("prescale"),
       py::arg("postscale"), py::arg("refusal") = "", py::arg("process_set") = 0);
+  m.attr("ANY_SOURCE") = kAnySource;
+  m.def(
+      "send",
+      [](py::handle t, int dst, std::int64_t tag, const std::string& refusal, int process_set) {
+        Call call(refusal);
+        TensorView v = call.view(t, "tensor", Access::kRead);
+        return call.start([&] { return send_async(v, dst, tag, process_set); });
+      },
+      py::arg("tensor"), py::arg("dst"), py::arg("tag") = 0, py::arg("refusal") = "",
+      py::arg("process_set") = 0,
+      "Sends the tensor to world rank dst of the process set; PendingOp.source_rank() is dst.");
+  m.def(
+      "recv",
+      [](py::handle t, int src, std::int64_t tag, const std::string& refusal, int process_set) {
+        Call call(refusal);
+        TensorView v = call.view(t, "tensor", Access::kWrite);
+        return call.start([&] { return recv_async(v, src, tag, process_set); });
+      },
+      py::arg("tensor"), py::arg("src"), py::arg("tag") = 0, py::arg("refusal") = "",
+      py::arg("process_set") = 0,
+      "Receives into the tensor from world rank src (ANY_SOURCE: any rank of the set); "
+      "PendingOp.source_rank() is the sender's world rank.");
 }
 
 void bind_divergence(py::module_& m) {
@@ -290,7 +312,8 @@ PYBIND11_MODULE(_gyre, m) {
            "Calls fn() on one of gyre's callback threads (GIL held) once the operation completes.")
       .def("output", [](const PendingOp& op) { return OutputTensor(op.handle()); })
       .def("received_splits",
-           [](const PendingOp& op) { return op.handle().received_splits(); });
+           [](const PendingOp& op) { return op.handle().received_splits(); })
+      .def("source_rank", [](const PendingOp& op) { return op.handle().source_rank(); });
 
   m.attr("built_with_nccl") = gyre::nccl_built();
   // DLPack device types, for the Python package (gyre/_tensors.py).

@@ -217,12 +217,6 @@ def test_unsupported_op_is_refused(world):
         dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND)
 
 
-def test_point_to_point_is_refused_clearly(world):
-    rank, size = world
-    with pytest.raises(RuntimeError, match="no point-to-point"):
-        dist.send(torch.ones(1), dst=(rank + 1) % size)
-
-
 def test_rank_or_world_size_that_disagree_with_mpirun(world):
     rank, size = world
     with pytest.raises(ValueError, match="world_size=.* mpirun started"):

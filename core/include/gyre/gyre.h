@@ -76,6 +76,9 @@ class Handle {
   int join_last_rank() const;
   // The buffers that differ (fingerprint_check_async); valid after wait().
   const std::vector<FingerprintMismatch>& mismatches() const;
+  // The world rank a recv_async received from (the one that matched
+  // kAnySource), or a send_async's destination; valid after wait().
+  int source_rank() const;
 
   bool valid() const { return state_ != nullptr; }
 
@@ -246,6 +249,30 @@ int join(int process_set = kGlobalProcessSet);
 // world rank).
 Handle barrier_async(int process_set = kGlobalProcessSet);
 Handle join_async(int process_set = kGlobalProcessSet);
+
+// Point-to-point: one rank's tensor to another rank of a process set, as
+// torch.distributed's send/recv. `peer` and the returned source are world
+// ranks (as every root of gyre's API), both in `process_set`; this rank must
+// be in it too (else InvalidArgument at the call). A send pairs with the
+// oldest pending recv on the peer with the same process set and tag (and
+// source, or kAnySource), in the order each rank posted them, as MPI's
+// matching does. CPU tensors only. The element count and dtype of a send
+// and its recv must agree (shapes may differ): otherwise both fail with
+// MismatchError naming both, and nothing is written into the recv's
+// buffer. They run on a communicator of their own (made at init(); needs
+// MPI at MPI_THREAD_MULTIPLE), beside the collectives, never paired with
+// them. A send or recv whose peer does not come fails with TimeoutError
+// naming it after GYRE_STALL_SHUTDOWN_S; a peer's death under ULFM is
+// RankFailedError. The buffer must stay alive until the handle completes;
+// a send whose receiver came but whose data could not leave before its
+// deadline leaves the buffer to MPI (the job should stop). A send refused
+// at the call is announced to `dst`, whose recv that would have taken it
+// fails with the reason (InvalidArgument).
+constexpr int kAnySource = -1;
+Handle send_async(const TensorView& t, int dst, std::int64_t tag = 0,
+                  int process_set = kGlobalProcessSet);
+Handle recv_async(const TensorView& t, int src, std::int64_t tag = 0,
+                  int process_set = kGlobalProcessSet);
 
 // Horovod's timeline at run time: records this rank's operations as a
 // Chrome trace (chrome://tracing, Perfetto) in `path` from now until

@@ -16,7 +16,9 @@
 #include "gyre/collectives/mpi_transport.h"
 #include "gyre/collectives/shm_host.h"
 #include "gyre/gyre.h"
+#include "gyre/collectives/mpi_p2p.h"
 #include "api/operations.h"
+#include "api/point_to_point.h"
 #include "api/process_sets.h"
 #include "runtime/process_set_table.h"
 #include "runtime/runtime.h"
@@ -30,6 +32,9 @@ namespace {
 // runtime under them.
 std::mutex g_mu;
 std::shared_ptr<core::Runtime> g_runtime;
+// The point-to-point engine beside g_runtime (guarded by g_mu); null when
+// MPI does not run at MPI_THREAD_MULTIPLE.
+std::shared_ptr<core::P2pEngine> g_p2p;
 bool g_atexit_registered = false;
 // Set in the child of a fork() (see after_fork_in_child); guarded by g_mu.
 bool g_forked_child = false;
@@ -51,6 +56,7 @@ void after_fork_in_child() {
   // Deliberately leaked: destroying it would join the missing thread and
   // free MPI objects that are the parent's.
   if (g_runtime) new std::shared_ptr<core::Runtime>(std::move(g_runtime));
+  if (g_p2p) new std::shared_ptr<core::P2pEngine>(std::move(g_p2p));
   transport::MpiWorld::instance().forget_after_fork();
   g_mu.unlock();
 }
@@ -108,9 +114,21 @@ std::vector<int> ranks_of(const char* call, int process_set) {
   return e->ranks;
 }
 
-// Stops the process sets' runtimes, then the world's. For a rebuild the
-// sets' ids stay known as dropped (operations on them then say so).
-void stop_all(std::shared_ptr<core::Runtime> world, bool for_rebuild = false) {
+// The point-to-point engine over a new duplicate of the world (collective:
+// every rank calls it once its runtime has started); null without
+// MPI_THREAD_MULTIPLE, where point-to-point calls are refused.
+std::shared_ptr<core::P2pEngine> start_p2p(const Options& options) {
+  if (!transport::MpiWorld::instance().thread_multiple()) return nullptr;
+  return std::make_shared<core::P2pEngine>(transport::MpiP2pChannel::create(),
+                                           options.stall_shutdown_s);
+}
+
+// Stops the point-to-point engine, the process sets' runtimes, then the
+// world's. For a rebuild the sets' ids stay known as dropped (operations on
+// them then say so).
+void stop_all(std::shared_ptr<core::Runtime> world,
+              std::shared_ptr<core::P2pEngine> p2p = nullptr, bool for_rebuild = false) {
+  if (p2p) p2p->stop();
   for (auto& rt : for_rebuild ? g_sets.drop_for_rebuild() : g_sets.clear()) rt->shutdown();
   if (world) world->shutdown();
 }
@@ -185,11 +203,13 @@ void start(const Options& options, const std::string& failure) {
     // never finalised under a running background thread.
     std::atexit([] {
       std::shared_ptr<core::Runtime> rt;
+      std::shared_ptr<core::P2pEngine> p2p;
       {
         std::lock_guard<std::mutex> lock(g_mu);
         rt.swap(g_runtime);
+        p2p.swap(g_p2p);
       }
-      stop_all(std::move(rt));
+      stop_all(std::move(rt), std::move(p2p));
       transport::MpiWorld::instance().finalize();
     });
     pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
@@ -209,7 +229,14 @@ void start(const Options& options, const std::string& failure) {
     g_replacement_started = true;
   }
   auto transport = world.make_transport(core::startup_deadline(options), g_init_interrupt_check);
-  g_runtime = std::make_shared<core::Runtime>(options, std::move(transport), std::move(info));
+  auto rt = std::make_shared<core::Runtime>(options, std::move(transport), std::move(info));
+  try {
+    g_p2p = start_p2p(options);
+  } catch (...) {
+    rt->shutdown();
+    throw;
+  }
+  g_runtime = std::move(rt);
 }
 
 }  // namespace
@@ -239,12 +266,14 @@ void set_init_interrupt_check(std::function<void()> check) {
 
 void shutdown() {
   std::shared_ptr<core::Runtime> rt;
+  std::shared_ptr<core::P2pEngine> p2p;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     if (!g_runtime) throw StateError("gyre::shutdown(): gyre is not initialised");
     rt.swap(g_runtime);
+    p2p.swap(g_p2p);
   }
-  stop_all(std::move(rt));
+  stop_all(std::move(rt), std::move(p2p));
 }
 
 bool elastic_supported() { return transport::MpiWorld::ulfm_built(); }
@@ -331,10 +360,13 @@ RebuildInfo rebuild() {
     g_rebuild = PendingRebuild{g_runtime->options(), g_runtime->versions().own()};
     std::shared_ptr<core::Runtime> old;
     old.swap(g_runtime);
+    std::shared_ptr<core::P2pEngine> old_p2p;
+    old_p2p.swap(g_p2p);
     // After a failure its loop has ended; otherwise this ends it (the other
     // ranks' runtimes stop in the same round, or fail if a rank is gone).
-    // Process sets end with it: their communicators hold the old ranks.
-    stop_all(std::move(old), /*for_rebuild=*/true);
+    // Process sets and the point-to-point engine end with it: their
+    // communicators hold the old ranks.
+    stop_all(std::move(old), std::move(old_p2p), /*for_rebuild=*/true);
   }
   for (int attempt = 1;; ++attempt) {
     transport::RebuildOutcome o = world.rebuild(g_rebuild->own_step);
@@ -355,6 +387,7 @@ RebuildInfo rebuild() {
       ri.initial_step = info.step;
       auto rt = std::make_shared<core::Runtime>(g_rebuild->options, world.make_transport(),
                                                 std::move(ri));
+      g_p2p = start_p2p(g_rebuild->options);
       g_runtime = std::move(rt);
       g_rebuild.reset();
       info.rebuilds = world.rebuilds();
@@ -420,6 +453,34 @@ Handle reducescatter_async(const std::string& name, const TensorView& in, Reduce
                            double prescale, double postscale, int process_set) {
   return core::reducescatter_async(*runtime_for("reducescatter_async", process_set), name, in,
                                    op, prescale, postscale);
+}
+Handle send_async(const TensorView& t, int dst, std::int64_t tag, int process_set) {
+  auto world = runtime("send_async");
+  std::shared_ptr<core::P2pEngine> engine;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    engine = g_p2p;
+  }
+  if (!engine) {
+    throw InvalidArgument("send_async: point-to-point operations need MPI at "
+                          "MPI_THREAD_MULTIPLE; this MPI offers less");
+  }
+  return core::point_to_point_async(*engine, true, t, dst, tag, process_set,
+                                    ranks_of("send_async", process_set), world->rank());
+}
+Handle recv_async(const TensorView& t, int src, std::int64_t tag, int process_set) {
+  auto world = runtime("recv_async");
+  std::shared_ptr<core::P2pEngine> engine;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    engine = g_p2p;
+  }
+  if (!engine) {
+    throw InvalidArgument("recv_async: point-to-point operations need MPI at "
+                          "MPI_THREAD_MULTIPLE; this MPI offers less");
+  }
+  return core::point_to_point_async(*engine, false, t, src, tag, process_set,
+                                    ranks_of("recv_async", process_set), world->rank());
 }
 void barrier(int process_set) { core::barrier(*runtime_for("barrier", process_set)); }
 int join(int process_set) {

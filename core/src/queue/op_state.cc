@@ -85,6 +85,7 @@ const std::vector<std::int64_t>& Handle::received_splits() const {
 }
 
 int Handle::join_last_rank() const { return checked(state_).join_last_rank; }
+int Handle::source_rank() const { return checked(state_).source_rank; }
 
 const std::vector<FingerprintMismatch>& Handle::mismatches() const {
   return checked(state_).mismatches;

@@ -42,6 +42,7 @@ struct OpState {
   std::vector<std::int64_t> received_splits;
   std::vector<FingerprintMismatch> mismatches;  // fingerprint_check
   int join_last_rank = -1;                      // join
+  int source_rank = -1;                         // send_async / recv_async: the peer
 };
 
 }  // namespace gyre::core

@@ -58,6 +58,7 @@ def _create_process_group(opts: Any, backend_options: Any = None) -> GyreProcess
             raise ValueError(
                 f"the gyre backend: torch gave this process rank {rank} of {size} in the group "
                 f"of ranks {ranks}; gyre has it as rank {process_set.rank()} of {len(ranks)}")
+        _live_groups[tuple(ranks)] = _live_groups.get(tuple(ranks), 0) + 1
     else:
         why = _launch.default_world(rank, size)
         if why is not None:
@@ -70,12 +71,79 @@ def _create_process_group(opts: Any, backend_options: Any = None) -> GyreProcess
     seq = _groups_created.get(sid, 0)
     _groups_created[sid] = seq + 1
     tag = f"g{seq}"
-    return GyreProcessGroup(rank, size, tag, process_set)
+    return GyreProcessGroup(rank, size, tag, process_set, index=seq)
 
 
 # World ranks -> the gyre ProcessSet registered for torch subgroups of them
-# (one per distinct set of ranks, kept until gyre shuts down).
+# (one per distinct set of ranks), in the order they were registered: the
+# same on every rank.
 _subgroup_sets = {}
+# World ranks -> how many torch groups of this rank run on that set (members
+# only; destroy_process_group(group) counts down).
+_live_groups = {}
+_sweeps = [0]
+
+
+def _sweep_released_sets() -> None:
+    """Removes the gyre process sets whose torch groups every member has
+    destroyed. Collective over every rank (gyre removes a set on every rank,
+    while torch's destroy_process_group(group) runs on the group's members
+    only): called where torch's API is collective too, new_group and
+    destroy_process_group() of everything. One allreduce (MIN) of a flag per
+    set agrees on which sets are free everywhere."""
+    keys = list(_subgroup_sets)
+    if not keys or not gyre.is_initialized():
+        return
+    import torch  # noqa: PLC0415 - torch is loaded by now (torch.distributed)
+    from gyre import _gyre  # noqa: PLC0415
+    from gyre.ops import ReduceOp  # noqa: PLC0415
+    free = torch.tensor([0 if _live_groups.get(k, 0) > 0 else 1 for k in keys],
+                        dtype=torch.int32)
+    _sweeps[0] += 1
+    _gyre.allreduce(f"gyre.torch.distributed.sweep.{_sweeps[0]}", free, None,
+                    int(ReduceOp.MIN), 1.0, 1.0, "", process_set=0).wait()
+    for key, flag in zip(keys, free.tolist()):
+        if flag:
+            _remove_set(key)
+
+
+def _remove_set(key: Any) -> None:
+    ps = _subgroup_sets.pop(key)
+    _live_groups.pop(key, None)
+    if ps.process_set_id is not None and gyre.is_initialized():
+        gyre.remove_process_set(ps)
+
+
+def _wrap_destroy_process_group(destroy: Any) -> Any:
+    """dist.destroy_process_group, releasing gyre's process sets:
+    destroy_process_group(group) on a member counts the group's set down
+    (the set goes at the next new_group or destroy_process_group(), once
+    every member has destroyed its groups on it: a non-member's call passes
+    NON_GROUP_MEMBER, which names no group); destroy_process_group() of
+    everything, collective in torch, removes every set gyre registered for
+    torch groups."""
+    if getattr(destroy, "_gyre_wrapped", False):
+        return destroy
+
+    def wrapped(group: Any = None) -> Any:
+        whole = group is None or group is dist.GroupMember.WORLD
+        if not whole and isinstance(group, dist.ProcessGroup):  # NON_GROUP_MEMBER: nothing
+            try:
+                key = tuple(sorted(int(r) for r in dist.get_process_group_ranks(group)))
+            except (RuntimeError, ValueError):
+                key = None  # not a group torch knows: torch's own call says so
+            if key in _subgroup_sets and _live_groups.get(key, 0) > 0:
+                _live_groups[key] -= 1
+        result = destroy(group)
+        if whole:
+            for key in list(_subgroup_sets):
+                _remove_set(key)
+        return result
+
+    wrapped._gyre_wrapped = True  # type: ignore[attr-defined]
+    wrapped.__wrapped__ = destroy  # type: ignore[attr-defined]
+    wrapped.__doc__ = destroy.__doc__
+    return wrapped
 
 
 def _uses_gyre(backend: Any) -> bool:
@@ -97,6 +165,8 @@ def _wrap_new_group(new_group: Any) -> Any:
 
     def wrapped(ranks: Any = None, *args: Any, **kwargs: Any) -> Any:
         backend = kwargs.get("backend", args[1] if len(args) > 1 else None)
+        if _uses_gyre(backend) and gyre.is_initialized():
+            _sweep_released_sets()
         if ranks is not None and _uses_gyre(backend) and gyre.is_initialized():
             key = tuple(sorted(int(r) for r in ranks))
             if key and key != tuple(range(gyre.size())):
@@ -111,10 +181,16 @@ def _wrap_new_group(new_group: Any) -> Any:
     return wrapped
 
 
+def backend_devices() -> List[str]:
+    """The devices the backend takes: CUDA tensors too where gyre is built
+    with NCCL (they go through gyre's NCCL path, one GPU per rank)."""
+    return ["cpu", "cuda"] if gyre.nccl_built() else ["cpu"]
+
+
 def _register() -> None:
     if "GYRE" not in dist.Backend._plugins:
         dist.Backend.register_backend("gyre", _create_process_group, extended_api=True,
-                                      devices=["cpu"])
+                                      devices=backend_devices())
     _launch.register_rendezvous()
     wrapped = _launch.wrap_init_process_group(_c10d.init_process_group)
     _c10d.init_process_group = wrapped
@@ -122,6 +198,8 @@ def _register() -> None:
     # new_subgroups and friends call the module's new_group: patch it there too.
     _c10d.new_group = _wrap_new_group(_c10d.new_group)
     dist.new_group = _c10d.new_group
+    _c10d.destroy_process_group = _wrap_destroy_process_group(_c10d.destroy_process_group)
+    dist.destroy_process_group = _c10d.destroy_process_group
 
 
 _register()

@@ -12,7 +12,10 @@ ranks: every rank's call fails with the same reason instead of hanging.
 
 Collectives are reshaped onto gyre's: allgather, gather and reduce_scatter
 flatten each rank's tensor to one row; scatter is an alltoall in which only
-the root sends; barrier is a one-element allreduce.
+the root sends; barrier is a one-element allreduce. send, recv and
+recv_anysource are gyre's point-to-point operations (gyre.h: send_async),
+which run beside the collectives on a communicator of their own and are
+not named: they pair by process set, tag and order, as in torch.
 """
 
 import threading
@@ -69,9 +72,15 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 class GyreProcessGroup(dist.ProcessGroup):
     """A torch.distributed process group whose collectives run on gyre."""
 
-    def __init__(self, rank: int, size: int, tag: str, process_set: Any = None) -> None:
+    def __init__(self, rank: int, size: int, tag: str, process_set: Any = None,
+                 index: int = 0) -> None:
         super().__init__(rank, size)
         self._tag = tag
+        # The group's index among the groups on its process set (the same on
+        # every member): point-to-point tags carry it in their high 32 bits,
+        # so that groups sharing a process set (new_group() of every rank and
+        # the default group) never pair their messages.
+        self._p2p_scope = int(index) << 32
         # The gyre process set the group runs on (a subgroup's; the global
         # set for the default group): its id goes with every operation.
         self._ps = 0 if process_set is None else int(process_set.process_set_id)
@@ -410,17 +419,56 @@ class GyreProcessGroup(dist.ProcessGroup):
         del timeout, wait_all_ranks
         self.barrier().wait()
 
-    def _no_p2p(self, what: str):
-        raise RuntimeError(
-            f"{what}: the gyre backend has no point-to-point operations (gyre runs collectives "
-            "only). Use a collective (all_to_all_single with splits, broadcast, scatter), or "
-            "a gloo group for the point-to-point traffic: dist.new_group(backend='gloo')")
+    def send(self, tensors: List[torch.Tensor], dstRank: int, tag: int = 0) -> GyreWork:  # noqa: N803
+        return self._p2p(True, tensors, dstRank, tag)
 
-    def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0):
-        self._no_p2p("send/isend")
+    def recv(self, tensors: List[torch.Tensor], srcRank: int, tag: int = 0) -> GyreWork:  # noqa: N803
+        return self._p2p(False, tensors, srcRank, tag)
 
-    def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0):
-        self._no_p2p("recv/irecv")
+    def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> GyreWork:
+        return self._p2p(False, tensors, None, tag)
 
-    def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0):
-        self._no_p2p("recv/irecv")
+    def _p2p(self, is_send: bool, tensors: List[torch.Tensor], peer: Optional[int],
+             tag: int) -> GyreWork:
+        """One gyre send or recv on the group's process set. torch passes the
+        peer as a rank of the group; gyre takes world ranks, and returns the
+        sender's world rank, which the Work gives back as a group rank."""
+        what = "send" if is_send else "recv"
+        refusal = _tensor_refusal(tensors, what)
+        if not refusal and len(tensors) != 1:
+            refusal = f"{what} takes one tensor, got {len(tensors)}"
+        if not refusal and peer is not None and not 0 <= peer < self.size():
+            refusal = (f"{what}: rank {peer} is not a rank of this group "
+                       f"(size {self.size()})")
+        if not refusal and not -(1 << 31) <= int(tag) < (1 << 31):
+            refusal = f"{what}: tag {tag} does not fit in 32 bits"
+        gtag = self._p2p_scope | (int(tag) & 0xFFFFFFFF)
+        # A peer outside the group stays outside the set (-2), so that gyre
+        # does not announce the refusal to a rank that is not the peer.
+        world_peer = _gyre.ANY_SOURCE if peer is None else (
+            self._world_rank(peer) if 0 <= peer < self.size() else -2)
+        t = tensors[0] if not refusal else None
+        # gyre's point-to-point runs on host memory: a CUDA tensor is staged
+        # through a host copy (not tested here: no GPU on the test machine).
+        if refusal:
+            buf = None
+        elif t.device.type != "cpu":
+            buf = t.detach().to("cpu", copy=True) if is_send else torch.empty(
+                t.shape, dtype=t.dtype)
+        else:
+            buf = t.detach() if t.is_contiguous() else t.detach().contiguous()
+        if is_send:
+            pending = _gyre.send(buf, world_peer, gtag, refusal, process_set=self._ps)
+        else:
+            pending = _gyre.recv(buf, world_peer, gtag, refusal, process_set=self._ps)
+
+        def finish() -> List[torch.Tensor]:
+            if not is_send and (buf.device != t.device or buf.data_ptr() != t.data_ptr()):
+                t.copy_(buf)
+            return [t]
+
+        def source() -> int:
+            src = pending.source_rank()
+            return src if self._ranks is None else self._ranks.index(src)
+
+        return GyreWork([pending], finish, source_rank=source)

@@ -21,8 +21,10 @@ import torch.distributed as dist
 class GyreWork(dist.Work):
     """One collective in flight: torch's Work interface over gyre operations."""
 
-    def __init__(self, pendings: Sequence[Any], finish: Callable[[], List[torch.Tensor]]) -> None:
+    def __init__(self, pendings: Sequence[Any], finish: Callable[[], List[torch.Tensor]],
+                 source_rank: Optional[Callable[[], int]] = None) -> None:
         super().__init__()
+        self._source_rank_of = source_rank  # a recv's: the sender's rank in the group
         self._pendings = list(pendings)
         self._finish = finish
         self._future: torch.futures.Future = torch.futures.Future()
@@ -93,8 +95,13 @@ class GyreWork(dist.Work):
         return list(self._result or [])
 
     def source_rank(self) -> int:
-        raise RuntimeError("source_rank() is only defined for a recv from any source; "
-                           "the gyre backend has no point-to-point operations")
+        """A recv's sender (a rank of the group), once it has completed."""
+        if self._source_rank_of is None:
+            raise RuntimeError("source_rank() is only defined for a point-to-point operation")
+        self.wait()
+        return self._source_rank_of()
+
+    _source_rank = source_rank
 
     def add_done_callback(self, fn: Callable[[], Any]) -> None:
         """Calls fn() once completed: a GyreWork can stand for one of the
