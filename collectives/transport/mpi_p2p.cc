@@ -17,6 +17,9 @@ namespace gyre::transport {
 
 struct MpiP2pChannel::Impl {
   MPI_Comm comm = MPI_COMM_NULL;
+  // quiesce() gave up on its barrier: the request stays posted and the
+  // communicator is never freed (see quiesce()).
+  bool barrier_pending = false;
   struct Slot {
     MPI_Request req = MPI_REQUEST_NULL;
     int peer = -1;
@@ -91,7 +94,7 @@ MpiP2pChannel::~MpiP2pChannel() {
     if (!s.is_send) MPI_Cancel(&s.req);
     MPI_Request_free(&s.req);
   }
-  MPI_Comm_free(&impl_->comm);
+  if (!impl_->barrier_pending) MPI_Comm_free(&impl_->comm);
 }
 
 MpiP2pChannel::Request MpiP2pChannel::isend(int peer, int tag, std::span<const std::byte> data) {
@@ -205,7 +208,13 @@ void MpiP2pChannel::quiesce(std::chrono::milliseconds limit) {
     }
     if (barrier_done && sends_done) return;
     if (std::chrono::steady_clock::now() > end) {
-      if (!barrier_done) MPI_Request_free(&barrier);
+      // A rank that has not come (it shuts down later, or never): the
+      // barrier stays posted. MPI does not allow freeing the request of a
+      // non-blocking collective (Open MPI aborts with MPI_ERR_REQUEST), and
+      // Open MPI 4.1 still progresses it after the communicator is freed
+      // (a crash in MPI_Finalize): so the communicator is kept, one per
+      // such shutdown, and the barrier completes when the others quiesce.
+      if (!barrier_done) impl_->barrier_pending = true;
       return;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
