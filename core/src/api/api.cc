@@ -118,9 +118,24 @@ std::vector<int> ranks_of(const char* call, int process_set) {
 // every rank calls it once its runtime has started); null without
 // MPI_THREAD_MULTIPLE, where point-to-point calls are refused.
 std::shared_ptr<core::P2pEngine> start_p2p(const Options& options) {
-  if (!transport::MpiWorld::instance().thread_multiple()) return nullptr;
+  auto& world = transport::MpiWorld::instance();
+  // Not with fault tolerance on (ULFM): the engine's shutdown and its
+  // communicator's duplication have not been made safe against a dead rank
+  // (a survivor's rebuild() could then stall), so point-to-point is refused.
+  if (!world.thread_multiple() || world.fault_tolerant()) return nullptr;
   return std::make_shared<core::P2pEngine>(transport::MpiP2pChannel::create(),
                                            options.stall_shutdown_s);
+}
+
+// Why point-to-point calls are refused when there is no engine.
+std::string p2p_unavailable(const char* call) {
+  if (transport::MpiWorld::instance().fault_tolerant()) {
+    return fmt::format("{}: point-to-point operations are not available with fault tolerance "
+                       "on (ULFM, mpirun --with-ft ulfm): not yet made safe against a failed "
+                       "rank", call);
+  }
+  return fmt::format("{}: point-to-point operations need MPI at MPI_THREAD_MULTIPLE; this MPI "
+                     "offers less", call);
 }
 
 // Stops the point-to-point engine, the process sets' runtimes, then the
@@ -462,8 +477,7 @@ Handle send_async(const TensorView& t, int dst, std::int64_t tag, int process_se
     engine = g_p2p;
   }
   if (!engine) {
-    throw InvalidArgument("send_async: point-to-point operations need MPI at "
-                          "MPI_THREAD_MULTIPLE; this MPI offers less");
+    throw InvalidArgument(p2p_unavailable("send_async"));
   }
   return core::point_to_point_async(*engine, true, t, dst, tag, process_set,
                                     ranks_of("send_async", process_set), world->rank());
@@ -476,8 +490,7 @@ Handle recv_async(const TensorView& t, int src, std::int64_t tag, int process_se
     engine = g_p2p;
   }
   if (!engine) {
-    throw InvalidArgument("recv_async: point-to-point operations need MPI at "
-                          "MPI_THREAD_MULTIPLE; this MPI offers less");
+    throw InvalidArgument(p2p_unavailable("recv_async"));
   }
   return core::point_to_point_async(*engine, false, t, src, tag, process_set,
                                     ranks_of("recv_async", process_set), world->rank());
