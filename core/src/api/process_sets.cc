@@ -136,8 +136,18 @@ void remove_process_set(Runtime& world, ProcessSetTable& table, int id) {
   } else if (!table.find(id)) {
     error = fmt::format("remove_process_set: no process set has id {}", id);
   }
+  // The set's runtime stops first, before the agreement over the world:
+  // its shutdown travels in the set's own next round and stops every
+  // member's runtime there, failing their pending operations on the set.
+  // A member still waiting for one (an operation this rank never made) is
+  // thereby freed to make this call too; agreeing first would leave this
+  // rank waiting for that member in the agreement while the member waited
+  // for this rank on the set, for ever.
+  if (error.empty()) {
+    if (auto e = table.find(id); e && e->runtime) e->runtime->shutdown();
+  }
   agree(world, "remove_process_set", kRemove, id, {}, error);
-  if (auto rt = table.erase(id)) rt->shutdown();
+  if (auto rt = table.erase(id)) rt->shutdown();  // stopped already: joins nothing
 }
 
 }  // namespace gyre::core
