@@ -11,24 +11,13 @@
 #include <fmt/format.h>
 
 #include "gyre/gyre.h"
+#include "mpi_session.h"
 
 using namespace gyre;
+using test::Session;
+using test::test_options;
 
 namespace {
-
-Options test_options() {
-  Options o;
-  o.cycle_time_ms = 0.5;
-  o.op_timeout_s = 60;  // a bug here aborts the job instead of hanging it
-  return o;
-}
-
-struct Session {
-  Session() { init(test_options()); }
-  ~Session() {
-    if (is_initialized()) shutdown();
-  }
-};
 
 template <typename T>
 TensorView view(std::vector<T>& v, DataType dt) {

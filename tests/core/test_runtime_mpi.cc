@@ -11,25 +11,13 @@
 #include <fmt/format.h>
 
 #include "gyre/gyre.h"
+#include "mpi_session.h"
 
 using namespace gyre;
+using test::Session;
+using test::test_options;
 
 namespace {
-
-Options test_options() {
-  Options o;
-  o.cycle_time_ms = 0.5;
-  o.op_timeout_s = 60;  // a bug here aborts the job instead of hanging it
-  return o;
-}
-
-// Initialises gyre for one test case and shuts it down at scope exit.
-struct Session {
-  explicit Session(const Options& o = test_options()) { init(o); }
-  ~Session() {
-    if (is_initialized()) shutdown();
-  }
-};
 
 TensorView view(std::vector<float>& v) {
   return TensorView{v.data(), DataType::kFloat32, {static_cast<std::int64_t>(v.size())}};

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "api/operations.h"
 #include "gyre/collectives/mpi_transport.h"
 
 namespace gyre::core {
@@ -54,20 +55,12 @@ void agree(Runtime& world, const char* call, Proposal kind, std::int64_t id,
   view.data = mine.data();
   view.dtype = DataType::kInt64;
   view.shape = req.shape;
-  auto state = std::make_shared<OpState>();
-  LocalEntry e;
-  e.request = std::move(req);
-  e.in = view;
-  e.out = view;
-  e.state = state;
-  std::vector<LocalEntry> v;
-  v.push_back(std::move(e));
-  world.queue().push(std::move(v));
-  Handle(state).wait();
+  Handle h = submit(world, std::move(req), view, view);
+  h.wait();
   if (!local_error.empty()) throw InvalidArgument(local_error);
 
-  const auto* all = reinterpret_cast<const std::int64_t*>(state->output.data.data());
-  if (state->output.data.size() != words * static_cast<std::size_t>(n) * sizeof(std::int64_t)) {
+  const auto* all = reinterpret_cast<const std::int64_t*>(h.output().data.data());
+  if (h.output().data.size() != words * static_cast<std::size_t>(n) * sizeof(std::int64_t)) {
     throw InvalidArgument(fmt::format("{}: unexpected agreement size", call));
   }
   std::vector<std::string> lines;
