@@ -116,6 +116,7 @@ int add_process_set(Runtime& world, ProcessSetTable& table, std::vector<int> ran
     opt.timeline_path.clear();  // the world runtime owns the timeline file
     RuntimeInfo info;
     info.local_rank = world.local_rank();
+    info.process_set = id;
     info.abort = [](int code) { transport::MpiWorld::instance().abort(code); };
     rt = std::make_shared<Runtime>(opt, std::move(t), std::move(info));
   }
