@@ -6,29 +6,19 @@
 
 #include <algorithm>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "gyre/gyre.h"
+#include "mpi_session.h"
 
 using namespace gyre;
+using test::Session;
+using test::test_options;
 
 namespace {
-
-Options test_options() {
-  Options o;
-  o.cycle_time_ms = 0.5;
-  o.op_timeout_s = 60;  // a bug here aborts the job instead of hanging it
-  return o;
-}
-
-struct Session {
-  Session() { init(test_options()); }
-  ~Session() {
-    if (is_initialized()) shutdown();
-  }
-};
 
 template <typename T>
 TensorView view(std::vector<T>& v, DataType dt) {
@@ -254,4 +244,35 @@ TEST_CASE("process sets: removing a set fails its pending operations; shutdown w
   if (r == 0) CHECK_THROWS_AS(h.wait(), StateError);
   // A set left registered is stopped by shutdown() (the Session).
   add_process_set({1, 2});
+}
+
+TEST_CASE("process sets: removing a set fails a peer's wait on it", "[mpi]") {
+  Session s;
+  const int r = rank();
+  // Rank 0 waits in a broadcast on {0, 2} that rank 2 never makes: rank 2
+  // removes the set instead. The removal must end rank 0's wait (with
+  // StateError) so that rank 0 can make the removal's agreement too,
+  // instead of each waiting for the other for ever.
+  for (int it = 0; it < 3; ++it) {
+    const int id = add_process_set({0, 2});
+    if (r == 0) {
+      // Rank 2 may have stopped the set already: then the call itself fails.
+      std::vector<float> v(4, 1.0f);
+      std::string error;
+      try {
+        broadcast_async(fmt::format("never.{}", it), fview(v), 0, id).wait();
+      } catch (const StateError& e) {
+        error = e.what();
+      }
+      CHECK_THAT(error, Catch::Contains(fmt::format("process set {} was removed", id)));
+    }
+    remove_process_set(id);
+  }
+  // The job goes on: a global operation and a new set work.
+  std::vector<float> one(1, 1.0f);
+  allreduce_async("after", fview(one), fview(one), ReduceOp::kSum).wait();
+  CHECK(one[0] == static_cast<float>(size()));
+  const int again = add_process_set({0, 2});
+  if (r == 0 || r == 2) barrier(again);
+  remove_process_set(again);
 }

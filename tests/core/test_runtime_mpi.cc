@@ -14,26 +14,14 @@
 #include <fmt/format.h>
 
 #include "gyre/gyre.h"
+#include "mpi_session.h"
 #include "shm_fusion_cases.h"
 
 using namespace gyre;
+using test::Session;
+using test::test_options;
 
 namespace {
-
-Options test_options() {
-  Options o;
-  o.cycle_time_ms = 0.5;
-  o.op_timeout_s = 60;  // a bug here aborts the job instead of hanging it
-  return o;
-}
-
-// Initialises gyre for one test case and shuts it down at scope exit.
-struct Session {
-  explicit Session(const Options& o = test_options()) { init(o); }
-  ~Session() {
-    if (is_initialized()) shutdown();
-  }
-};
 
 TensorView view(std::vector<float>& v) {
   return TensorView{v.data(), DataType::kFloat32, {static_cast<std::int64_t>(v.size())}};
@@ -351,4 +339,63 @@ TEST_CASE("mpi: Adasum on a power of two, refused otherwise; integer average", "
   TensorView tv{v.data(), DataType::kInt32, {5}};
   allreduce_async("int.average", tv, tv, ReduceOp::kAverage).wait();
   CHECK(v == std::vector<std::int32_t>(5, (n - 1) / 2));
+}
+
+namespace {
+
+// Adasum's pairwise rule in double: a zero vector's coefficient is 1.
+std::vector<double> adasum_pair(const std::vector<double>& a, const std::vector<double>& b) {
+  double ab = 0, aa = 0, bb = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ab += a[i] * b[i];
+    aa += a[i] * a[i];
+    bb += b[i] * b[i];
+  }
+  const double ca = aa == 0 ? 1.0 : 1.0 - ab / (2 * aa);
+  const double cb = bb == 0 ? 1.0 : 1.0 - ab / (2 * bb);
+  std::vector<double> out(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) out[i] = ca * a[i] + cb * b[i];
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("mpi: Adasum with a joined rank, which contributes zeros (Horovod's join)", "[mpi]") {
+  Session s;
+  const int n = size(), r = rank();
+  if ((n & (n - 1)) != 0) return;  // Adasum needs a power of two (refusal tested above)
+  // Rank 0 joins: its zeros leave its partner's vector as it is; the others
+  // reduce two tensors (a fused bucket, each combined on its own).
+  const std::size_t lens[2] = {5, 9};
+  auto data = [&](int q, int t) {
+    std::vector<double> v(lens[t]);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(1.0 + 7.0 * q + 3.0 * t + static_cast<double>(i));
+    return v;
+  };
+  if (r == 0) {
+    const int last = join();  // a rank that joined after its allreduce
+    CHECK((last >= 1 && last < n));
+    return;
+  }
+  std::vector<std::vector<float>> bufs(2);
+  std::vector<TensorView> views;
+  for (int t = 0; t < 2; ++t) {
+    for (double x : data(r, t)) bufs[t].push_back(static_cast<float>(x));
+    views.push_back(view(bufs[t]));
+  }
+  grouped_allreduce_async({"adasum.joined.0", "adasum.joined.1"}, views, views, ReduceOp::kAdasum)
+      .wait();
+  for (int t = 0; t < 2; ++t) {
+    // The same tree as the runtime's: pairs at distance 1, 2, 4, ...
+    std::vector<std::vector<double>> parts;
+    for (int q = 0; q < n; ++q) parts.push_back(q == 0 ? std::vector<double>(lens[t], 0.0) : data(q, t));
+    for (int d = 1; d < n; d *= 2) {
+      for (int q = 0; q < n; q += 2 * d) parts[q] = adasum_pair(parts[q], parts[q + d]);
+    }
+    for (std::size_t i = 0; i < lens[t]; ++i) {
+      CHECK(std::fabs(bufs[t][i] - parts[0][i]) <= 1e-5 * (1.0 + std::fabs(parts[0][i])));
+    }
+  }
+  const int last = join();
+  CHECK((last >= 1 && last < n));
 }

@@ -154,3 +154,22 @@ def test_adasum_optimizer_refuses_a_rank_count_not_a_power_of_two(size):
     with pytest.raises(ValueError, match=f"power-of-two number of ranks.*this job has {size}"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                  named_parameters=model.named_parameters(), op=hvd.Adasum)
+
+
+def test_allreduce_adasum_with_a_joined_rank(adasum_size, size, rank):
+    """A joined rank contributes zeros (Horovod's join): the Adasum tree over
+    every rank's vector, the joined rank's being zero, computed locally."""
+    def vector(r):
+        return torch.sin(torch.arange(7, dtype=torch.float64) + 5.0 * r)
+    if rank == 0:
+        assert hvd.join() != 0  # the others join after their allreduce
+        return
+    out = hvd.allreduce(vector(rank).float(), op=hvd.Adasum, name="adasum.joined")
+    parts = [torch.zeros(7, dtype=torch.float64)] + [vector(r) for r in range(1, size)]
+    d = 1
+    while d < size:
+        for r in range(0, size, 2 * d):
+            parts[r] = pairwise_adasum(parts[r], parts[r + d])
+        d *= 2
+    torch.testing.assert_close(out.double(), parts[0], rtol=1e-5, atol=1e-6)
+    hvd.join()

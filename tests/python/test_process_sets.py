@@ -21,11 +21,6 @@ def halves(size, multi_rank):
     lower = hvd.add_process_set(list(range(size // 2)))
     upper = hvd.add_process_set(hvd.ProcessSet(list(range(size // 2, size))))
     yield lower, upper
-    # Known limitation (docs/horovod.md): removing a set while a member still
-    # waits for an operation on it can stall that operation (seen now and
-    # then under -np 3, a rank in remove_process_set while its peer waited
-    # in a broadcast on the set); every member finishing first avoids it.
-    hvd.barrier()
     assert hvd.remove_process_set(upper) is True
     assert hvd.remove_process_set(lower) is True
 
@@ -196,3 +191,22 @@ def test_gradients_on_a_subset(size, rank, multi_rank):
         hvd.broadcast(y, ranks[0], process_set=ps).sum().backward()
         assert y.grad.tolist() == ([1.0] * 3 if rank == ranks[0] else [0.0] * 3)
     hvd.remove_process_set(ps)
+
+
+def test_removing_a_set_drops_its_name_counters(size, rank, multi_rank):
+    from gyre.handles import _name_counters
+
+    def counted(sid):
+        return sorted(k[0] for k in list(_name_counters) if isinstance(k, tuple) and k[1] == sid)
+
+    ps = hvd.add_process_set(_sub(size))
+    sid = ps.process_set_id
+    if ps.included():
+        # Unnamed operations count generated names per set.
+        hvd.allreduce(torch.ones(1), process_set=ps)
+        assert hvd.broadcast_object(rank, root_rank=ps.ranks[0], process_set=ps) == ps.ranks[0]
+        assert "allreduce" in counted(sid) and "broadcast_object" in counted(sid)
+    hvd.allreduce(torch.ones(1))  # the global set's counters are not the set's
+    hvd.remove_process_set(ps)
+    assert counted(sid) == []
+    assert "allreduce" in _name_counters

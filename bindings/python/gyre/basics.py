@@ -14,6 +14,7 @@ from typing import Any, Iterable, List, Optional
 
 from . import _gyre
 from .exceptions import InvalidArgumentError, InvalidTypeError, NotSupportedError, StateError
+from .handles import forget_names_of
 
 class ProcessSet:
     """Horovod's ProcessSet: a set of ranks that run collectives among
@@ -114,6 +115,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     _gyre.remove_process_set(sid)
     for ps in _registered.pop(sid, []):
         ps.invalidate()
+    forget_names_of(sid)
     return True
 
 
@@ -122,6 +124,7 @@ def _forget_process_sets() -> None:
     for sid in [k for k in _registered if k != 0]:
         for ps in _registered.pop(sid):
             ps.invalidate()
+        forget_names_of(sid)
 
 
 def _ranks_of(comm: Any, what: str) -> List[int]:

@@ -49,6 +49,15 @@ def op_name(kind, name, process_set=None):
     return f"{kind}.noname.{n}"
 
 
+def forget_names_of(process_set_id):
+    """Drops the generated-name counters of a removed process set: its id is
+    never used again in this process (the runtime does not reuse ids), so
+    they would only grow the table with every set added and removed."""
+    with _name_lock:
+        for key in [k for k in _name_counters if isinstance(k, tuple) and k[1] == process_set_id]:
+            del _name_counters[key]
+
+
 class PendingGroup:
     """Several runtime operations behind one handle (grouped allgather and
     reducescatter): done when all are; wait() waits for every one before

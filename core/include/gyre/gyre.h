@@ -140,7 +140,9 @@ constexpr int kGlobalProcessSet = 0;
 // with the same arguments in the same order (checked; InvalidArgument on
 // every rank otherwise). Returns the new set's id. Needs MPI at
 // MPI_THREAD_MULTIPLE. remove_process_set fails the set's pending
-// operations with StateError; the global set cannot be removed.
+// operations with StateError on every member as soon as one member calls
+// it (so a member waiting on the set is released to call it too); the
+// global set cannot be removed.
 int add_process_set(const std::vector<int>& ranks);
 void remove_process_set(int process_set);
 std::vector<int> process_set_ids();              // 0 first, then the added sets

@@ -192,6 +192,8 @@ void check_user_name(const std::string& what, const std::string& name) {
   }
 }
 
+}  // namespace
+
 Handle submit(Runtime& rt, Request req, const TensorView& in, const TensorView& out) {
   auto state = std::make_shared<OpState>();
   LocalEntry e;
@@ -204,8 +206,6 @@ Handle submit(Runtime& rt, Request req, const TensorView& in, const TensorView& 
   rt.queue().push(std::move(v));
   return Handle(state);
 }
-
-}  // namespace
 
 static void validate_member(Runtime& rt, const Request& req, const std::string& name,
                             const TensorView& in, const TensorView& out, ReduceOp op);

@@ -38,4 +38,9 @@ Handle join_async(Runtime& rt);
 Handle fingerprint_check_async(Runtime& rt, const std::vector<NamedBuffer>& buffers);
 Handle resync_async(Runtime& rt, const std::vector<NamedBuffer>& buffers, ResyncPolicy policy);
 
+// Enqueues one checked request with its views on `rt` and returns its
+// handle: the last step of every operation above, also used by gyre's own
+// operations (api/process_sets.cc). No argument checks: the caller made them.
+Handle submit(Runtime& rt, Request req, const TensorView& in, const TensorView& out);
+
 }  // namespace gyre::core

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "api/operations.h"
 #include "gyre/collectives/mpi_transport.h"
 
 namespace gyre::core {
@@ -54,20 +55,12 @@ void agree(Runtime& world, const char* call, Proposal kind, std::int64_t id,
   view.data = mine.data();
   view.dtype = DataType::kInt64;
   view.shape = req.shape;
-  auto state = std::make_shared<OpState>();
-  LocalEntry e;
-  e.request = std::move(req);
-  e.in = view;
-  e.out = view;
-  e.state = state;
-  std::vector<LocalEntry> v;
-  v.push_back(std::move(e));
-  world.queue().push(std::move(v));
-  Handle(state).wait();
+  Handle h = submit(world, std::move(req), view, view);
+  h.wait();
   if (!local_error.empty()) throw InvalidArgument(local_error);
 
-  const auto* all = reinterpret_cast<const std::int64_t*>(state->output.data.data());
-  if (state->output.data.size() != words * static_cast<std::size_t>(n) * sizeof(std::int64_t)) {
+  const auto* all = reinterpret_cast<const std::int64_t*>(h.output().data.data());
+  if (h.output().data.size() != words * static_cast<std::size_t>(n) * sizeof(std::int64_t)) {
     throw InvalidArgument(fmt::format("{}: unexpected agreement size", call));
   }
   std::vector<std::string> lines;
@@ -123,6 +116,7 @@ int add_process_set(Runtime& world, ProcessSetTable& table, std::vector<int> ran
     opt.timeline_path.clear();  // the world runtime owns the timeline file
     RuntimeInfo info;
     info.local_rank = world.local_rank();
+    info.process_set = id;
     info.abort = [](int code) { transport::MpiWorld::instance().abort(code); };
     rt = std::make_shared<Runtime>(opt, std::move(t), std::move(info));
   }
@@ -137,8 +131,18 @@ void remove_process_set(Runtime& world, ProcessSetTable& table, int id) {
     error = table.dropped_error("remove_process_set", id);
     if (error.empty()) error = fmt::format("remove_process_set: no process set has id {}", id);
   }
+  // The set's runtime stops first, before the agreement over the world:
+  // its shutdown travels in the set's own next round and stops every
+  // member's runtime there, failing their pending operations on the set.
+  // A member still waiting for one (an operation this rank never made) is
+  // thereby freed to make this call too; agreeing first would leave this
+  // rank waiting for that member in the agreement while the member waited
+  // for this rank on the set, for ever.
+  if (error.empty()) {
+    if (auto e = table.find(id); e && e->runtime) e->runtime->shutdown();
+  }
   agree(world, "remove_process_set", kRemove, id, {}, error);
-  if (auto rt = table.erase(id)) rt->shutdown();
+  if (auto rt = table.erase(id)) rt->shutdown();  // stopped already: joins nothing
 }
 
 }  // namespace gyre::core

@@ -22,8 +22,11 @@ namespace gyre::core {
 // calls MPI beside the world's).
 int add_process_set(Runtime& world, ProcessSetTable& table, std::vector<int> ranks);
 // Removes set `id`: its runtime stops on its members (pending operations
-// fail with StateError). InvalidArgument on every rank for id 0, an unknown
-// id, or ranks passing different ids.
+// fail with StateError), on all of them as soon as one member calls this,
+// so a member still waiting on the set is released to call it too. Then
+// the agreement: InvalidArgument on every rank for id 0, an unknown id, or
+// ranks passing different ids (a set that a member had asked to remove is
+// then stopped, though still registered: its operations fail).
 void remove_process_set(Runtime& world, ProcessSetTable& table, int id);
 
 }  // namespace gyre::core

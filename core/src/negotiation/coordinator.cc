@@ -267,17 +267,21 @@ void Coordinator::check(Response& resp) const {
     for (std::size_t r = 0; r < resp.joined.size(); ++r) {
       if (resp.joined[r]) joined.push_back(static_cast<int>(r));
     }
+    // Adasum as Horovod's join defines it: a joined rank's zeros leave its
+    // partner's vector unchanged (the pairwise rule takes a zero vector's
+    // coefficient as 1, without dividing by its norm).
     bool supported = c == Collective::kAllgather || c == Collective::kBarrier ||
                      (reduces && (resp.agreed.op == ReduceOp::kSum ||
                                   resp.agreed.op == ReduceOp::kAverage)) ||
+                     (c == Collective::kAllreduce && resp.agreed.op == ReduceOp::kAdasum) ||
                      (c == Collective::kBroadcast && !resp.joined[static_cast<std::size_t>(
                                                         std::clamp(resp.agreed.root, 0,
                                                                    size_ - 1))]);
     if (!supported) {
       fail(ErrorKind::kState,
-           fmt::format("{} joined and cannot take part (a joined rank contributes zeros to sum "
-                       "and average reductions, no rows to allgather, and receives broadcasts "
-                       "from a rank that has not joined)",
+           fmt::format("{} joined and cannot take part (a joined rank contributes zeros to sum, "
+                       "average and Adasum allreduces, no rows to allgather, and receives "
+                       "broadcasts from a rank that has not joined)",
                        rank_list(joined)));
     }
   }

@@ -232,7 +232,11 @@ void Runtime::shutdown() {
   shutdown_requested_ = true;
   queue_.wake();
   if (thread_.joinable()) thread_.join();
-  fail_all(ErrorKind::kState, "gyre was shut down with this operation pending");
+  fail_all(ErrorKind::kState,
+           info_.process_set != 0
+               ? fmt::format("process set {} was removed (remove_process_set) with this "
+                             "operation pending", info_.process_set)
+               : std::string("gyre was shut down with this operation pending"));
   log_.debug("runtime stopped after {} rounds", rounds_.load());
 }
 
@@ -385,12 +389,18 @@ bool Runtime::round() {
   stall_failures_ = stall_.inspect(negotiator_.coordinator(), Clock::now(), log_);
 
   if (agreed.shutdown_rank >= 0) {
-    fail_all(ErrorKind::kState,
-             agreed.shutdown_rank == rank_
-                 ? std::string("gyre was shut down with this operation pending")
-                 : fmt::format("gyre was shut down by rank {} (its shutdown() stops every "
-                               "rank's runtime in the same round)",
-                               agreed.shutdown_rank));
+    std::string why;
+    if (info_.process_set != 0) {
+      why = fmt::format("process set {} was removed (remove_process_set, by its rank {}) with "
+                        "this operation pending",
+                        info_.process_set, agreed.shutdown_rank);
+    } else if (agreed.shutdown_rank == rank_) {
+      why = "gyre was shut down with this operation pending";
+    } else {
+      why = fmt::format("gyre was shut down by rank {} (its shutdown() stops every rank's "
+                        "runtime in the same round)", agreed.shutdown_rank);
+    }
+    fail_all(ErrorKind::kState, why);
     return false;
   }
   return true;

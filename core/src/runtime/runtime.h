@@ -72,6 +72,9 @@ struct RuntimeInfo {
   // throw to give up (the Python binding: Ctrl-C). Never called by the
   // background thread. Empty: none.
   std::function<void()> interrupt_check;
+  // A process set's runtime: its id, which the errors of its stop name
+  // ("process set 2 was removed"); 0: the world's runtime.
+  int process_set = 0;
 };
 
 // The deadline of the first contact between the ranks (the start-up
