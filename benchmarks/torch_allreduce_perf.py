@@ -7,8 +7,11 @@ same job:
 One row per size: bytes, elements, gyre.torch time and busbw, #wrong, gloo's
 time and busbw, gloo#wrong, and the ratio gyre busbw / gloo busbw. float32 sum
 through gyre.torch.allreduce (a new output tensor per call, Horovod's
-semantics), or with --in-place through gyre.torch.allreduce_, beside
-dist.all_reduce (always in place); blocks of back-to-back iterations
+semantics), or with --in-place through gyre.torch.allreduce_, or with
+--backend through torch.distributed.all_reduce on the "gyre" backend (the
+default group made by init_process_group("gyre"); gloo is then a
+new_group(backend="gloo") on the same store), beside dist.all_reduce on gloo
+(always in place); blocks of back-to-back iterations
 alternate between the two, the time of a size is the median over blocks of
 the slowest rank's mean per iteration.
 
@@ -91,6 +94,8 @@ def main():
     ap.add_argument("--blocks", type=int, default=5)
     ap.add_argument("--in-place", action="store_true",
                     help="time gyre.torch.allreduce_ (in place, like gloo) instead of allreduce")
+    ap.add_argument("--backend", action="store_true",
+                    help="time torch.distributed.all_reduce on the gyre backend (in place)")
     ap.add_argument("--json", help="rank 0 writes the rows here (for plot_bandwidth.py)")
     a = ap.parse_args()
     huge = os.environ.get("THP_MEM_ALLOC_ENABLE") == "1"
@@ -98,7 +103,14 @@ def main():
         raise SystemExit("-f must be at least 2")
 
     gt.init()
-    rank, world = init_torch_distributed()
+    gloo_group = None
+    if a.backend:
+        import gyre.torch.distributed  # noqa: F401  (registers the backend)
+        dist.init_process_group("gyre")
+        gloo_group = dist.new_group(backend="gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, world = init_torch_distributed()
     sizes = []
     b = parse_size(a.minbytes)
     while b <= parse_size(a.maxbytes):
@@ -108,12 +120,15 @@ def main():
 
     # Each returns the tensor holding the result.
     def gyre_op(buf, name):
+        if a.backend:
+            dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+            return buf
         if a.in_place:
             return gt.allreduce_(buf, name=name, op=gt.Sum)
         return gt.allreduce(buf, name=name, op=gt.Sum)
 
     def gloo_op(buf, name):
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=gloo_group)
         return buf
 
     def time_block(op, buf, src, name):
@@ -143,6 +158,8 @@ def main():
 
     if rank == 0:
         gyre_call = "gyre.torch.allreduce_ (in place)" if a.in_place else "gyre.torch.allreduce (new output)"
+        if a.backend:
+            gyre_call = "torch.distributed.all_reduce on the gyre backend (in place)"
         print(f"# torch allreduce sweep: {world} ranks, float32 sum; torch {torch.__version__}")
         print(f"# gyre: {gyre_call}; peer: torch.distributed.all_reduce (in place), gloo backend")
         print(f"# tensors on {'transparent huge pages (THP_MEM_ALLOC_ENABLE=1)' if huge else '4 KiB pages'}")
@@ -190,7 +207,8 @@ def main():
         if a.json:
             with open(a.json, "w") as f:
                 json.dump({"benchmark": "torch-sweep",
-                           "system": "gyre.torch.allreduce_" if a.in_place else "gyre.torch.allreduce",
+                           "system": ("dist.all_reduce (gyre backend)" if a.backend else
+                                      "gyre.torch.allreduce_" if a.in_place else "gyre.torch.allreduce"),
                            "peer": "torch.distributed gloo", "ranks": world, "dtype": "float32",
                            "op": "sum", "pages": "huge" if huge else "4K", "rows": rows}, f, indent=1)
     dist.destroy_process_group()
