@@ -22,6 +22,19 @@ def gyre_runtime():
     gyre.barrier()
 
 
+@pytest.fixture(scope="module")
+def world():
+    """The default torch.distributed group on the gyre backend: (rank, size)."""
+    import torch.distributed as dist
+
+    import gyre.torch.distributed  # noqa: F401 (registers the backend)
+
+    if not dist.is_initialized():
+        dist.init_process_group("gyre")
+    assert dist.get_backend() == "gyre"
+    return dist.get_rank(), dist.get_world_size()
+
+
 @pytest.fixture
 def rank():
     return gyre.rank()

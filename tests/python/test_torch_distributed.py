@@ -19,14 +19,6 @@ from gyre.torch.distributed import _launch
 N = 11
 
 
-@pytest.fixture(scope="module")
-def world():
-    if not dist.is_initialized():
-        dist.init_process_group("gyre")
-    assert dist.get_backend() == "gyre"
-    return dist.get_rank(), dist.get_world_size()
-
-
 def fill(r, n=N, dtype=torch.float32):
     return (r + 1 + torch.arange(n) % 7).to(dtype)
 

@@ -12,13 +12,6 @@ import gyre
 import gyre.torch.distributed as gtd
 
 
-@pytest.fixture(scope="module")
-def world():
-    if not dist.is_initialized():
-        dist.init_process_group("gyre")
-    return dist.get_rank(), dist.get_world_size()
-
-
 def test_cuda_is_registered_exactly_when_gyre_has_nccl(world):
     caps = dist.Backend.backend_capability["gyre"]
     assert "cpu" in caps

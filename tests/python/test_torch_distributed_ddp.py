@@ -16,14 +16,6 @@ LR = 0.1
 STEPS = 3
 
 
-@pytest.fixture(scope="module")
-def world():
-    if not dist.is_initialized():
-        dist.init_process_group("gyre")
-    assert dist.get_backend() == "gyre"
-    return dist.get_rank(), dist.get_world_size()
-
-
 class Net(nn.Module):
     """Several parameters (so several buckets with a small bucket cap) and an
     optional branch that takes no part in the loss."""

@@ -14,13 +14,6 @@ import gyre.torch.distributed  # noqa: F401 (registers the backend)
 from gyre import _gyre
 
 
-@pytest.fixture(scope="module")
-def world():
-    if not dist.is_initialized():
-        dist.init_process_group("gyre")
-    return dist.get_rank(), dist.get_world_size()
-
-
 def _sets():
     return set(_gyre.process_set_ids()) - {0}
 

@@ -14,14 +14,6 @@ import gyre
 import gyre.torch.distributed  # noqa: F401 (registers the backend)
 
 
-@pytest.fixture(scope="module")
-def world():
-    if not dist.is_initialized():
-        dist.init_process_group("gyre")
-    assert dist.get_backend() == "gyre"
-    return dist.get_rank(), dist.get_world_size()
-
-
 def _value(src, dst, n, dtype):
     """What rank src sends rank dst: a closed form both sides can compute."""
     base = torch.arange(n, dtype=torch.float64) % 7 + 10 * src + dst

@@ -3,7 +3,6 @@ ZeroRedundancyOptimizer against one process on the union batch, the PowerSGD
 comm hook (which waits on an allreduce inside a future's callback), torch's
 coalescing manager, and a second group of all ranks."""
 
-import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -16,13 +15,6 @@ import gyre.torch.distributed  # noqa: F401 (registers the backend)
 
 LR = 0.1
 STEPS = 3
-
-
-@pytest.fixture(scope="module")
-def world():
-    if not dist.is_initialized():
-        dist.init_process_group("gyre")
-    return dist.get_rank(), dist.get_world_size()
 
 
 def make_model():

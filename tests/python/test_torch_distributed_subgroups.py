@@ -12,14 +12,6 @@ import gyre
 import gyre.torch.distributed  # noqa: F401 (registers the backend)
 
 
-@pytest.fixture(scope="module")
-def world():
-    if not dist.is_initialized():
-        dist.init_process_group("gyre")
-    assert dist.get_backend() == "gyre"
-    return dist.get_rank(), dist.get_world_size()
-
-
 def _sub(size):
     return [r for r in range(size) if r != 1]  # {0} with 2 ranks, {0, 2} with 3
 
