@@ -469,31 +469,27 @@ Handle reducescatter_async(const std::string& name, const TensorView& in, Reduce
   return core::reducescatter_async(*runtime_for("reducescatter_async", process_set), name, in,
                                    op, prescale, postscale);
 }
-Handle send_async(const TensorView& t, int dst, std::int64_t tag, int process_set) {
-  auto world = runtime("send_async");
+namespace {
+// send_async and recv_async: the engine (or why there is none), then the op.
+Handle point_to_point(const char* call, bool is_send, const TensorView& t, int peer,
+                      std::int64_t tag, int process_set) {
+  auto world = runtime(call);
   std::shared_ptr<core::P2pEngine> engine;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     engine = g_p2p;
   }
-  if (!engine) {
-    throw InvalidArgument(p2p_unavailable("send_async"));
-  }
-  return core::point_to_point_async(*engine, true, t, dst, tag, process_set,
-                                    ranks_of("send_async", process_set), world->rank());
+  if (!engine) throw InvalidArgument(p2p_unavailable(call));
+  return core::point_to_point_async(*engine, is_send, t, peer, tag, process_set,
+                                    ranks_of(call, process_set), world->rank());
+}
+}  // namespace
+
+Handle send_async(const TensorView& t, int dst, std::int64_t tag, int process_set) {
+  return point_to_point("send_async", true, t, dst, tag, process_set);
 }
 Handle recv_async(const TensorView& t, int src, std::int64_t tag, int process_set) {
-  auto world = runtime("recv_async");
-  std::shared_ptr<core::P2pEngine> engine;
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    engine = g_p2p;
-  }
-  if (!engine) {
-    throw InvalidArgument(p2p_unavailable("recv_async"));
-  }
-  return core::point_to_point_async(*engine, false, t, src, tag, process_set,
-                                    ranks_of("recv_async", process_set), world->rank());
+  return point_to_point("recv_async", false, t, src, tag, process_set);
 }
 void barrier(int process_set) { core::barrier(*runtime_for("barrier", process_set)); }
 int join(int process_set) {
