@@ -65,6 +65,14 @@ const char* thread_level_name(int level) {
 // with the same tag. Both sides cut a message of a given size the same way,
 // and MPI keeps messages of one (source, tag) in order, so the pieces match.
 constexpr std::size_t kDefaultPieceBytes = std::size_t{1} << 30;
+// A message just above the shared-memory transport's eager limit (Open MPI's
+// vader and sm: 4096 bytes, header included) goes by rendezvous and a
+// single-copy read (process_vm_readv): about 2 us more than an eager send on
+// 2 ranks here, so a 4 KiB allreduce took 2.4-2.8 us against 0.6 us at 3 KiB.
+// Messages up to kSplitLimit are sent as equal pieces of at most kEagerPiece
+// bytes instead, each eager (docs/benchmarks.md, "The 4 KiB step").
+constexpr std::size_t kEagerPiece = 4000;
+constexpr std::size_t kSplitLimit = 64 * 1024;
 
 // How long MPI_Finalize may take after a rebuild (see MpiWorld::finalize).
 constexpr int kFinalizeGraceS = 10;
@@ -218,14 +226,21 @@ class MpiTransport final : public Transport {
     bool in_use = false;
   };
 
+  // The pieces of a message of `bytes`: the same on the sending and the
+  // receiving side, which post one MPI message per piece in order.
   template <class F>
   void for_each_piece(std::size_t bytes, F&& f) const {
     if (bytes == 0) {
       f(0, 0);
       return;
     }
-    for (std::size_t off = 0; off < bytes; off += max_piece_) {
-      f(off, static_cast<int>(std::min(max_piece_, bytes - off)));
+    std::size_t piece = max_piece_;
+    if (bytes > kEagerPiece && bytes <= kSplitLimit && kEagerPiece < max_piece_) {
+      const std::size_t n = (bytes + kEagerPiece - 1) / kEagerPiece;
+      piece = (bytes + n - 1) / n;
+    }
+    for (std::size_t off = 0; off < bytes; off += piece) {
+      f(off, static_cast<int>(std::min(piece, bytes - off)));
     }
   }
 
