@@ -36,10 +36,12 @@ if KILL_IN_SEND:
     _inject = ctypes.CDLL(None)  # the preloaded library's functions
     _inject.gyre_test_arm_kill.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_int]
     _inject.gyre_test_sends.restype = ctypes.c_long
-    # 40 KiB of gradients: ring chunks (~13 KiB) far above negotiation messages
-    # (run with GYRE_ALLREDUCE_SMALL_BYTES=0); a smaller rate for the wider layer.
+    # 40 KiB of gradients: ring chunks (~13 KiB, which the MPI transport sends
+    # as pieces of ~3.3 KiB, each under the shared-memory eager limit) far
+    # above negotiation messages (run with GYRE_ALLREDUCE_SMALL_BYTES=0); a
+    # smaller rate for the wider layer.
     HIDDEN, LR = 1024, 0.002
-    SEND_MIN_BYTES = 4096
+    SEND_MIN_BYTES = 2048
 
 
 def data():
