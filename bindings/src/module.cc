@@ -328,7 +328,17 @@ PYBIND11_MODULE(_gyre, m) {
     py::gil_scoped_acquire gil;
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   });
-  m.def("init", [] { blocking([] { gyre::init(); }); });
+  // `ranks`: Horovod's init(comm): those ranks of MPI_COMM_WORLD alone;
+  // empty: every rank.
+  m.def("init", [](const std::vector<int>& ranks) {
+    blocking([&] {
+      if (ranks.empty()) {
+        gyre::init();
+      } else {
+        gyre::init(ranks);
+      }
+    });
+  }, py::arg("ranks") = std::vector<int>{});
   m.def("shutdown", [] {
     blocking([] { gyre::shutdown(); });
     drain_graveyard();

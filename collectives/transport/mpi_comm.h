@@ -19,7 +19,8 @@ std::string mpi_error_string(int code);
 void check_mpi(int code, const char* call);
 
 // MPI_COMM_WORLD until MpiWorld::rebuild() replaces it by the survivors'
-// communicator; every communicator gyre makes is derived from it.
+// communicator, or MpiWorld::instance(ranks) by the listed ranks' (until
+// instance() with no ranks); every communicator gyre makes is derived from it.
 MPI_Comm& world_comm();
 
 // True when `code` says that a peer process failed, or that `comm` was

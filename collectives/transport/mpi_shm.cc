@@ -15,6 +15,7 @@
 
 #include "gyre/collectives/shm_host.h"
 #include "gyre/error.h"
+#include "mpi_comm.h"
 
 namespace gyre::transport {
 
@@ -75,18 +76,21 @@ std::unique_ptr<ShmHost> ShmHost::create_per_host(const collectives::ShmOptions&
 
 std::unique_ptr<ShmHost> ShmHost::set_up(const collectives::ShmOptions& opt, bool wanted,
                                          bool whole_world_only) {
+  // The world's communicator: MPI_COMM_WORLD, or the ranks gyre was
+  // started on (MpiWorld::instance(ranks)), or the survivors after a rebuild.
+  const MPI_Comm world = detail::world_comm();
   int world_rank = 0, world_size = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  MPI_Comm_rank(world, &world_rank);
+  MPI_Comm_size(world, &world_size);
   // Every rank wants it, with the same slot size (a difference is reported
   // by the runtime's options check; here it only means "no").
   long votes[2] = {wanted ? 1L : 0L, static_cast<long>(opt.slot_bytes)};
   long lowest[2] = {0, 0}, highest[2] = {0, 0};
-  check(MPI_Allreduce(votes, lowest, 2, MPI_LONG, MPI_MIN, MPI_COMM_WORLD), "MPI_Allreduce");
-  check(MPI_Allreduce(votes, highest, 2, MPI_LONG, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+  check(MPI_Allreduce(votes, lowest, 2, MPI_LONG, MPI_MIN, world), "MPI_Allreduce");
+  check(MPI_Allreduce(votes, highest, 2, MPI_LONG, MPI_MAX, world), "MPI_Allreduce");
   if (lowest[0] == 0 || lowest[1] != highest[1]) return nullptr;
   MPI_Comm local;
-  check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL,
+  check(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL,
                             &local),
         "MPI_Comm_split_type");
   struct Free {
@@ -98,7 +102,7 @@ std::unique_ptr<ShmHost> ShmHost::set_up(const collectives::ShmOptions& opt, boo
   MPI_Comm_size(local, &size);
 
   int all_local = size == world_size, everywhere = 0;
-  check(MPI_Allreduce(&all_local, &everywhere, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD),
+  check(MPI_Allreduce(&all_local, &everywhere, 1, MPI_INT, MPI_MIN, world),
         "MPI_Allreduce");
   if (whole_world_only && !everywhere) return nullptr;
   std::unique_ptr<ShmHost> host(new ShmHost());
@@ -142,7 +146,7 @@ std::unique_ptr<ShmHost> ShmHost::set_up(const collectives::ShmOptions& opt, boo
     error = "local rank 0 could not create the segment";
   }
   // Everyone has mapped it (or failed): the name can go either way.
-  agree(MPI_COMM_WORLD, error);
+  agree(world, error);
   host->segment_.unlink();
 #ifdef MADV_HUGEPAGE
   // A hint: huge pages for the buffers where shared memory may have them

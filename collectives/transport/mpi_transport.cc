@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <thread>
 #include <vector>
 
@@ -82,16 +83,35 @@ constexpr std::chrono::microseconds kFirstNap{5};
 // How often a wait calls its interrupt check (Transport::set_interrupt_check).
 constexpr std::chrono::milliseconds kInterruptCheckPeriod{50};
 
-// The duplication of MPI_COMM_WORLD that make_transport() waits for; left
-// pending when a wait for it is given up (deadline, interrupt), and resumed
-// by the next call. MpiWorld is one per process and make_transport() is
-// called by one thread at a time (init() holds the API's lock).
+// The duplication of the world's communicator that make_transport() waits
+// for; left pending when a wait for it is given up (deadline, interrupt),
+// and resumed by the next call. MpiWorld is one per process and
+// make_transport() is called by one thread at a time (init() holds the
+// API's lock). One for the whole world and one for a restricted world
+// (MpiWorld::instance(ranks)): a duplication pairs only with the other
+// ranks' duplication of the same communicator, so one left pending on the
+// whole world waits while a restricted world runs, and one left pending on
+// a restricted world is abandoned with it (MPI can neither cancel nor free
+// a pending collective: it stays in g_abandoned_dups).
 struct PendingDup {
   bool pending = false;
   MPI_Request request = MPI_REQUEST_NULL;
   MPI_Comm comm = MPI_COMM_NULL;
 };
 PendingDup g_dup;
+PendingDup g_restricted_dup;
+// Set by instance(ranks) around the world's first construction.
+bool g_defer_layout = false;
+std::vector<PendingDup> g_abandoned_dups;
+
+void abandon_restricted_dup() {
+  if (g_restricted_dup.pending) g_abandoned_dups.push_back(g_restricted_dup);
+  g_restricted_dup = PendingDup{};
+}
+
+// MPI_Comm_create_group's tag for a restricted world (process sets' tags
+// are 1000 and up, on the world made here).
+constexpr int kRestrictTag = 999;
 
 class MpiTransport final : public Transport {
  public:
@@ -392,12 +412,128 @@ MpiWorld::MpiWorld() {
   MPI_Comm parent = MPI_COMM_NULL;
   check_mpi(MPI_Comm_get_parent(&parent), "MPI_Comm_get_parent");
   if (parent != MPI_COMM_NULL) join_survivors(&parent);
+  // instance(ranks) makes the world without the collective layout: the
+  // ranks outside the list are not there to take part.
+  if (g_defer_layout) {
+    check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
+    check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+    start_size_ = size_;
+    return;
+  }
   derive_layout();
   if (!join_.replacement) start_size_ = size_;
 }
 
+MpiWorld& MpiWorld::instance(const std::vector<int>& ranks) {
+  MpiWorld* world = nullptr;
+  g_defer_layout = !ranks.empty();
+  try {
+    world = &instance();
+  } catch (...) {
+    g_defer_layout = false;
+    throw;
+  }
+  g_defer_layout = false;
+  world->use_ranks(ranks);
+  return *world;
+}
+
+MpiWorld::Layout MpiWorld::layout() const {
+  return Layout{rank_, size_, local_rank_, local_size_, cross_rank_, cross_size_, uniform_hosts_,
+                hosts_};
+}
+
+void MpiWorld::set_layout(const Layout& l) {
+  rank_ = l.rank;
+  size_ = l.size;
+  local_rank_ = l.local_rank;
+  local_size_ = l.local_size;
+  cross_rank_ = l.cross_rank;
+  cross_size_ = l.cross_size;
+  uniform_hosts_ = l.uniform_hosts;
+  hosts_ = l.hosts;
+}
+
+void MpiWorld::use_ranks(const std::vector<int>& requested) {
+  if (finalized_) throw StateError("MpiWorld::instance(ranks) after finalize()");
+  std::vector<int> ranks = requested;
+  if (!ranks.empty()) {
+    int world_size = 0, world_rank = 0;
+    check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &world_size), "MPI_Comm_size");
+    check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "MPI_Comm_rank");
+    const std::string listed = fmt::format("[{}]", fmt::join(ranks, ", "));
+    std::vector<int> sorted = ranks;
+    std::sort(sorted.begin(), sorted.end());
+    if (sorted.front() < 0 || sorted.back() >= world_size) {
+      throw InvalidArgument(fmt::format(
+          "init(ranks): ranks {} are not all ranks of MPI_COMM_WORLD (0 to {})", listed,
+          world_size - 1));
+    }
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+      throw InvalidArgument(fmt::format("init(ranks): ranks {} repeat a rank", listed));
+    }
+    if (!std::binary_search(sorted.begin(), sorted.end(), world_rank)) {
+      throw InvalidArgument(fmt::format(
+          "init(ranks): this process (rank {} of MPI_COMM_WORLD) is not among ranks {}: gyre "
+          "runs on those ranks alone, and only they call init() with them",
+          world_rank, listed));
+    }
+    bool identity = static_cast<int>(ranks.size()) == world_size;
+    for (int i = 0; identity && i < world_size; ++i) identity = ranks[static_cast<std::size_t>(i)] == i;
+    if (identity && !rebuilt_ && !join_.replacement) {
+      ranks.clear();  // every rank in order: the whole world
+    } else if (fault_tolerant() || rebuilt_ || join_.replacement) {
+      throw StateError(fmt::format(
+          "init(ranks): running on ranks {} of MPI_COMM_WORLD is not supported {}", listed,
+          fault_tolerant() ? "with fault tolerance on (ULFM)"
+                           : "after the world was rebuilt (its ranks are not MPI_COMM_WORLD's)"));
+    }
+  }
+  if (ranks == restricted_to_ && layout_known_) return;  // the world as it is
+  // Leave the current restriction: its communicator is freed (only its
+  // ranks hold it; a duplication still pending on it completes or not, and
+  // is never waited for again).
+  if (!restricted_to_.empty()) {
+    abandon_restricted_dup();
+    MPI_Comm_free(&detail::world_comm());
+    detail::world_comm() = MPI_COMM_WORLD;
+    restricted_to_.clear();
+    if (world_layout_saved_) {
+      set_layout(world_layout_);
+      world_layout_saved_ = false;
+    } else {
+      layout_known_ = false;
+    }
+  }
+  if (ranks.empty()) {
+    if (!layout_known_) {
+      derive_layout();  // collective over MPI_COMM_WORLD
+      layout_known_ = true;
+    }
+    return;
+  }
+  if (layout_known_) {
+    world_layout_ = layout();
+    world_layout_saved_ = true;
+  }
+  MPI_Group world_group, group;
+  check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &world_group), "MPI_Comm_group");
+  const int rc = MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group);
+  MPI_Group_free(&world_group);
+  check_mpi(rc, "MPI_Group_incl");
+  MPI_Comm comm = MPI_COMM_NULL;
+  const int rc2 = MPI_Comm_create_group(MPI_COMM_WORLD, group, kRestrictTag, &comm);
+  MPI_Group_free(&group);
+  check_mpi(rc2, "MPI_Comm_create_group");
+  detail::world_comm() = comm;
+  restricted_to_ = ranks;
+  derive_layout();  // collective over the listed ranks
+  layout_known_ = true;
+}
+
 // Rank, size and where the ranks sit, from the world communicator: at
-// start-up, and again after a rebuild.
+// start-up, again after a rebuild, and for a restricted world (over its
+// ranks alone).
 void MpiWorld::derive_layout() {
   const MPI_Comm world = detail::world_comm();
   check_mpi(MPI_Comm_rank(world, &rank_), "MPI_Comm_rank");
@@ -433,6 +569,7 @@ void MpiWorld::derive_layout() {
   int sizes[2] = {local_size_, -local_size_}, extremes[2] = {0, 0};
   check_mpi(MPI_Allreduce(sizes, extremes, 2, MPI_INT, MPI_MIN, world), "MPI_Allreduce");
   uniform_hosts_ = extremes[0] == -extremes[1];
+  layout_known_ = true;
 }
 
 std::unique_ptr<Transport> MpiWorld::make_transport() { return make_transport(kDefaultPieceBytes); }
@@ -454,35 +591,40 @@ std::unique_ptr<Transport> MpiWorld::make_transport(std::size_t max_message_byte
                                       max_message_bytes, INT_MAX));
   }
   if (finalized_) throw StateError("MpiWorld::make_transport after finalize()");
+  if (!layout_known_) {
+    throw StateError("MpiWorld::make_transport: the world is not set up (instance(ranks) failed)");
+  }
+  PendingDup& dup = restricted_to_.empty() ? g_dup : g_restricted_dup;
   // Non-blocking, polled: the duplication waits for every rank, which must
   // not be beyond the deadline or Ctrl-C. One given up stays pending (MPI
   // cannot cancel it) and pairs with the other ranks' next duplication, so
   // the next call here resumes it instead of starting another.
-  if (!g_dup.pending) {
-    check_mpi(MPI_Comm_idup(detail::world_comm(), &g_dup.comm, &g_dup.request), "MPI_Comm_idup");
-    g_dup.pending = true;
+  if (!dup.pending) {
+    check_mpi(MPI_Comm_idup(detail::world_comm(), &dup.comm, &dup.request), "MPI_Comm_idup");
+    dup.pending = true;
   }
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   auto next_check = start + kInterruptCheckPeriod;
   for (;;) {
     int done = 0;
-    check_mpi(MPI_Test(&g_dup.request, &done, MPI_STATUS_IGNORE), "MPI_Test (MPI_Comm_idup)");
+    check_mpi(MPI_Test(&dup.request, &done, MPI_STATUS_IGNORE), "MPI_Test (MPI_Comm_idup)");
     if (done) break;
     std::this_thread::sleep_for(std::chrono::microseconds(200));
     const auto now = Clock::now();
     if (timeout.count() > 0 && now - start > timeout) {
       throw TimeoutError(fmt::format(
           "rank {}: the other ranks did not all start gyre within {} ms (duplicating "
-          "MPI_COMM_WORLD for its transport waits for every rank)", rank_, timeout.count()));
+          "the world's communicator for its transport waits for every rank)", rank_,
+          timeout.count()));
     }
     if (check && now >= next_check) {
       next_check = now + kInterruptCheckPeriod;
       check();  // may throw: the duplication stays pending for the next call
     }
   }
-  g_dup.pending = false;
-  MPI_Comm comm = g_dup.comm;
+  dup.pending = false;
+  MPI_Comm comm = dup.comm;
   // Errors come back as codes and become TransportError, instead of the
   // default handler ending the job without a word about the operation.
   check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");

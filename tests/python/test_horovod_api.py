@@ -19,8 +19,10 @@ def test_init_is_idempotent_and_takes_horovods_arguments(size):
     assert hvd.is_initialized()
 
 
-def test_init_on_a_subset_is_refused_clearly_and_leaves_gyre_running(size, multi_rank):
-    with pytest.raises(hvd.NotSupportedError, match="subset"):
+def test_init_on_other_ranks_while_running_is_refused_and_leaves_gyre_running(size, multi_rank):
+    # Running on a subset is tested by init_subset.py (a job of its own) and
+    # by the mpi4py test below.
+    with pytest.raises(hvd.InvalidArgumentError, match="runs already"):
         hvd.init(comm=[0])
     assert hvd.is_initialized()
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == size
@@ -231,14 +233,37 @@ def test_signatures_are_horovods():
 
 
 def test_init_takes_an_mpi4py_communicator(size):
-    MPI = pytest.importorskip("mpi4py.MPI")
+    MPI = pytest.importorskip("mpi4py.MPI", reason="mpi4py is not installed")
     hvd.init(comm=MPI.COMM_WORLD)
     if size > 1:
         single = MPI.COMM_WORLD.Split(color=MPI.COMM_WORLD.Get_rank(), key=0)
-        with pytest.raises(NotImplementedError, match="subset"):
+        with pytest.raises(ValueError, match="runs already"):
             hvd.init(comm=single)
         single.Free()
     assert hvd.is_initialized()
+
+
+def test_init_on_mpi4py_subcommunicators_runs_each_alone(size, rank):
+    """Even and odd ranks each run gyre on their own communicator at the same
+    time, in the communicator's rank order (reversed here); then init()
+    without comm runs on every rank again."""
+    MPI = pytest.importorskip("mpi4py.MPI", reason="mpi4py is not installed")
+    hvd.shutdown()
+    try:
+        sub = MPI.COMM_WORLD.Split(color=rank % 2, key=-rank)
+        members = [r for r in range(size) if r % 2 == rank % 2][::-1]
+        hvd.init(comm=sub)
+        assert (hvd.size(), hvd.rank()) == (sub.Get_size(), sub.Get_rank())
+        assert (hvd.size(), hvd.rank()) == (len(members), members.index(rank))
+        assert hvd.allgather(torch.tensor([rank])).tolist() == members
+        assert hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Sum).item() == sum(members)
+        hvd.barrier()
+        hvd.shutdown()
+        sub.Free()
+    finally:
+        hvd.init()
+    assert (hvd.size(), hvd.rank()) == (size, rank)
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == size
 
 
 def test_start_and_stop_timeline_at_run_time(rank):

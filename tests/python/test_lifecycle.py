@@ -39,7 +39,7 @@ def test_init_after_shutdown_runs_a_new_runtime(size, rank):
     assert gyre.committed_steps() == 0  # a new runtime: a new version vector
     out = gyre.allreduce(torch.full((3,), 10.0 * (rank + 1)), op=gyre.Average, name="after")
     assert out.tolist() == [5.0 * (size + 1)] * 3
-    # Generated names go on from where they were on every rank alike.
+    # Generated names start again on every rank alike.
     assert gyre.allgather(torch.full((1,), float(rank))).tolist() == [float(r) for r in range(size)]
 
 

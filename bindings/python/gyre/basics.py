@@ -13,8 +13,8 @@ import sys
 from typing import Any, Iterable, List, Optional
 
 from . import _gyre
-from .exceptions import InvalidArgumentError, InvalidTypeError, NotSupportedError, StateError
-from .handles import forget_names_of
+from .exceptions import InvalidArgumentError, InvalidTypeError, StateError
+from .handles import forget_names_of, restart_names
 
 class ProcessSet:
     """Horovod's ProcessSet: a set of ranks that run collectives among
@@ -143,6 +143,31 @@ def _ranks_of(comm: Any, what: str) -> List[int]:
     return sorted(ranks)
 
 
+def _ranks_in_order(comm: Any, what: str) -> List[int]:
+    """init(comm): ranks of MPI_COMM_WORLD in the order given (a list), or an
+    mpi4py communicator's members in its own rank order."""
+    if hasattr(comm, "Get_group") and hasattr(comm, "Get_size"):
+        from mpi4py import MPI  # only reachable with an mpi4py communicator in hand
+        if comm == MPI.COMM_NULL:
+            raise InvalidArgumentError(
+                f"{what}: MPI.COMM_NULL: this process is not in the communicator; gyre runs on "
+                f"its members alone, and only they call init() with it")
+        group, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
+        try:
+            return list(MPI.Group.Translate_ranks(group, list(range(comm.Get_size())), world))
+        finally:
+            group.Free()
+            world.Free()
+    try:
+        ranks = [int(r) for r in comm]
+    except (TypeError, ValueError):
+        raise InvalidTypeError(
+            f"{what}: expected a list of ranks or an mpi4py communicator, got {comm!r}") from None
+    if not ranks:
+        raise InvalidArgumentError(f"{what}: an empty list of ranks")
+    return ranks
+
+
 global_process_set = ProcessSet([])
 global_process_set.process_set_id = 0
 
@@ -156,9 +181,19 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
 
     As in Horovod, init() may be called any number of times (while gyre runs,
     later calls do nothing) and again after shutdown(), which starts a new
-    runtime on the same MPI (a new version vector; generated names go on).
-    `comm` (a list of ranks or an mpi4py communicator) must describe every
-    launched rank (running on a subset is not implemented: NotSupportedError).
+    runtime on the same MPI (a new version vector; generated names and
+    process set ids start again).
+    `comm`, as Horovod's: a list of ranks of MPI_COMM_WORLD, or an mpi4py
+    communicator: gyre runs on those ranks alone, the i-th listed (or the
+    communicator's rank i) being rank i; size(), local and cross ranks,
+    collectives, process sets, barrier and join are all within them. Only
+    those ranks call init() with it (the others may do anything else); on a
+    rank outside it init() raises InvalidArgumentError (a ValueError) at
+    once and gyre stays uninitialised there (Horovod warns and falls back to
+    MPI_COMM_WORLD there, and then waits for ranks that never join). While
+    gyre runs, a `comm` naming other ranks raises InvalidArgumentError
+    (shutdown() first). init() without `comm` after shutdown() runs on
+    every rank again (all of them call it).
     `process_sets`: a list of ProcessSet (or lists of ranks) registered now,
     in order, on every rank (a collective, as add_process_set), or
     "dynamic" (Horovod's switch for add/remove later; gyre allows those
@@ -168,18 +203,17 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     # arguments (-m, -u, the script and its arguments), not the C++ default.
     args = sys.orig_argv[1:] if hasattr(sys, "orig_argv") else sys.argv
     _gyre.set_respawn_command([sys.executable] + list(args))
-    _gyre.init()
+    ranks = None if comm is None else _ranks_in_order(comm, "init(comm=...)")
+    if not was_running:
+        # Ranks whose earlier runtimes differed (a subset, then all) must
+        # generate the same names in the new one.
+        restart_names()
+    _gyre.init(ranks or [])
     if _gyre.is_replacement():
         # The survivors' GYRE_* variables, received at init().
         os.environ.update(_gyre.gyre_environment())
     _sync_global_ranks()
     try:
-        if comm is not None:
-            ranks = _ranks_of(comm, "init(comm=...)")
-            if ranks != list(range(_gyre.size())):
-                raise NotSupportedError(
-                    f"init(comm=...): ranks {ranks} of {_gyre.size()}: running on a subset of "
-                    f"the launched ranks is not implemented in gyre yet; launch only those ranks")
         if process_sets is not None and process_sets != "dynamic":
             if isinstance(process_sets, str):
                 raise InvalidArgumentError(

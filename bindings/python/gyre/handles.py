@@ -49,6 +49,13 @@ def op_name(kind, name, process_set=None):
     return f"{kind}.noname.{n}"
 
 
+def restart_names():
+    """A new runtime (init() after shutdown(), maybe on other ranks than the
+    last one): generated names start from 0 again, on every rank alike."""
+    with _name_lock:
+        _name_counters.clear()
+
+
 def forget_names_of(process_set_id):
     """Drops the generated-name counters of a removed process set: its id is
     never used again in this process (the runtime does not reuse ids), so

@@ -194,19 +194,9 @@ core::RuntimeInfo runtime_info(transport::MpiWorld& world, const Options& option
 
 namespace {
 
-// init(): `failure` is why this rank cannot start (its options did not
-// parse), told to every rank by the Runtime's start-up agreement.
-void start(const Options& options, const std::string& failure) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  // Horovod's semantics: init() may be called any number of times; while a
-  // runtime runs, later calls do nothing (their options are not applied).
-  if (g_runtime) return;
-  if (g_forked_child) {
-    throw StateError(
-        "gyre::init(): this process is the child of a fork() of a process running gyre: MPI "
-        "belongs to the parent, so gyre cannot run in the child");
-  }
-  auto& world = transport::MpiWorld::instance();
+// Once per process, with MPI up (under g_mu): MPI finalised at exit, and
+// the fork handlers.
+void register_exit_handlers() {
   if (!g_atexit_registered) {
     // MPI is finalised at process exit rather than in shutdown(), so a
     // process may init() again after shutdown(), which builds a new runtime
@@ -230,6 +220,55 @@ void start(const Options& options, const std::string& failure) {
     pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
     g_atexit_registered = true;
   }
+}
+
+// init() while a runtime runs: a list of ranks other than those it runs on
+// is refused (shutdown() first), anything else does nothing.
+void check_running_on(const std::vector<int>& ranks) {
+  if (ranks.empty()) return;
+  const auto& world = transport::MpiWorld::instance();
+  std::vector<int> current = world.restricted_to();
+  if (current.empty()) {
+    current.resize(static_cast<std::size_t>(world.size()));
+    for (int r = 0; r < world.size(); ++r) current[static_cast<std::size_t>(r)] = r;
+  }
+  if (ranks != current) {
+    throw InvalidArgument(fmt::format(
+        "gyre::init(ranks): gyre runs already, on ranks [{}] of MPI_COMM_WORLD, not [{}]; call "
+        "shutdown() first to run on other ranks",
+        fmt::join(current, ", "), fmt::join(ranks, ", ")));
+  }
+}
+
+// init(): `failure` is why this rank cannot start (its options did not
+// parse), told to every rank by the Runtime's start-up agreement.
+void start(const Options& options, const std::string& failure,
+           const std::vector<int>& ranks = {}) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  // Horovod's semantics: init() may be called any number of times; while a
+  // runtime runs, later calls do nothing (their options are not applied),
+  // unless they name other ranks to run on.
+  if (g_runtime) {
+    check_running_on(ranks);
+    return;
+  }
+  if (g_forked_child) {
+    throw StateError(
+        "gyre::init(): this process is the child of a fork() of a process running gyre: MPI "
+        "belongs to the parent, so gyre cannot run in the child");
+  }
+  // The world this runtime runs on: `ranks` of MPI_COMM_WORLD, or all
+  // (MpiWorld::instance(ranks)). On a process not among `ranks` MPI is up
+  // (the listed ranks' MPI_Init may wait for it) and is finalised at exit.
+  transport::MpiWorld* chosen = nullptr;
+  try {
+    chosen = &transport::MpiWorld::instance(ranks);
+  } catch (const InvalidArgument&) {
+    register_exit_handlers();
+    throw;
+  }
+  auto& world = *chosen;
+  register_exit_handlers();
   core::RuntimeInfo info = runtime_info(world, options);
   if (!failure.empty()) {
     info.start_failure_kind = core::ErrorKind::kInvalidArgument;
@@ -273,6 +312,19 @@ void init() {
 }
 
 void init(const Options& options) { start(options, {}); }
+
+void init(const std::vector<int>& ranks) {
+  Options options;
+  std::string failure;
+  try {
+    options = Options::from_env();
+  } catch (const InvalidArgument& e) {
+    failure = e.what();
+  }
+  start(options, failure, ranks);
+}
+
+void init(const Options& options, const std::vector<int>& ranks) { start(options, {}, ranks); }
 
 void set_init_interrupt_check(std::function<void()> check) {
   std::lock_guard<std::mutex> lock(g_mu);

@@ -86,6 +86,11 @@ std::vector<std::shared_ptr<Runtime>> ProcessSetTable::clear() {
   }
   sets_.clear();
   dropped_.clear();
+  // The next runtime numbers its sets from 1 again, on every rank alike:
+  // ranks whose previous runtimes differed (init() on a subset of the
+  // ranks, then on all) must give a new set the same id (its transport's
+  // MPI tag).
+  next_id_ = 1;
   return v;
 }
 

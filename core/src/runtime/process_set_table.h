@@ -49,7 +49,8 @@ class ProcessSetTable {
   // Removes set `id`; returns its runtime (null on non-members) for the
   // caller to shut down outside the lock.
   std::shared_ptr<Runtime> erase(int id);
-  // Removes every set (shutdown); returns their runtimes.
+  // Removes every set (shutdown); returns their runtimes. Ids start at 1
+  // again.
   std::vector<std::shared_ptr<Runtime>> clear();
   // Removes every set for a rebuild (their communicators hold the old
   // world's ranks); returns their runtimes. Their ids stay known as

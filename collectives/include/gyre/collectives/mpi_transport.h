@@ -61,6 +61,27 @@ class MpiWorld {
   // MPI_THREAD_SERIALIZED, else TransportError) unless the job already did;
   // in that case checks the thread level the job chose is enough.
   static MpiWorld& instance();
+  // The world for a runtime (init()): `ranks` of MPI_COMM_WORLD alone, in
+  // that order (ranks[i] becomes rank i; Horovod's init(comm)), or, empty,
+  // every rank. Between runtimes only (no transport of the world alive).
+  //  - Non-empty: over a communicator of those ranks (MPI_Comm_create_group:
+  //    collective over them alone); rank, size, local and cross ranks and
+  //    hosts are derived within them. The ranks outside call nothing. On a
+  //    process that is not among them, or for ranks out of range or
+  //    repeated, InvalidArgument before any call but MPI's initialisation.
+  //    If the world was not made yet, it is made without the world-wide
+  //    layout (nothing collective over MPI_COMM_WORLD). The same list as the
+  //    current one keeps its communicator. All of MPI_COMM_WORLD in order is
+  //    the same as empty. NotSupported with fault tolerance (ULFM) or after a
+  //    rebuild/grow (the world is no longer MPI_COMM_WORLD).
+  //  - Empty: MPI_COMM_WORLD again (the listed ranks' communicator freed)
+  //    with the layout saved before the restriction; if it was never derived
+  //    (the process started restricted, or refused), it is derived now:
+  //    collective over every rank, which all reach it in their next init().
+  static MpiWorld& instance(const std::vector<int>& ranks);
+  // The ranks of MPI_COMM_WORLD this world runs on (instance(ranks)), in
+  // rank order; empty: every rank.
+  const std::vector<int>& restricted_to() const { return restricted_to_; }
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -157,6 +178,15 @@ class MpiWorld {
  private:
   MpiWorld();
   void derive_layout();
+  void use_ranks(const std::vector<int>& ranks);  // see instance(ranks)
+  // The whole world's layout, kept while the world is restricted.
+  struct Layout {
+    int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
+    bool uniform_hosts = true;
+    std::vector<std::string> hosts;
+  };
+  Layout layout() const;
+  void set_layout(const Layout& l);
   void join_survivors(void* parent);  // MPI_Comm*, on a replacement (mpi_grow.cc)
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, cross_rank_ = 0, cross_size_ = 1;
   bool uniform_hosts_ = true;
@@ -164,6 +194,10 @@ class MpiWorld {
   bool finalized_ = false;
   bool thread_multiple_ = false;
   bool rebuilt_ = false;  // rebuild() replaced the world: a rank died
+  bool layout_known_ = false;  // rank_ ... hosts_ describe the current world
+  std::vector<int> restricted_to_;  // instance(ranks): the world's ranks; empty: all
+  bool world_layout_saved_ = false;
+  Layout world_layout_;  // MPI_COMM_WORLD's, while restricted
   std::vector<std::string> hosts_;       // [r]: rank r's host (MPI_Get_processor_name)
   std::vector<std::string> lost_hosts_;  // hosts of the ranks the last rebuild() lost
   JoinRecord join_;
