@@ -413,8 +413,9 @@ MpiWorld::MpiWorld() {
   check_mpi(MPI_Comm_get_parent(&parent), "MPI_Comm_get_parent");
   if (parent != MPI_COMM_NULL) join_survivors(&parent);
   // instance(ranks) makes the world without the collective layout: the
-  // ranks outside the list are not there to take part.
-  if (g_defer_layout) {
+  // ranks outside the list are not there to take part. (A replacement
+  // joins the survivors' world, which instance(ranks) then refuses.)
+  if (g_defer_layout && !join_.replacement) {
     check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
     start_size_ = size_;
@@ -479,7 +480,9 @@ void MpiWorld::use_ranks(const std::vector<int>& requested) {
           world_rank, listed));
     }
     bool identity = static_cast<int>(ranks.size()) == world_size;
-    for (int i = 0; identity && i < world_size; ++i) identity = ranks[static_cast<std::size_t>(i)] == i;
+    for (int i = 0; identity && i < world_size; ++i) {
+      identity = ranks[static_cast<std::size_t>(i)] == i;
+    }
     if (identity && !rebuilt_ && !join_.replacement) {
       ranks.clear();  // every rank in order: the whole world
     } else if (fault_tolerant() || rebuilt_ || join_.replacement) {

@@ -75,7 +75,9 @@ TEST_CASE("init(ranks): the listed ranks run alone, then every rank again", "[mp
     Handle h = allgather_async("gather", fview(mine));
     h.wait();
     const float* got = reinterpret_cast<const float*>(h.output().data.data());
-    for (int i = 0; i < k; ++i) CHECK(got[i] == static_cast<float>(ranks[static_cast<std::size_t>(i)]));
+    for (int i = 0; i < k; ++i) {
+      CHECK(got[i] == static_cast<float>(ranks[static_cast<std::size_t>(i)]));
+    }
     barrier();
     init(test_options(), ranks);  // the same list while running: nothing
     CHECK_THROWS_WITH(init(test_options(), std::vector<int>{0, 1, 2}),
