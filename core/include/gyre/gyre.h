@@ -108,14 +108,15 @@ void init(const Options& options);
 // cross ranks are counted among them). Called by exactly those ranks, with
 // the same list; MPI_Comm_create_group makes their communicator, so the
 // other ranks take no part and may do anything else (they may run their
-// own gyre on a disjoint list). On a process not in the list, or for ranks
-// out of range or repeated, InvalidArgument at once (MPI is initialised,
-// nothing else). All ranks in order is the same as init(). While gyre
-// runs, the same list does nothing and another list throws InvalidArgument.
-// After shutdown(), init() without ranks runs on every rank again (every
-// rank of MPI_COMM_WORLD calls it). Not with fault tolerance on (ULFM) nor
-// after the world was rebuilt: StateError. The first form reads the
-// options from the environment.
+// own gyre on a disjoint list), once they have initialised MPI (Open MPI's
+// MPI_Init waits for every process of the job). On a process not in the
+// list, or for ranks out of range or repeated, InvalidArgument at once (MPI
+// is initialised, nothing else). All ranks in order is the same as init().
+// While gyre runs, the same list does nothing and another list throws
+// InvalidArgument. After shutdown(), init() without ranks runs on every
+// rank again (every rank of MPI_COMM_WORLD calls it). Not with fault
+// tolerance on (ULFM) nor after the world was rebuilt: StateError. The
+// first form reads the options from the environment.
 void init(const std::vector<int>& ranks);
 void init(const Options& options, const std::vector<int>& ranks);
 // `check` is called about every 50 ms on the thread in init() while init()
