@@ -187,7 +187,9 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     communicator: gyre runs on those ranks alone, the i-th listed (or the
     communicator's rank i) being rank i; size(), local and cross ranks,
     collectives, process sets, barrier and join are all within them. Only
-    those ranks call init() with it (the others may do anything else); on a
+    those ranks call init() with it, all with the same list (the others may
+    do anything else once MPI is initialised there: Open MPI's MPI_Init waits
+    for every process, and the refused init() below initialises it); on a
     rank outside it init() raises InvalidArgumentError (a ValueError) at
     once and gyre stays uninitialised there (Horovod warns and falls back to
     MPI_COMM_WORLD there, and then waits for ranks that never join). While
