@@ -161,9 +161,10 @@ def test_parameters_optimizer_state_and_distributed_optimizer(size, rank, halves
     # Each rank's gradient is its rank: the set averages its own ranks only.
     dopt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                     process_set=mine)
-    (model.weight.sum() * 0 + model.bias.sum() * 0).backward()
-    for p in model.parameters():
-        p.grad.fill_(float(rank))
+    # Made by backward() itself: the optimizer's hooks start each reduction
+    # as its gradient is ready, so a gradient written after backward() (as
+    # this test once did with fill_) races with the reduction reading it.
+    (model.weight.sum() * float(rank) + model.bias.sum() * float(rank)).backward()
     dopt.synchronize()
     expected = sum(mine.ranks) / len(mine.ranks)
     assert torch.allclose(model.bias.grad, torch.full((2,), expected))
