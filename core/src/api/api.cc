@@ -283,13 +283,21 @@ void start(const Options& options, const std::string& failure,
     g_replacement_started = true;
   }
   auto transport = world.make_transport(core::startup_deadline(options), g_init_interrupt_check);
-  auto rt = std::make_shared<core::Runtime>(options, std::move(transport), std::move(info));
+  // The point-to-point communicator is duplicated before the runtime's
+  // thread starts, never beside its first rounds: with the duplication
+  // (a blocking MPI_Comm_dup) in this thread and the negotiation in the
+  // other, Open MPI 4.1 was seen to hold a round's messages for tens of
+  // seconds under CPU load (and past GYRE_OP_TIMEOUT_S once, across two
+  // simulated hosts); measured in docs/architecture.md.
+  std::shared_ptr<core::P2pEngine> p2p = start_p2p(options);
+  std::shared_ptr<core::Runtime> rt;
   try {
-    g_p2p = start_p2p(options);
+    rt = std::make_shared<core::Runtime>(options, std::move(transport), std::move(info));
   } catch (...) {
-    rt->shutdown();
+    if (p2p) p2p->stop();
     throw;
   }
+  g_p2p = std::move(p2p);
   g_runtime = std::move(rt);
 }
 

@@ -28,6 +28,11 @@ constexpr std::size_t kPieceBytes = std::size_t{1} << 30;
 
 // A refused send's header has count kRefusedCount and its reason after it.
 constexpr std::int64_t kRefusedCount = -1;
+// A send whose deadline passed unacknowledged withdraws its header with a
+// second one of count kWithdrawnCount and the same sequence number: the
+// receiver's engine learns it whenever it next runs, so the sender's need
+// not stay awake for a recv that may come late or never.
+constexpr std::int64_t kWithdrawnCount = -2;
 
 struct Header {
   std::uint64_t seq;
@@ -85,7 +90,7 @@ struct P2pEngine::Engine {
     Clock::time_point deadline;
     bool bound = false;     // send: acknowledged; recv: matched to a header
     int source = -1;        // recv: the rank it was matched to
-    std::uint64_t seq = 0;  // send: its header's sequence number
+    std::uint64_t seq = 0;  // send: its header's; recv: the matched header's
     std::vector<Channel::Request> pieces;
     std::vector<std::size_t> piece_bytes;
   };
@@ -93,6 +98,7 @@ struct P2pEngine::Engine {
     int source;
     Header h;
     std::string refusal;  // a refused send's reason
+    bool withdrawn = false;
   };
   struct ControlSend {
     Channel::Request req;
@@ -165,6 +171,10 @@ struct P2pEngine::Engine {
       if (scratch.size() < sizeof(Header)) continue;
       Arrived a{*src, {}, {}};
       std::memcpy(&a.h, scratch.data(), sizeof(Header));
+      if (a.h.count == kWithdrawnCount) {
+        withdraw(a.source, a.h.seq);
+        continue;
+      }
       a.refusal.assign(reinterpret_cast<const char*>(scratch.data()) + sizeof(Header),
                        scratch.size() - sizeof(Header));
       arrived.push_back(std::move(a));
@@ -174,16 +184,35 @@ struct P2pEngine::Engine {
     }
   }
 
+  static std::string withdrawn_text(const P2pOp& op, int source) {
+    return fmt::format(
+        "{}: rank {} withdrew its send (its deadline passed before this recv was posted)",
+        describe(op), source);
+  }
+
+  // `source`'s send `seq` gave up: a recv already matched to it fails; a
+  // header still waiting fails the recv that takes it (headers from one
+  // rank arrive in order, so the withdrawn one is here or taken).
+  void withdraw(int source, std::uint64_t seq) {
+    for (Arrived& x : arrived) {
+      if (x.source == source && x.h.seq == seq) x.withdrawn = true;
+    }
+    for (auto it = recvs.begin(); it != recvs.end(); ++it) {
+      if (!it->bound || it->source != source || it->seq != seq) continue;
+      for (auto r : it->pieces) ch->cancel(r);
+      fail(*it, std::make_exception_ptr(TimeoutError(withdrawn_text(it->op, source))));
+      recvs.erase(it);
+      return;
+    }
+  }
+
   void on_ack(int source, const Ack& ack) {
     auto it = std::find_if(sends.begin(), sends.end(), [&](const Active& a) {
       return !a.bound && a.seq == ack.seq && a.op.peer == source;
     });
-    if (it == sends.end()) {
-      // The send gave up (its deadline passed) before this receiver came:
-      // an empty payload tells the receiver it was withdrawn.
-      if (ack.accepted && ack.count > 0) send_control(source, kPayloadTag, {});
-      return;
-    }
+    // A send that gave up has withdrawn its header (expire()): the
+    // receiver fails its recv on that, and this late ack is dropped.
+    if (it == sends.end()) return;
     Active& a = *it;
     if (!ack.accepted) {
       fail(a, std::make_exception_ptr(MismatchError(fmt::format(
@@ -216,6 +245,12 @@ struct P2pEngine::Engine {
       const Arrived got = *h;
       arrived.erase(h);
       a.source = got.source;
+      a.seq = got.h.seq;
+      if (got.withdrawn) {
+        fail(a, std::make_exception_ptr(TimeoutError(withdrawn_text(a.op, got.source))));
+        it = recvs.erase(it);
+        continue;
+      }
       if (got.h.count == kRefusedCount) {
         fail(a, std::make_exception_ptr(InvalidArgument(fmt::format(
             "{}: rank {} refused its send: {}", describe(a.op), got.source, got.refusal))));
@@ -256,9 +291,7 @@ struct P2pEngine::Engine {
         std::size_t got = 0;
         if (!ch->test(a.pieces[i], &got)) break;
         if (!a.op.is_send && got != a.piece_bytes[i]) {
-          withdrawn = fmt::format(
-              "{}: rank {} withdrew its send (its deadline passed before this recv was posted)",
-              describe(a.op), a.source);
+          withdrawn = withdrawn_text(a.op, a.source);
           a.pieces.erase(a.pieces.begin(), a.pieces.begin() + static_cast<long>(i) + 1);
           a.piece_bytes.clear();
           for (auto r : a.pieces) ch->cancel(r);
@@ -295,6 +328,8 @@ struct P2pEngine::Engine {
       std::string what;
       if (a.op.is_send && !a.bound) {
         what = fmt::format("no matching recv was posted on rank {}", a.op.peer);
+        send_control(a.op.peer, kHeaderTag,
+                     bytes_of(Header{a.seq, a.op.tag, kWithdrawnCount, a.op.process_set, 0}));
       } else if (!a.op.is_send && !a.bound) {
         what = a.op.peer == kAnySource ? std::string("no rank sent a matching message")
                                        : fmt::format("rank {} sent no matching message",
@@ -380,8 +415,11 @@ void P2pEngine::loop() {
   Engine& e = *engine_;
   // Waiting passes the core to the other threads: a few yields, then naps
   // that double up to 1 ms while operations are pending; with none, the
-  // thread sleeps until a submission (and looks for late acknowledgements
-  // every 50 ms).
+  // thread sleeps until a submission and makes no MPI call at all. Headers,
+  // refusals and late acknowledgements that arrive meanwhile wait in MPI's
+  // queue for the next operation (or stop()'s quiesce). An idle engine that
+  // probed every 50 ms, beside the runtime's thread, was seen to let Open
+  // MPI 4.1 hold negotiation messages for tens of seconds under CPU load.
   int idle_passes = 0;
   for (;;) {
     std::vector<P2pOp> incoming;
@@ -392,7 +430,7 @@ void P2pEngine::loop() {
         cv_.wait(lock, [&] { return stopping_; });
       } else if (!stopping_ && inbox_.empty()) {
         if (!e.busy()) {
-          cv_.wait_for(lock, std::chrono::milliseconds(50));
+          cv_.wait(lock, [&] { return stopping_ || !inbox_.empty(); });
         } else if (idle_passes > 16) {
           const auto nap = std::chrono::microseconds(
               std::min(1000, 10 << std::min(idle_passes - 16, 7)));
