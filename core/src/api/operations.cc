@@ -95,9 +95,12 @@ void check_op(const std::string& what, DataType dt, ReduceOp op) {
 // (the pairs of its binary tree). Every rank sees the same size, so every
 // rank refuses alike.
 void check_adasum(Runtime& rt, const std::string& what, const TensorView& in) {
-  if (in.device.type != DeviceType::kCPU) {
+  // CUDA tensors take the NCCL backend, which stages the bucket through host
+  // memory (NcclBackend::adasum); without NCCL they are refused as any
+  // CUDA tensor is.
+  if (in.device.type != DeviceType::kCPU && in.device.type != DeviceType::kCUDA) {
     throw InvalidArgument(fmt::format(
-        "{}: Adasum is implemented for CPU tensors only; the input is on {}:{}", what,
+        "{}: Adasum is implemented for CPU and CUDA tensors; the input is on {}:{}", what,
         device_name(in.device.type), in.device.index));
   }
   const int n = rt.size();

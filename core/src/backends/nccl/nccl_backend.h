@@ -86,6 +86,10 @@ class NcclBackend final : public Backend {
   void allreduce(const void* in, void* out, std::size_t count, DataType dt, const Reduction& red,
                  const OpLabel& what) override;
   void broadcast(void* buf, std::size_t bytes, int root, const OpLabel& what) override;
+  // NCCL has no Adasum: the bucket is staged through host memory and
+  // combined by the CPU algorithm over the runtime's transport.
+  void adasum(const void* in, void* out, std::size_t count, DataType dt, const Reduction& red,
+              std::span<const ByteRange> tensors, const OpLabel& what) override;
   void allgather(const void* in, std::span<const std::size_t> block_bytes, void* out,
                  const OpLabel& what) override;
   void alltoall(const void* in, std::span<const std::size_t> send_bytes, void* out,
