@@ -33,11 +33,24 @@ fail() { echo "FAIL: $*"; failed=1; }
 # stopped would hold its memory and shared-memory mappings for ever.
 pids=$(sed -n 's/^rank [0-9]* pid \([0-9]*\)$/\1/p' <<<"$out")
 [ "$(wc -w <<<"$pids")" -eq "$np" ] || fail "not every rank reported its pid"
+alive() {  # alive PID: prints its state unless it is gone or a zombie
+  local st
+  st=$(ps -o stat= -p "$1" 2>/dev/null | tr -d ' ')
+  [ -n "$st" ] && [[ "$st" != Z* ]] && echo "$st"
+}
 for pid in $pids; do
   # A zombie (state Z) has ended and freed everything; its parent, mpirun,
-  # is gone, and whoever adopted it may not reap it at once.
-  state=$(ps -o stat= -p "$pid" 2>/dev/null | tr -d ' ')
-  if [ -n "$state" ] && [[ "$state" != Z* ]]; then
+  # is gone, and whoever adopted it may not reap it at once. mpirun may
+  # return while a rank it continued and terminated is still running its
+  # last instructions (seen once: state R right after the job ended), so a
+  # rank gets up to 5 s to go; a stopped one (state T) never would.
+  state=$(alive "$pid")
+  for _ in $(seq 50); do
+    [ -n "$state" ] && [[ "$state" != T* ]] || break
+    sleep 0.1
+    state=$(alive "$pid")
+  done
+  if [ -n "$state" ]; then
     fail "process $pid of the job is still there after the job ended (state $state)"
     kill -CONT "$pid" 2>/dev/null; kill -KILL "$pid" 2>/dev/null
   fi
