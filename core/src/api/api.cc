@@ -301,27 +301,10 @@ void start(const Options& options, const std::string& failure,
   g_runtime = std::move(rt);
 }
 
-}  // namespace
-
-void init() {
-  // MPI first: a replacement rank receives the survivors' GYRE_* variables
-  // when it joins them, before they are read here.
-  transport::MpiWorld::instance();
-  // A variable that does not parse fails init() on every rank (through the
-  // start-up agreement), not on this rank alone while the others wait.
-  Options options;
-  std::string failure;
-  try {
-    options = Options::from_env();
-  } catch (const InvalidArgument& e) {
-    failure = e.what();
-  }
-  start(options, failure);
-}
-
-void init(const Options& options) { start(options, {}); }
-
-void init(const std::vector<int>& ranks) {
+// start() with the environment's options. A variable that does not parse
+// fails init() on every rank (through the start-up agreement), not on this
+// rank alone while the others wait.
+void start_from_env(const std::vector<int>& ranks) {
   Options options;
   std::string failure;
   try {
@@ -331,6 +314,19 @@ void init(const std::vector<int>& ranks) {
   }
   start(options, failure, ranks);
 }
+
+}  // namespace
+
+void init() {
+  // MPI first: a replacement rank receives the survivors' GYRE_* variables
+  // when it joins them, before they are read here.
+  transport::MpiWorld::instance();
+  start_from_env({});
+}
+
+void init(const Options& options) { start(options, {}); }
+
+void init(const std::vector<int>& ranks) { start_from_env(ranks); }
 
 void init(const Options& options, const std::vector<int>& ranks) { start(options, {}, ranks); }
 

@@ -46,6 +46,11 @@ void CpuRingBackend::allreduce(const void* in, void* out, std::size_t count, Dat
 void CpuRingBackend::adasum(const void* in, void* out, std::size_t count, DataType dt,
                             const Reduction& red, std::span<const ByteRange> tensors,
                             const OpLabel&) {
+  adasum_on_host(t_, in, out, count, dt, red, tensors);
+}
+
+void adasum_on_host(transport::Transport& t, const void* in, void* out, std::size_t count,
+                    DataType dt, const Reduction& red, std::span<const ByteRange> tensors) {
   const std::size_t esize = dtype_size(dt);
   std::vector<collectives::TensorExtent> extents;
   extents.reserve(tensors.size());
@@ -54,7 +59,7 @@ void CpuRingBackend::adasum(const void* in, void* out, std::size_t count, DataTy
   o.tag = kTagData;
   o.prescale = red.prescale;
   o.postscale = red.postscale;
-  collectives::adasum_allreduce(t_, in, out, count, dt, extents, o);
+  collectives::adasum_allreduce(t, in, out, count, dt, extents, o);
 }
 
 void CpuRingBackend::broadcast(void* buf, std::size_t bytes, int root, const OpLabel&) {

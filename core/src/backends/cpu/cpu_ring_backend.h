@@ -18,6 +18,12 @@
 
 namespace gyre::core {
 
+// Adasum over `t` on host memory (the bucket's members each combined on
+// their own): CpuRingBackend's, and NcclBackend's once it has staged the
+// bucket in host memory.
+void adasum_on_host(transport::Transport& t, const void* in, void* out, std::size_t count,
+                    DataType dt, const Reduction& red, std::span<const ByteRange> tensors);
+
 class CpuRingBackend : public Backend {
  public:
   CpuRingBackend(transport::Transport& t, const Options& opt) : t_(t), opt_(opt) {}

@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "gyre/collectives/algorithms.h"
+#include "backends/cpu/cpu_ring_backend.h"
 #include "backends/nccl/nccl_backend_impl.h"
 
 namespace gyre::core {
@@ -128,22 +129,14 @@ void NcclBackend::adasum(const void* in, void* out, std::size_t count, DataType 
   Impl& m = *impl_;
   if (count == 0) return;
   const std::string w = describe(what);
-  const std::size_t esize = dtype_size(dt);
-  const std::size_t bytes = count * esize;
+  const std::size_t bytes = count * dtype_size(dt);
   check_cuda(cudaSetDevice(m.device), w + ": cudaSetDevice");
   // Staged in host memory: the copies wait for the stream, which orders
   // them after whatever wrote `in` (the fusion buffer's copies).
   std::vector<std::byte> host(2 * bytes);
   m.copy(host.data(), in, bytes, cudaMemcpyDeviceToHost, w);
   m.synchronize(w);
-  std::vector<collectives::TensorExtent> extents;
-  extents.reserve(tensors.size());
-  for (const ByteRange& r : tensors) extents.push_back({r.offset / esize, r.bytes / esize});
-  collectives::AdasumOptions o;
-  o.tag = kTagData;
-  o.prescale = red.prescale;
-  o.postscale = red.postscale;
-  collectives::adasum_allreduce(m.t, host.data(), host.data() + bytes, count, dt, extents, o);
+  adasum_on_host(m.t, host.data(), host.data() + bytes, count, dt, red, tensors);
   m.copy(out, host.data() + bytes, bytes, cudaMemcpyHostToDevice, w);
   m.synchronize(w);  // `host` is freed on return
 }
