@@ -34,7 +34,7 @@ System make_bare_system(const PerfOptions& o) {
 System make_shm_system(const PerfOptions& o) {
   collectives::ShmOptions so;
   so.slot_bytes = o.chunk_bytes;
-  so.max_nap = std::chrono::microseconds(0);  // spin: the benchmark owns its cores
+  so.spin = std::chrono::seconds(10);  // poll: the benchmark owns its cores
   std::shared_ptr<transport::ShmHost> host = transport::ShmHost::create(so);
   if (!host) throw InvalidArgument("--shm: the ranks are not all on one host");
   return {"gyre shm", [host](const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) {

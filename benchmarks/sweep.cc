@@ -106,7 +106,7 @@ int run_sweep(const PerfOptions& o) {
   if (o.bound) {
     collectives::ShmOptions so;
     so.slot_bytes = o.max_bytes;
-    so.max_nap = std::chrono::microseconds(0);
+    so.spin = std::chrono::seconds(10);  // poll (unless the host is oversubscribed)
     bound_host = transport::ShmHost::create(so);
     if (!bound_host) throw InvalidArgument("--bound: the ranks are not all on one host");
   }

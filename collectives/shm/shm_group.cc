@@ -1,13 +1,20 @@
 // ShmGroup: the layout of a shared region (counters, then slots) and the
 // counter barrier.
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
-#include <thread>
+#include <cerrno>
+#include <climits>
+#include <ctime>
 #include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "gyre/collectives/cores.h"
 #include "gyre/collectives/shm.h"
 #include "gyre/error.h"
 
@@ -17,6 +24,23 @@ namespace {
 constexpr std::size_t kLine = 64;
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+// futex(2) on a word of memory the ranks share (not FUTEX_PRIVATE: the
+// waiters are other processes).
+// `limit` zero: no limit.
+void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t seen,
+                std::chrono::nanoseconds limit) {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(limit.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(limit.count() % 1000000000);
+  // EAGAIN (the word moved), EINTR and ETIMEDOUT all send the caller back
+  // to look at the counters, which is all a wake-up means.
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, seen,
+          limit.count() > 0 ? &ts : nullptr, nullptr, 0);
+}
+void futex_wake_all(std::atomic<std::uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr,
+          nullptr, 0);
+}
 }  // namespace
 
 // Each counter on a cache line of its own: a rank's release store must not
@@ -31,9 +55,24 @@ struct ShmGroup::Header {
   // rank that had not arrived, so that every peer can name the rank they
   // all waited for rather than the one that gave up first.
   Counter late;
+  // Sleeping waiters: a rank that stops polling counts itself in
+  // `sleepers`, reads `wake` and sleeps on it (futex) unless its peer has
+  // arrived meanwhile; a rank that arrives or fails and sees a sleeper
+  // bumps `wake` and wakes them all. Both sides use sequentially consistent
+  // operations, so either the arriving rank sees the sleeper or the sleeper
+  // sees the arrival: no wake-up is lost, and without sleepers an arrival
+  // costs one load and no system call.
+  Counter sleepers;
+  struct alignas(kLine) Word {
+    std::atomic<std::uint32_t> value;
+  };
+  Word wake;
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
               "counters in shared memory need lock-free 64-bit atomics");
+static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t) &&
+                  std::atomic<std::uint32_t>::is_always_lock_free,
+              "the futex word must be a plain 32-bit word");
 
 std::size_t ShmGroup::region_bytes(int size, std::size_t slot_bytes) {
   return round_up(sizeof(Header), kLine) +
@@ -65,6 +104,9 @@ ShmGroup::ShmGroup(void* region, int rank, int size, const ShmOptions& opt)
         opt.slot_bytes, kLine, region));
   }
   opt_.slot_bytes = round_up(opt.slot_bytes, kLine);
+  // With more ranks than cores the rank waited for is likely the one
+  // descheduled, and polling takes the core it needs: sleep at once.
+  if (oversubscribed(size)) opt_.spin = std::chrono::microseconds(0);
   opt_.buffer_bytes = round_up(opt.buffer_bytes, kHugePage);
   if (opt_.buffer_bytes > 0) {
     buffers_ = static_cast<std::byte*>(region) + buffers_offset(size, opt.slot_bytes);
@@ -81,18 +123,35 @@ std::byte* ShmGroup::buffer(int r) const {
   return buffers_ + static_cast<std::size_t>(r) * opt_.buffer_bytes;
 }
 
+void ShmGroup::wake_sleepers() noexcept {
+  if (header_->sleepers.value.load(std::memory_order_seq_cst) == 0) return;
+  header_->wake.value.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(&header_->wake.value);
+}
+
+void ShmGroup::sleep_until_arrived(int q, std::chrono::nanoseconds limit) {
+  header_->sleepers.value.fetch_add(1, std::memory_order_seq_cst);
+  const std::uint32_t seen = header_->wake.value.load(std::memory_order_seq_cst);
+  if (header_->arrived[q].value.load(std::memory_order_seq_cst) < epoch_ &&
+      header_->failed.value.load(std::memory_order_seq_cst) == 0) {
+    futex_wait(&header_->wake.value, seen, limit);
+  }
+  header_->sleepers.value.fetch_sub(1, std::memory_order_seq_cst);
+}
+
 void ShmGroup::fail() noexcept {
   std::uint64_t none = 0;
   header_->failed.value.compare_exchange_strong(none, static_cast<std::uint64_t>(rank_) + 1,
-                                                std::memory_order_acq_rel);
+                                                std::memory_order_seq_cst);
+  wake_sleepers();
 }
 
 void ShmGroup::barrier() {
   ++epoch_;
-  header_->arrived[rank_].value.store(epoch_, std::memory_order_release);
+  header_->arrived[rank_].value.store(epoch_, std::memory_order_seq_cst);
+  wake_sleepers();
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  auto nap = std::chrono::microseconds(5);
   for (int q = 0; q < size_;) {
     if (header_->arrived[q].value.load(std::memory_order_acquire) >= epoch_) {
       ++q;
@@ -133,9 +192,14 @@ void ShmGroup::barrier() {
           "shared memory group: rank {} waited {} ms for local rank(s) {} to reach barrier {}",
           rank_, opt_.timeout.count(), fmt::join(late, ", "), epoch_));
     }
-    if (opt_.max_nap.count() > 0 && waited > opt_.spin) {
-      std::this_thread::sleep_for(nap);
-      nap = std::min(nap * 2, opt_.max_nap);
+    if (waited >= opt_.spin) {
+      // Until an arrival or a failure wakes it, or the deadline (none: no
+      // limit, as the polling wait had none).
+      std::chrono::nanoseconds limit{0};
+      if (opt_.timeout.count() > 0) {
+        limit = std::chrono::nanoseconds(opt_.timeout - waited) + std::chrono::microseconds(1);
+      }
+      sleep_until_arrived(q, limit);
     }
   }
 }

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "gyre/collectives/cores.h"
 #include "gyre/error.h"
 
 namespace gyre::transport {
@@ -632,9 +633,7 @@ std::unique_ptr<Transport> MpiWorld::make_transport(std::size_t max_message_byte
   // default handler ending the job without a word about the operation.
   check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   // More ranks on this host than cores: waiting ranks must yield.
-  const unsigned cores = std::thread::hardware_concurrency();
-  const bool oversubscribed = cores == 0 || static_cast<unsigned>(local_size_) > cores;
-  return std::make_unique<MpiTransport>(comm, oversubscribed, max_message_bytes);
+  return std::make_unique<MpiTransport>(comm, collectives::oversubscribed(local_size_), max_message_bytes);
 }
 
 std::unique_ptr<Transport> MpiWorld::make_cross_transport() {
@@ -642,9 +641,7 @@ std::unique_ptr<Transport> MpiWorld::make_cross_transport() {
   MPI_Comm comm;
   check_mpi(MPI_Comm_split(detail::world_comm(), local_rank_, rank_, &comm), "MPI_Comm_split");
   check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  const unsigned cores = std::thread::hardware_concurrency();
-  const bool oversubscribed = cores == 0 || static_cast<unsigned>(local_size_) > cores;
-  return std::make_unique<MpiTransport>(comm, oversubscribed, kDefaultPieceBytes);
+  return std::make_unique<MpiTransport>(comm, collectives::oversubscribed(local_size_), kDefaultPieceBytes);
 }
 
 std::unique_ptr<Transport> MpiWorld::make_group_transport(const std::vector<int>& ranks,
@@ -661,9 +658,7 @@ std::unique_ptr<Transport> MpiWorld::make_group_transport(const std::vector<int>
   MPI_Group_free(&group);
   check_mpi(rc2, "MPI_Comm_create_group");
   check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  const unsigned cores = std::thread::hardware_concurrency();
-  const bool oversubscribed = cores == 0 || static_cast<unsigned>(local_size_) > cores;
-  return std::make_unique<MpiTransport>(comm, oversubscribed, kDefaultPieceBytes);
+  return std::make_unique<MpiTransport>(comm, collectives::oversubscribed(local_size_), kDefaultPieceBytes);
 }
 
 void MpiWorld::abort(int code) {

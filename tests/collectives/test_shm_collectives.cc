@@ -14,6 +14,8 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <array>
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -50,6 +52,7 @@ struct Case {
   bool in_place;
   std::size_t slot_bytes = 4096;
   double prescale = 1.0, postscale = 1.0;
+  std::chrono::microseconds spin{100};  // ShmOptions::spin
 };
 
 std::string run_case(const Case& c) {
@@ -65,6 +68,7 @@ std::string run_case(const Case& c) {
   ShmOptions opt;
   opt.slot_bytes = c.slot_bytes;
   opt.timeout = std::chrono::milliseconds(60000);
+  opt.spin = c.spin;
   run_group(c.n, opt, [&](ShmGroup& g) {
     auto& o = out[g.rank()];
     const void* src = c.in_place ? o.data() : in[g.rank()].data();
@@ -156,6 +160,59 @@ TEST_CASE("shm_allreduce: integer prescale and postscale truncate as Horovod's",
   for (const auto& o : out) CHECK(o == std::vector<std::int32_t>(7, 6));
 }
 
+TEST_CASE("shm_allreduce: waiting ranks that sleep at once (no polling) get the same results",
+          "[shm]") {
+  // spin 0: every wait for a late peer goes to the futex, the path taken
+  // with more local ranks than cores. One-line slots: thousands of barriers.
+  for (int n : {2, 3, 5, 8}) {
+    for (DataType dt : {DataType::kFloat32, DataType::kInt64, DataType::kFloat16}) {
+      Case c{n, 20'011, dt, ReduceOp::kSum, n % 2 == 0, 64};
+      c.spin = std::chrono::microseconds(0);
+      INFO(describe(c));
+      CHECK(run_case(c) == "");
+    }
+  }
+}
+
+TEST_CASE("shm group: a sleeping waiter is woken by the arrival it waits for", "[shm]") {
+  // No timeout and no polling: a waiter sleeps without limit. After each
+  // barrier neither rank goes on before its peer has passed it too, so no
+  // later arrival can rescue a sleeper whose wake-up was lost: that peer
+  // would wait here until the watchdog fails the group (and the test).
+  ShmOptions opt;
+  opt.spin = std::chrono::microseconds(0);
+  opt.timeout = std::chrono::milliseconds(0);
+  constexpr int kBarriers = 20'000;
+  std::array<std::atomic<int>, 2> passed{};
+  std::array<std::string, 2> lost;
+  run_group(2, opt, [&](ShmGroup& g) {
+    const int me = g.rank(), peer = 1 - me;
+    for (int i = 0; i < kBarriers; ++i) {
+      if (i % 2 == me) std::this_thread::yield();  // each rank is the late one in turn
+      try {
+        g.barrier();
+      } catch (const TransportError&) {
+        return;  // the peer's watchdog failed the group
+      }
+      passed[static_cast<std::size_t>(me)].store(i + 1);
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (passed[static_cast<std::size_t>(peer)].load() < i + 1) {
+        if (std::chrono::steady_clock::now() > give_up) {
+          lost[static_cast<std::size_t>(me)] =
+              "rank " + std::to_string(peer) + " still waits in barrier " + std::to_string(i + 1);
+          g.fail();
+          return;
+        }
+        std::this_thread::yield();
+      }
+    }
+  });
+  CHECK(lost[0] == "");
+  CHECK(lost[1] == "");
+  CHECK(passed[0].load() == kBarriers);
+  CHECK(passed[1].load() == kBarriers);
+}
+
 TEST_CASE("shm group: a rank that never arrives is a TimeoutError naming it on every waiting rank",
           "[shm]") {
   ShmOptions opt;
@@ -185,8 +242,11 @@ TEST_CASE("shm group: a rank that never arrives is a TimeoutError naming it on e
 TEST_CASE("shm group: a rank that fails wakes the ranks waiting for it", "[shm]") {
   ShmOptions opt;
   opt.timeout = std::chrono::milliseconds(0);  // no deadline: only fail() can end the wait
+  opt.spin = std::chrono::microseconds(0);     // rank 0 sleeps in the kernel until woken
   CHECK_THROWS_WITH(run_group(2, opt, [&](ShmGroup& g) {
     if (g.rank() == 1) {
+      // Late enough that rank 0 is asleep (the wake-up, not a poll, ends its wait).
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
       g.fail();
       throw TransportError("rank 1 gave up");
     }

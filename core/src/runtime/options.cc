@@ -51,7 +51,9 @@ const OptionSpec kTable[] = {
    "How long the background thread polls a pending transfer (negotiation message or ring chunk) "
    "before it sleeps between polls, in naps of 5 µs doubling up to 200 µs; also how long it "
    "polls for the caller's next operation after a round that ran operations, before it sleeps "
-   "until an enqueue wakes it."},
+   "until an enqueue wakes it, and how long a shared-memory barrier polls before it sleeps on "
+   "a futex until the peer arrives. With more ranks on the host than cores, neither the queue "
+   "nor a barrier polls."},
   {"GYRE_CACHE_CAPACITY", "cache_capacity",
    SizeOption{&O::cache_capacity, 0, kMaxCacheEntries}, "1024", true,
    "Entries of the response cache."},

@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "gyre/collectives/algorithms.h"
+#include "gyre/collectives/cores.h"
 #include "gyre/error.h"
 #include "runtime/options_table.h"
 
@@ -102,14 +103,20 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
   // The background thread shares its rank's core with the training loop:
   // it spins briefly (negotiation and ring chunks normally arrive within
   // microseconds), then naps, so that a late peer costs no core time.
-  t_->set_wait_policy({std::chrono::microseconds(static_cast<long>(opt_.spin_wait_us)),
-                       kMaxNap});
+  t_->set_wait_policy({std::chrono::microseconds(static_cast<long>(opt_.spin_wait_us)), kMaxNap});
   log_.debug("runtime started: {} ranks over {}, fusion threshold {} B, cycle {} ms", size_,
              t_->name(), opt_.fusion_threshold_bytes, opt_.cycle_time_ms);
   thread_ = std::thread([this] { loop(); });
 }
 
 Runtime::~Runtime() { shutdown(); }
+
+// GYRE_SPIN_WAIT_US, or none with more ranks on this host than cores: a
+// polling rank would take the core of the peer it waits for.
+std::chrono::microseconds Runtime::spin_time() const {
+  if (collectives::oversubscribed(info_.local_size)) return std::chrono::microseconds(0);
+  return std::chrono::microseconds(static_cast<long>(opt_.spin_wait_us));
+}
 
 // The start-up agreement. Each rank plans fusion buckets, ring chunks, the
 // allreduce algorithm and cache slots, and judges version lag and stalls,
@@ -270,7 +277,7 @@ void Runtime::loop() {
   // enqueued the tensor anyway. A joined rank keeps the cycle time, since
   // the others' tensors wait for its rounds.
   auto idle_sleep = cycle;
-  const auto spin = std::chrono::microseconds(static_cast<long>(opt_.spin_wait_us));
+  const auto spin = spin_time();
   const auto idle_max = std::max(cycle, kIdleCycleMax);
   bool first = true;
   // The first round doubles as the start-up barrier: ranks may reach init()

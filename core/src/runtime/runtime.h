@@ -132,6 +132,7 @@ class Runtime {
 
  private:
   void loop();
+  std::chrono::microseconds spin_time() const;
   // The start-up agreement, the first exchange between the ranks: each
   // rank's local failure (start_failure, a timeline file that cannot be
   // created) and its options travel in one allgather. Throws on every rank

@@ -5,11 +5,13 @@
 // of them map: a header of per-rank counters, then one slot of slot_bytes per
 // rank, then (if buffer_bytes > 0) one buffer of buffer_bytes per rank, each
 // starting on a 2 MiB boundary of the region (huge pages where the mapping
-// gets them). A slot stages chunks; a buffer holds data a collective reduces
-// in place, read and written by every rank (the runtime's fusion buffer). Ranks synchronise through the counters alone (acquire/release atomics,
-// no system call): every rank runs the same sequence of collectives, and each
-// collective advances every rank's counter by the same amount, so "all
-// counters have reached my own" is a barrier.
+// gets them). A slot stages chunks; a buffer holds data a collective
+// reduces in place, read and written by every rank (the runtime's fusion
+// buffer). Ranks synchronise through the counters (atomics, no system call
+// unless a rank waits long enough to sleep: ShmOptions::spin): every rank
+// runs the same sequence of collectives, and each collective advances every
+// rank's counter by the same amount, so "all counters have reached my own"
+// is a barrier.
 //
 // Who owns what: the region belongs to the caller (a ShmSegment for
 // processes, any shared buffer for ranks as threads in a test), and must
@@ -71,10 +73,11 @@ struct ShmOptions {
   // A wait for a peer longer than this throws TimeoutError naming the ranks
   // waited for (zero: forever).
   std::chrono::milliseconds timeout{0};
-  // Polls without pause for `spin`, then naps between polls, doubling up to
-  // `max_nap` (zero: spin forever).
+  // A barrier polls without pause for `spin`, then sleeps in the kernel
+  // (futex) until a peer arrives, fails or the deadline comes. With more
+  // ranks in the group than the host has cores it sleeps at once: polling
+  // would take the core of the rank it waits for.
   std::chrono::microseconds spin{100};
-  std::chrono::microseconds max_nap{200};
   // Bytes of each rank's buffer (0: none), rounded up to 2 MiB.
   std::size_t buffer_bytes = 0;
 };
@@ -113,6 +116,8 @@ class ShmGroup {
 
  private:
   struct Header;
+  void wake_sleepers() noexcept;
+  void sleep_until_arrived(int q, std::chrono::nanoseconds limit);
   Header* header_;
   std::byte* slots_;
   std::byte* buffers_;
