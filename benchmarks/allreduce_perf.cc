@@ -155,10 +155,12 @@ PerfOptions parse_args(int argc, char** argv, bool* help) {
   if (!o.only.empty()) {
     const bool sweep_ok = o.gradients_path.empty() && !o.latency && (o.only == "gyre" || o.only == "mpi");
     const bool grad_ok = !o.gradients_path.empty() && (o.only == "runtime" || o.only == "per-tensor" ||
-                                                       o.only == "fused" || o.only == "ring");
+                                                       o.only == "fused" || o.only == "ring" ||
+                                                       o.only == "shm");
     if (!sweep_ok && !grad_ok) {
       throw InvalidArgument(fmt::format(
-          "--only '{}': the sweep takes gyre or mpi, --gradients takes runtime, per-tensor, fused or ring",
+          "--only '{}': the sweep takes gyre or mpi, --gradients takes runtime, per-tensor, fused, ring "
+          "or shm",
           o.only));
     }
   }

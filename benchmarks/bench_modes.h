@@ -52,7 +52,7 @@ struct PerfOptions {
   bool latency = false;        // latency mode
   std::string json_path;       // non-empty: rank 0 writes the rows there
   // Runs one system alone, e.g. under a profiler. Sweep: "gyre" or "mpi";
-  // gradient sets: "runtime", "per-tensor", "fused" or "ring". Empty: all.
+  // gradient sets: "runtime", "per-tensor", "fused", "ring" or "shm". Empty: all.
   std::string only;
 };
 

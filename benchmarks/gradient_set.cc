@@ -8,7 +8,10 @@
 //                      gradient (no packing copies: the best case of fusing
 //                      with MPI);
 //   gyre ring fused    one collectives::allreduce over the same flat
-//                      buffer (the ring alone, without the runtime).
+//                      buffer (the ring over MPI alone, without the runtime);
+//   gyre shm fused     one collectives::shm_allreduce over the same flat
+//                      buffer when every rank is on one host (the
+//                      shared-memory path alone, the runtime's on one host).
 // The two MPI systems are timed twice: first before the runtime starts (MPI
 // alone in the job: the reference), then beside the runtime.
 #include <mpi.h>
@@ -25,6 +28,8 @@
 
 #include "bench_common.h"
 #include "bench_modes.h"
+#include "gyre/collectives/shm.h"
+#include "gyre/collectives/shm_host.h"
 #include "gyre/gyre.h"
 
 namespace gyre::bench {
@@ -97,6 +102,12 @@ int run_gradient_set(const PerfOptions& o) {
   // communicator duplication (collective on MPI_COMM_WORLD) happens in the
   // same order on every rank whatever the runtime's start-up does.
   const System ring = make_bare_system(o);
+  // Collective too; null (and the system left out) unless every rank is on
+  // this host.
+  collectives::ShmOptions shm_opt;
+  shm_opt.slot_bytes = o.chunk_bytes;
+  shm_opt.spin = std::chrono::seconds(10);  // poll, as the bare ring does
+  const std::shared_ptr<transport::ShmHost> shm = transport::ShmHost::create(shm_opt);
   std::vector<std::string> names(sizes.size());
   for (std::size_t k = 0; k < sizes.size(); ++k) names[k] = fmt::format("grad.{}", k);
   auto per_tensor = [&] {
@@ -149,6 +160,11 @@ int run_gradient_set(const PerfOptions& o) {
   systems.emplace_back("per-tensor", "MPI_Allreduce per tensor, beside runtime", per_tensor);
   systems.emplace_back("fused", "MPI_Allreduce fused, beside runtime", fused);
   systems.emplace_back("ring", "gyre ring fused (1 call)", [&] { ring.run(in, out, total, dt, op); });
+  if (shm) {
+    systems.emplace_back("shm", "gyre shm fused (1 call)", [&] {
+      collectives::shm_allreduce(shm->group(), in, out, total, dt, op);
+    });
+  }
 
   if (!o.only.empty()) {
     std::erase_if(systems, [&](const StepSystem& x) { return x.key != o.only; });

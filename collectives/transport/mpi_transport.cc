@@ -440,6 +440,24 @@ MpiWorld& MpiWorld::instance(const std::vector<int>& ranks) {
   return *world;
 }
 
+namespace {
+// A communicator of `ranks` (ranks of `parent`, in that order), collective
+// over those ranks alone (MPI_Comm_create_group); `tag` keeps concurrent
+// creations on one parent apart.
+MPI_Comm comm_of_ranks(MPI_Comm parent, const std::vector<int>& ranks, int tag) {
+  MPI_Group parent_group, group;
+  check_mpi(MPI_Comm_group(parent, &parent_group), "MPI_Comm_group");
+  const int rc = MPI_Group_incl(parent_group, static_cast<int>(ranks.size()), ranks.data(), &group);
+  MPI_Group_free(&parent_group);
+  check_mpi(rc, "MPI_Group_incl");
+  MPI_Comm comm = MPI_COMM_NULL;
+  const int rc2 = MPI_Comm_create_group(parent, group, tag, &comm);
+  MPI_Group_free(&group);
+  check_mpi(rc2, "MPI_Comm_create_group");
+  return comm;
+}
+}  // namespace
+
 MpiWorld::Layout MpiWorld::layout() const {
   return Layout{rank_, size_, local_rank_, local_size_, cross_rank_, cross_size_, uniform_hosts_,
                 hosts_};
@@ -510,29 +528,16 @@ void MpiWorld::use_ranks(const std::vector<int>& requested) {
     }
   }
   if (ranks.empty()) {
-    if (!layout_known_) {
-      derive_layout();  // collective over MPI_COMM_WORLD
-      layout_known_ = true;
-    }
+    if (!layout_known_) derive_layout();  // collective over MPI_COMM_WORLD
     return;
   }
   if (layout_known_) {
     world_layout_ = layout();
     world_layout_saved_ = true;
   }
-  MPI_Group world_group, group;
-  check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &world_group), "MPI_Comm_group");
-  const int rc = MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group);
-  MPI_Group_free(&world_group);
-  check_mpi(rc, "MPI_Group_incl");
-  MPI_Comm comm = MPI_COMM_NULL;
-  const int rc2 = MPI_Comm_create_group(MPI_COMM_WORLD, group, kRestrictTag, &comm);
-  MPI_Group_free(&group);
-  check_mpi(rc2, "MPI_Comm_create_group");
-  detail::world_comm() = comm;
+  detail::world_comm() = comm_of_ranks(MPI_COMM_WORLD, ranks, kRestrictTag);
   restricted_to_ = ranks;
   derive_layout();  // collective over the listed ranks
-  layout_known_ = true;
 }
 
 // Rank, size and where the ranks sit, from the world communicator: at
@@ -648,15 +653,7 @@ std::unique_ptr<Transport> MpiWorld::make_group_transport(const std::vector<int>
                                                          int tag) {
   if (finalized_) throw StateError("MpiWorld::make_group_transport after finalize()");
   if (!std::binary_search(ranks.begin(), ranks.end(), rank_)) return nullptr;
-  MPI_Group world_group, group;
-  check_mpi(MPI_Comm_group(detail::world_comm(), &world_group), "MPI_Comm_group");
-  const int rc = MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group);
-  MPI_Group_free(&world_group);
-  check_mpi(rc, "MPI_Group_incl");
-  MPI_Comm comm;
-  const int rc2 = MPI_Comm_create_group(detail::world_comm(), group, tag, &comm);
-  MPI_Group_free(&group);
-  check_mpi(rc2, "MPI_Comm_create_group");
+  MPI_Comm comm = comm_of_ranks(detail::world_comm(), ranks, tag);
   check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   return std::make_unique<MpiTransport>(comm, collectives::oversubscribed(local_size_), kDefaultPieceBytes);
 }
