@@ -1,8 +1,8 @@
-// shm_allreduce: every rank reduces its share of each chunk straight from
-// every rank's slot and writes it into all of them; shm_reduce_slots is that
-// middle step alone (the single-copy bound of the benchmarks), and
-// shm_allreduce_buffers the same step on the ranks' buffers (the runtime's
-// fusion buffers).
+// shm_allreduce_pieces (and shm_allreduce, its one-piece case): every rank
+// gathers its part of each chunk into its slot, reduces its share of the
+// chunk straight from every rank's slot and writes it into all of them, then
+// scatters the chunk out; shm_reduce_slots is that middle step alone (the
+// single-copy bound of the benchmarks).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -22,14 +22,11 @@ namespace {
 // cache line of a slot.
 std::size_t line_elems(std::size_t esize) { return std::max<std::size_t>(64 / esize, 1); }
 
-// Where each rank's operand lies: its slot, or its buffer.
-using Area = std::byte* (ShmGroup::*)(int) const;
-
-// Rank g.rank()'s share of the first n elements of every rank's `area`,
+// Rank g.rank()'s share of the first n elements of every rank's slot,
 // reduced in rank order (rank 0's operand first) and written into every
-// rank's area. `acc` is scratch. Between two barriers: each rank touches
+// rank's slot. `acc` is scratch. Between two barriers: each rank touches
 // only its own share.
-void reduce_my_share(ShmGroup& g, Area area, std::size_t n, DataType dt, ReduceFn reduce,
+void reduce_my_share(ShmGroup& g, std::size_t n, DataType dt, ReduceFn reduce,
                      CombineFn combine, double postscale, std::vector<std::byte>& acc) {
   const int p = g.size();
   const std::size_t esize = dtype_size(dt);
@@ -47,7 +44,7 @@ void reduce_my_share(ShmGroup& g, Area area, std::size_t n, DataType dt, ReduceF
     const std::size_t m = std::min(piece, hi - a);
     const std::size_t bytes = m * esize;
     const std::size_t at = a * esize;
-    auto operand = [&](int q) { return (g.*area)(q) + at; };
+    auto operand = [&](int q) { return g.slot(q) + at; };
     std::byte* mine;
     if (p == 1) {
       mine = operand(0);
@@ -75,8 +72,51 @@ void check_scales(DataType dt, double prescale, double postscale) {
 
 }  // namespace
 
-void shm_allreduce(ShmGroup& g, const void* in, void* out, std::size_t count, DataType dt,
-                   ReduceOp op, double prescale, double postscale) {
+namespace {
+
+// The pieces that overlap bytes [lo, hi) of the bucket, sorted by offset:
+// `first` is the first piece not wholly before `lo` (advanced as the
+// chunks move on, since chunks come in order).
+struct PieceCursor {
+  std::span<const ShmPiece> pieces;
+  std::size_t first = 0;
+  void advance_to(std::size_t lo) {
+    while (first < pieces.size() && pieces[first].offset + pieces[first].bytes <= lo) ++first;
+  }
+};
+
+// Bytes [lo, hi) of the bucket into `slot`: each piece's input (zeros for
+// a piece without one), zeros between pieces and after the last.
+void gather_chunk(PieceCursor& c, std::size_t lo, std::size_t hi, std::byte* slot) {
+  std::size_t at = lo;
+  for (std::size_t i = c.first; i < c.pieces.size() && c.pieces[i].offset < hi; ++i) {
+    const ShmPiece& pc = c.pieces[i];
+    const std::size_t a = std::max(lo, pc.offset), b = std::min(hi, pc.offset + pc.bytes);
+    if (a > at) std::memset(slot + (at - lo), 0, a - at);
+    if (pc.in != nullptr) {
+      std::memcpy(slot + (a - lo), static_cast<const std::byte*>(pc.in) + (a - pc.offset), b - a);
+    } else {
+      std::memset(slot + (a - lo), 0, b - a);
+    }
+    at = b;
+  }
+  if (hi > at) std::memset(slot + (at - lo), 0, hi - at);
+}
+
+// Bytes [lo, hi) of the reduced bucket from `slot` into each piece's output.
+void scatter_chunk(const PieceCursor& c, std::size_t lo, std::size_t hi, const std::byte* slot) {
+  for (std::size_t i = c.first; i < c.pieces.size() && c.pieces[i].offset < hi; ++i) {
+    const ShmPiece& pc = c.pieces[i];
+    if (pc.out == nullptr) continue;
+    const std::size_t a = std::max(lo, pc.offset), b = std::min(hi, pc.offset + pc.bytes);
+    std::memcpy(static_cast<std::byte*>(pc.out) + (a - pc.offset), slot + (a - lo), b - a);
+  }
+}
+
+}  // namespace
+
+void shm_allreduce_pieces(ShmGroup& g, std::span<const ShmPiece> pieces, std::size_t count,
+                          DataType dt, ReduceOp op, double prescale, double postscale) {
   check_scales(dt, prescale, postscale);
   if (op == ReduceOp::kAverage) postscale /= g.size();
   const ReduceFn reduce = reduce_kernel(dt, op);
@@ -88,29 +128,44 @@ void shm_allreduce(ShmGroup& g, const void* in, void* out, std::size_t count, Da
     throw InvalidArgument(fmt::format("shm allreduce: slot of {} bytes holds no {} element",
                                       g.slot_bytes(), dtype_name(dt)));
   }
-  const int me = g.rank();
-  const auto* src = static_cast<const std::byte*>(in);
-  auto* dst = static_cast<std::byte*>(out);
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const bool ordered = i == 0 || pieces[i].offset >= pieces[i - 1].offset + pieces[i - 1].bytes;
+    if (!ordered || pieces[i].offset + pieces[i].bytes > count * esize) {
+      throw InvalidArgument(fmt::format(
+          "shm allreduce: piece {} (bytes {} to {}) overlaps the one before it or ends past "
+          "the {} bytes of the bucket", i, pieces[i].offset, pieces[i].offset + pieces[i].bytes,
+          count * esize));
+    }
+  }
+  std::byte* const slot = g.slot(g.rank());
+  PieceCursor cursor{pieces};
   std::vector<std::byte> acc;
   try {
     for (std::size_t done = 0; done < count; done += chunk_elems) {
       const std::size_t n = std::min(chunk_elems, count - done);
-      const std::size_t off = done * esize;
-      // 1. My chunk into my slot.
-      std::memcpy(g.slot(me), src + off, n * esize);
-      if (prescale != 1.0) scale(g.slot(me), n, dt, prescale);
+      const std::size_t lo = done * esize, hi = lo + n * esize;
+      cursor.advance_to(lo);
+      // 1. My part of the chunk into my slot.
+      gather_chunk(cursor, lo, hi, slot);
+      if (prescale != 1.0) scale(slot, n, dt, prescale);
       g.barrier();
       // 2. My share of the chunk, from every slot into every slot.
-      reduce_my_share(g, &ShmGroup::slot, n, dt, reduce, combine, postscale, acc);
+      reduce_my_share(g, n, dt, reduce, combine, postscale, acc);
       g.barrier();
       // 3. The reduced chunk out of my slot. Peers write my slot again only
       // after the next chunk's first barrier, which waits for me.
-      std::memcpy(dst + off, g.slot(me), n * esize);
+      scatter_chunk(cursor, lo, hi, slot);
     }
   } catch (...) {
     g.fail();
     throw;
   }
+}
+
+void shm_allreduce(ShmGroup& g, const void* in, void* out, std::size_t count, DataType dt,
+                   ReduceOp op, double prescale, double postscale) {
+  const ShmPiece whole{in, out, 0, count * dtype_size(dt)};
+  shm_allreduce_pieces(g, std::span(&whole, 1), count, dt, op, prescale, postscale);
 }
 
 void shm_reduce_slots(ShmGroup& g, std::size_t count, DataType dt, ReduceOp op) {
@@ -124,35 +179,7 @@ void shm_reduce_slots(ShmGroup& g, std::size_t count, DataType dt, ReduceOp op) 
   std::vector<std::byte> acc;
   try {
     g.barrier();
-    reduce_my_share(g, &ShmGroup::slot, count, dt, reduce, combine, postscale, acc);
-    g.barrier();
-  } catch (...) {
-    g.fail();
-    throw;
-  }
-}
-
-void shm_allreduce_buffers(ShmGroup& g, std::size_t count, DataType dt, ReduceOp op,
-                           double prescale, double postscale) {
-  // Checked alike on every rank (agreed arguments) before the first barrier.
-  check_scales(dt, prescale, postscale);
-  if (count * dtype_size(dt) > g.buffer_bytes()) {
-    throw InvalidArgument(fmt::format(
-        "shm allreduce of buffers: {} {} elements exceed a buffer of {} bytes", count,
-        dtype_name(dt), g.buffer_bytes()));
-  }
-  if (op == ReduceOp::kAverage) postscale /= g.size();
-  const ReduceFn reduce = reduce_kernel(dt, op);
-  const CombineFn combine = combine_kernel(dt, op);
-  std::vector<std::byte> acc;
-  try {
-    if (prescale != 1.0) scale(g.buffer(g.rank()), count, dt, prescale);
-    // Every rank's data are in its buffer...
-    g.barrier();
-    reduce_my_share(g, &ShmGroup::buffer, count, dt, reduce, combine, postscale, acc);
-    // ... and every share has been written into every buffer: from here on
-    // no peer reads or writes this rank's buffer until the next call's
-    // first barrier, which waits for this rank.
+    reduce_my_share(g, count, dt, reduce, combine, postscale, acc);
     g.barrier();
   } catch (...) {
     g.fail();

@@ -22,7 +22,6 @@ namespace gyre::collectives {
 
 namespace {
 constexpr std::size_t kLine = 64;
-constexpr std::size_t kHugePage = std::size_t{2} << 20;
 std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 // futex(2) on a word of memory the ranks share (not FUTEX_PRIVATE: the
 // waiters are other processes).
@@ -79,20 +78,9 @@ std::size_t ShmGroup::region_bytes(int size, std::size_t slot_bytes) {
          static_cast<std::size_t>(size) * round_up(slot_bytes, kLine);
 }
 
-std::size_t ShmGroup::buffers_offset(int size, std::size_t slot_bytes) {
-  return round_up(region_bytes(size, slot_bytes), kHugePage);
-}
-
-std::size_t ShmGroup::region_bytes(int size, const ShmOptions& opt) {
-  if (opt.buffer_bytes == 0) return region_bytes(size, opt.slot_bytes);
-  return buffers_offset(size, opt.slot_bytes) +
-         static_cast<std::size_t>(size) * round_up(opt.buffer_bytes, kHugePage);
-}
-
 ShmGroup::ShmGroup(void* region, int rank, int size, const ShmOptions& opt)
     : header_(static_cast<Header*>(region)),
       slots_(static_cast<std::byte*>(region) + round_up(sizeof(Header), kLine)),
-      buffers_(nullptr),
       rank_(rank), size_(size), opt_(opt) {
   if (size < 1 || size > kShmMaxRanks || rank < 0 || rank >= size) {
     throw InvalidArgument(fmt::format("shared memory group: rank {} of {} (at most {} ranks)",
@@ -107,20 +95,11 @@ ShmGroup::ShmGroup(void* region, int rank, int size, const ShmOptions& opt)
   // With more ranks than cores the rank waited for is likely the one
   // descheduled, and polling takes the core it needs: sleep at once.
   if (oversubscribed(size)) opt_.spin = std::chrono::microseconds(0);
-  opt_.buffer_bytes = round_up(opt.buffer_bytes, kHugePage);
-  if (opt_.buffer_bytes > 0) {
-    buffers_ = static_cast<std::byte*>(region) + buffers_offset(size, opt.slot_bytes);
-  }
   epoch_ = header_->arrived[rank].value.load(std::memory_order_acquire);
 }
 
 std::byte* ShmGroup::slot(int r) const {
   return slots_ + static_cast<std::size_t>(r) * opt_.slot_bytes;
-}
-
-std::byte* ShmGroup::buffer(int r) const {
-  if (buffers_ == nullptr) return nullptr;
-  return buffers_ + static_cast<std::size_t>(r) * opt_.buffer_bytes;
 }
 
 void ShmGroup::wake_sleepers() noexcept {

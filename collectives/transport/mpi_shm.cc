@@ -106,39 +106,24 @@ std::unique_ptr<ShmHost> ShmHost::set_up(const collectives::ShmOptions& opt, boo
         "MPI_Allreduce");
   if (whole_world_only && !everywhere) return nullptr;
   std::unique_ptr<ShmHost> host(new ShmHost());
-  // The buffers (the runtime's fusion buffers) are wanted, not needed: if
-  // /dev/shm cannot hold them, local rank 0 creates the segment without
-  // them, and every rank learns the size it chose with the name.
-  collectives::ShmOptions chosen = opt;
-  struct Created {
-    std::array<char, kNameBytes> name{};
-    std::uint64_t buffer_bytes = 0;
-  } created;
+  // Local rank 0 creates the segment; the others learn its name.
+  std::array<char, kNameBytes> created{};
   std::string error;
+  const std::size_t region = collectives::ShmGroup::region_bytes(size, opt.slot_bytes);
   if (rank == 0) {
     try {
       const std::string n = fresh_name();
-      try {
-        host->segment_ =
-            collectives::ShmSegment::create(n, collectives::ShmGroup::region_bytes(size, opt));
-        created.buffer_bytes = opt.buffer_bytes;
-      } catch (const TransportError&) {
-        if (opt.buffer_bytes == 0) throw;
-        host->segment_ = collectives::ShmSegment::create(
-            n, collectives::ShmGroup::region_bytes(size, opt.slot_bytes));
-      }
-      std::strncpy(created.name.data(), n.c_str(), kNameBytes - 1);
+      host->segment_ = collectives::ShmSegment::create(n, region);
+      std::strncpy(created.data(), n.c_str(), kNameBytes - 1);
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
-  check(MPI_Bcast(&created, sizeof created, MPI_BYTE, 0, local),
+  check(MPI_Bcast(created.data(), kNameBytes, MPI_CHAR, 0, local),
         "MPI_Bcast (shared memory name)");
-  chosen.buffer_bytes = static_cast<std::size_t>(created.buffer_bytes);
-  if (rank != 0 && created.name[0] != '\0') {
+  if (rank != 0 && created[0] != '\0') {
     try {
-      host->segment_ = collectives::ShmSegment::open(
-          created.name.data(), collectives::ShmGroup::region_bytes(size, chosen));
+      host->segment_ = collectives::ShmSegment::open(created.data(), region);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -148,16 +133,7 @@ std::unique_ptr<ShmHost> ShmHost::set_up(const collectives::ShmOptions& opt, boo
   // Everyone has mapped it (or failed): the name can go either way.
   agree(world, error);
   host->segment_.unlink();
-#ifdef MADV_HUGEPAGE
-  // A hint: huge pages for the buffers where shared memory may have them
-  // (/sys/kernel/mm/transparent_hugepage/shmem_enabled); else 4 KiB pages.
-  if (chosen.buffer_bytes > 0) {
-    const std::size_t at = collectives::ShmGroup::buffers_offset(size, chosen.slot_bytes);
-    (void)::madvise(static_cast<std::byte*>(host->segment_.data()) + at,
-                    host->segment_.size() - at, MADV_HUGEPAGE);
-  }
-#endif
-  host->group_.emplace(host->segment_.data(), rank, size, chosen);
+  host->group_.emplace(host->segment_.data(), rank, size, opt);
   return host;
 }
 

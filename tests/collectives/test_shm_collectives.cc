@@ -3,8 +3,9 @@
 // to one cache line, in place and out of place, scale factors, bit-identical
 // results on every rank; allgather, broadcast, reduce-scatter and all-to-all
 // with uneven sizes; a rank that stops coming is a TimeoutError naming it,
-// a rank that fails wakes the rest. shm_allreduce_buffers: the same bits as
-// shm_allreduce, call after call on the same buffers.
+// a rank that fails wakes the rest, also when the waiters sleep in the
+// kernel. shm_allreduce_pieces: a fused bucket gathered from its members
+// gives the bits of the packed bucket.
 #include <catch2/catch.hpp>
 
 #include <sys/statvfs.h>
@@ -37,7 +38,7 @@ using test::Region;
 // Runs fn(group) on n threads over one region; rethrows the first exception.
 template <class Fn>
 void run_group(int n, const ShmOptions& opt, Fn fn) {
-  Region region(ShmGroup::region_bytes(n, opt));
+  Region region(ShmGroup::region_bytes(n, opt.slot_bytes));
   on_threads(n, [&](int r) {
     ShmGroup g(region.p, r, n, opt);
     fn(g);
@@ -504,78 +505,90 @@ double varied(DataType dt, ReduceOp op, int r, std::size_t i, int call) {
 
 }  // namespace
 
-TEST_CASE("shm_allreduce_buffers: the same bits as shm_allreduce, every dtype and op, "
-          "1..4 ranks, several calls on the same buffers", "[shm]") {
-  // Counts in elements, one call after the other on the same buffers:
-  // odd sizes, one element, nothing, more than the slot (4096 bytes).
-  const std::size_t counts[] = {1009, 1, 0, 5003, 77};
-  for (int n = 1; n <= 4; ++n) {
-    for (DataType dt : test::kAllTypes) {
-      for (ReduceOp op : test::kAllOps) {
+TEST_CASE("shm_allreduce_pieces: a bucket gathered from its members gives the bits of the "
+          "packed bucket, gaps and absent members as zeros", "[shm]") {
+  // Members of odd sizes at odd offsets (gaps between them and at the end,
+  // as a fused layout's padding), one member absent on the last rank (a
+  // rank that joined: zeros in, nothing out), one in place; 4096-byte
+  // slots so members straddle chunks. Inputs with fractions, so that the
+  // bits depend on the order of the additions.
+  for (int n : {2, 3, 4}) {
+    for (DataType dt : {DataType::kFloat32, DataType::kFloat64, DataType::kInt32,
+                        DataType::kFloat16}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
         if (!op_defined(dt, op)) continue;
-        ShmOptions opt;
-        opt.slot_bytes = 4096;
-        opt.buffer_bytes = 64u << 10;  // rounded up to 2 MiB
-        opt.timeout = std::chrono::milliseconds(60000);
-        const bool scaled = scaling_defined(dt) && dt != DataType::kBool;
-        std::vector<std::string> wrong(static_cast<std::size_t>(n));
-        run_group(n, opt, [&](ShmGroup& g) {
-          const std::size_t esz = dtype_size(dt);
-          if (g.buffer(g.rank()) == nullptr) throw std::runtime_error("group has no buffer");
-          for (int call = 0; call < static_cast<int>(std::size(counts)); ++call) {
-            const std::size_t count = counts[call];
-            const double pre = scaled && call % 2 ? 0.5 : 1.0;
-            const double post = scaled && call % 2 ? 3.0 : 1.0;
-            std::vector<std::byte> in(count * esz), want(count * esz);
-            for (std::size_t i = 0; i < count; ++i) {
-              test::store(dt, in.data(), i, varied(dt, op, g.rank(), i, call));
+        INFO("n=" << n << " dtype=" << dtype_name(dt) << " op=" << op_name(op));
+        const std::size_t es = dtype_size(dt);
+        const std::size_t count = 9000;
+        struct Span { std::size_t off, elems; };
+        const Span spans[] = {{0, 1}, {16, 1000}, {1100, 3333}, {4500, 7}, {4600, 4000}};
+        std::vector<std::vector<std::byte>> packed(n), packed_out(n), outs(n * 5), ins(n * 5);
+        for (int r = 0; r < n; ++r) {
+          packed[static_cast<std::size_t>(r)].assign(count * es, std::byte{0});
+          for (std::size_t k = 0; k < 5; ++k) {
+            auto& in = ins[static_cast<std::size_t>(r) * 5 + k];
+            in.resize(spans[k].elems * es);
+            for (std::size_t i = 0; i < spans[k].elems; ++i) {
+              const double v = (dt == DataType::kInt32 ? 1.0 : 0.1) * ((r + 3) * (i + k + 1) % 97);
+              test::store(dt, in.data(), i, v);
             }
-            shm_allreduce(g, in.data(), want.data(), count, dt, op, pre, post);
-            std::byte* buf = g.buffer(g.rank());
-            if (count > 0) std::memcpy(buf, in.data(), in.size());
-            shm_allreduce_buffers(g, count, dt, op, pre, post);
-            // One rank per call is late to read its result and start the
-            // next call, so a peer that wrote into a buffer too early (or
-            // read one too late) would show.
-            if (g.rank() == call % n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-            if (count > 0 && std::memcmp(buf, want.data(), want.size()) != 0) {
-              wrong[static_cast<std::size_t>(g.rank())] +=
-                  " call " + std::to_string(call) + " (" + std::to_string(count) + " elements)";
+            // The absent member (k == 2 on the last rank) adds zeros.
+            if (!(k == 2 && r == n - 1)) {
+              std::memcpy(packed[static_cast<std::size_t>(r)].data() + spans[k].off * es,
+                          in.data(), in.size());
+            }
+            outs[static_cast<std::size_t>(r) * 5 + k].assign(in.size(), std::byte{0x5a});
+          }
+          packed_out[static_cast<std::size_t>(r)].assign(count * es, std::byte{0x5a});
+        }
+        ShmOptions opt = small_slots(4096);
+        run_group(n, opt, [&](ShmGroup& g) {
+          const auto r = static_cast<std::size_t>(g.rank());
+          shm_allreduce(g, packed[r].data(), packed_out[r].data(), count, dt, op);
+        });
+        run_group(n, opt, [&](ShmGroup& g) {
+          const auto r = static_cast<std::size_t>(g.rank());
+          std::vector<ShmPiece> pieces;
+          for (std::size_t k = 0; k < 5; ++k) {
+            auto& in = ins[r * 5 + k];
+            auto& out = outs[r * 5 + k];
+            if (k == 2 && g.rank() == g.size() - 1) {
+              pieces.push_back({nullptr, nullptr, spans[k].off * es, in.size()});
+            } else if (k == 3) {
+              out = in;  // in place
+              pieces.push_back({out.data(), out.data(), spans[k].off * es, in.size()});
+            } else {
+              pieces.push_back({in.data(), out.data(), spans[k].off * es, in.size()});
             }
           }
+          shm_allreduce_pieces(g, pieces, count, dt, op);
         });
         for (int r = 0; r < n; ++r) {
-          INFO("n=" << n << " dtype=" << dtype_name(dt) << " op=" << op_name(op) << " rank " << r
-                    << " differs at" << wrong[static_cast<std::size_t>(r)]);
-          CHECK(wrong[static_cast<std::size_t>(r)].empty());
+          for (std::size_t k = 0; k < 5; ++k) {
+            INFO("rank " << r << " member " << k);
+            const auto& out = outs[static_cast<std::size_t>(r) * 5 + k];
+            const std::byte* want = packed_out[static_cast<std::size_t>(r)].data() + spans[k].off * es;
+            if (k == 2 && r == n - 1) {
+              CHECK(out == std::vector<std::byte>(out.size(), std::byte{0x5a}));  // untouched
+            } else {
+              CHECK(std::memcmp(out.data(), want, out.size()) == 0);
+            }
+          }
         }
       }
     }
   }
 }
 
-TEST_CASE("shm_allreduce_buffers: more than the buffer is refused on every rank before any wait, "
-          "a rank that never arrives is a TimeoutError naming it", "[shm]") {
-  ShmOptions opt;
-  opt.buffer_bytes = 1;  // rounded up to 2 MiB
-  opt.timeout = std::chrono::milliseconds(10000);
-  CHECK_THROWS_AS(run_group(2, opt, [&](ShmGroup& g) {
-    shm_allreduce_buffers(g, (2u << 20) / 4 + 1, DataType::kFloat32, ReduceOp::kSum);
-  }), InvalidArgument);
-
-  opt.timeout = std::chrono::milliseconds(200);
-  std::vector<std::string> seen(3);
-  run_group(3, opt, [&](ShmGroup& g) {
-    if (g.rank() == 2) return;  // never takes part
-    try {
-      shm_allreduce_buffers(g, 1000, DataType::kFloat32, ReduceOp::kSum);
-      seen[static_cast<std::size_t>(g.rank())] = "completed";
-    } catch (const TimeoutError& e) {
-      seen[static_cast<std::size_t>(g.rank())] = e.what();
-    }
+TEST_CASE("shm_allreduce_pieces: overlapping or out-of-bounds pieces are refused before any wait",
+          "[shm]") {
+  float a[8] = {}, b[8] = {};
+  run_group(2, small_slots(4096), [&](ShmGroup& g) {
+    const ShmPiece overlap[] = {{a, a, 0, 16}, {b, b, 8, 16}};
+    CHECK_THROWS_WITH(shm_allreduce_pieces(g, overlap, 8, DataType::kFloat32, ReduceOp::kSum),
+                      Catch::Contains("overlaps the one before it"));
+    const ShmPiece past[] = {{a, a, 16, 32}};
+    CHECK_THROWS_WITH(shm_allreduce_pieces(g, past, 8, DataType::kFloat32, ReduceOp::kSum),
+                      Catch::Contains("past the 32 bytes"));
   });
-  for (int r : {0, 1}) {
-    INFO("rank " << r << ": " << seen[static_cast<std::size_t>(r)]);
-    CHECK_THAT(seen[static_cast<std::size_t>(r)], Catch::Contains("local rank(s) 2 to reach"));
-  }
 }

@@ -80,8 +80,8 @@ std::size_t shm_mapped_bytes() {
 constexpr int kFusedSteps = 3;
 
 // kFusedSteps steps of small tensors of every dtype and op, then a grouped
-// bucket of 4 x 800 KB, larger than a 2 MiB buffer: this rank's results by
-// name, and the bytes of shared memory mapped meanwhile.
+// bucket of 4 x 800 KB: this rank's results by name, and the bytes of
+// shared memory mapped meanwhile.
 std::map<std::string, std::vector<std::byte>> fused_steps(const Options& o,
                                                           std::size_t* mapped) {
   Session session(o);
@@ -125,28 +125,28 @@ std::map<std::string, std::vector<std::byte>> fused_steps(const Options& o,
 
 }  // namespace
 
-TEST_CASE("mpi: fused buckets in the shared segment's fusion buffers, through the slots and "
-          "over the ring give the same bits", "[mpi][shm]") {
-  Options in_segment = test_options();
-  in_segment.shared_memory = 1;
-  in_segment.shm_fusion_bytes = 1u << 20;  // a 2 MiB buffer per rank: "big" exceeds it
-  Options slots = in_segment;
-  slots.shm_fusion_bytes = 0;
-  Options ring = in_segment;
+TEST_CASE("mpi: fused buckets over shared memory give the bits of the same tensors unfused, "
+          "and the ring's where the reduction is exact", "[mpi][shm]") {
+  Options fused = test_options();
+  fused.shared_memory = 1;
+  Options unfused = fused;
+  unfused.fusion_threshold_bytes = 0;  // every tensor alone in its bucket
+  Options ring = fused;
   ring.shared_memory = 0;
-  std::size_t mapped_segment = 0, mapped_slots = 0, mapped_ring = 0;
-  const auto a = fused_steps(in_segment, &mapped_segment);
-  const auto b = fused_steps(slots, &mapped_slots);
+  std::size_t mapped_fused = 0, mapped_unfused = 0, mapped_ring = 0;
+  const auto a = fused_steps(fused, &mapped_fused);
+  const auto b = fused_steps(unfused, &mapped_unfused);
   const auto c = fused_steps(ring, &mapped_ring);
   init(test_options());
   const bool one_host = local_size() == size();
   const int n = size();
   shutdown();
   if (one_host) {
-    // The buffers exist (one per local rank, 2 MiB each) only when asked for.
-    CHECK(mapped_segment >= static_cast<std::size_t>(n) * (2u << 20));
-    CHECK(mapped_slots > 0);
-    CHECK(mapped_slots < (2u << 20));
+    // The segment holds the slots alone (fused buckets are gathered into
+    // them chunk by chunk): nothing is reserved for fusion buffers.
+    CHECK(mapped_fused > 0);
+    CHECK(mapped_fused < (2u << 20));
+    CHECK(mapped_unfused == mapped_fused);
     CHECK(mapped_ring == 0);
   }
   REQUIRE(a.size() == b.size());

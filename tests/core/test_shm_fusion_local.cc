@@ -1,12 +1,11 @@
-// The runtime's fusion buffer in the shared-memory segment, with 2-4 ranks as
-// threads over one region: fused buckets reduced in place from every rank's
-// buffer give the same bits as the same buckets staged through the slots
-// (no buffers, as GYRE_SHM_FUSION_BYTES=0), for every dtype and op and for
-// inputs whose sums depend on the order of the additions; for inputs whose
-// reduction is exact, the same bits as the ring over the transport and the
-// closed form. Several steps in a row reuse the buffers; a grouped bucket
-// larger than the buffer and a tensor above GYRE_FUSION_MAX_TENSOR take the
-// slots.
+// Fused buckets over shared memory, with 2-4 ranks as threads over one
+// region: gathered from their members chunk by chunk (never packed into a
+// fusion buffer), they give the same bits as the same tensors reduced one by
+// one (GYRE_FUSION_THRESHOLD=0), for every dtype and op and for inputs whose
+// sums depend on the order of the additions; for inputs whose reduction is
+// exact, the same bits as the ring over the transport and the closed form.
+// Several steps in a row, a grouped bucket of 4 MB and a tensor above
+// GYRE_FUSION_MAX_TENSOR.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -30,9 +29,8 @@ namespace {
 // Every rank's results, by tensor name.
 using Results = std::vector<std::map<std::string, std::vector<std::byte>>>;
 
-enum class Path { kRing, kShmBuffers, kShmSlots };
+enum class Path { kRing, kShmFused, kShmUnfused };
 
-constexpr std::size_t kBufferBytes = 2u << 20;
 constexpr int kSmallSteps = 4;
 constexpr std::size_t kBigElems = 200'000;  // 800 KB of float32: fused, below 1 MiB
 
@@ -45,10 +43,10 @@ Run run(int n, Path path) {
   Options opt = fast_options();
   opt.op_timeout_s = 60;
   collectives::ShmOptions so;
-  so.slot_bytes = 4096;  // many chunks per bucket on the slots path
+  so.slot_bytes = 4096;  // many chunks per bucket
   so.timeout = std::chrono::milliseconds(60000);
-  so.buffer_bytes = path == Path::kShmBuffers ? kBufferBytes : 0;
-  const std::size_t region_bytes = collectives::ShmGroup::region_bytes(n, so);
+  if (path == Path::kShmUnfused) opt.fusion_threshold_bytes = 0;
+  const std::size_t region_bytes = collectives::ShmGroup::region_bytes(n, so.slot_bytes);
   std::unique_ptr<std::byte, void (*)(void*)> region(
       static_cast<std::byte*>(std::aligned_alloc(64, (region_bytes + 63) / 64 * 64)), std::free);
   std::memset(region.get(), 0, region_bytes);
@@ -85,8 +83,7 @@ Run run(int n, Path path) {
     }
     out.allocations_small[static_cast<std::size_t>(r)] = rt.fusion_allocations();
 
-    // A grouped bucket of 5 x 800 KB (larger than the 2 MiB buffer) and a
-    // tensor above GYRE_FUSION_MAX_TENSOR (1 MiB: reduced from the caller's
+    // A grouped bucket of 5 x 800 KB and a tensor above GYRE_FUSION_MAX_TENSOR (1 MiB: reduced from the caller's
     // buffer).
     std::vector<Spec> big;
     for (int k = 0; k < 5; ++k) {
@@ -123,25 +120,25 @@ Run run(int n, Path path) {
 
 }  // namespace
 
-TEST_CASE("local shm: the fusion buffer in the segment gives the bits of the slots and the ring",
-          "[runtime][shm]") {
+TEST_CASE("local shm: fused buckets gathered chunk by chunk give the bits of unfused tensors "
+          "and of the ring", "[runtime][shm]") {
   for (int n : {2, 3, 4}) {
     INFO("ranks: " << n);
-    const Run buffers = run(n, Path::kShmBuffers);
-    const Run slots = run(n, Path::kShmSlots);
+    const Run fused = run(n, Path::kShmFused);
+    const Run unfused = run(n, Path::kShmUnfused);
     const Run ring = run(n, Path::kRing);
     for (int r = 0; r < n; ++r) {
       INFO("rank " << r);
-      const auto& b = buffers.results[static_cast<std::size_t>(r)];
-      const auto& s = slots.results[static_cast<std::size_t>(r)];
+      const auto& b = fused.results[static_cast<std::size_t>(r)];
+      const auto& s = unfused.results[static_cast<std::size_t>(r)];
       const auto& g = ring.results[static_cast<std::size_t>(r)];
       REQUIRE(b.size() == s.size());
       REQUIRE(b.size() == g.size());
-      // Every tensor: the same bits as through the slots, and as rank 0.
+      // Every tensor: the same bits as unfused, and as rank 0.
       for (const auto& [name, bits] : b) {
         INFO(name);
         CHECK(bits == s.at(name));
-        CHECK(bits == buffers.results[0].at(name));
+        CHECK(bits == fused.results[0].at(name));
       }
       // Exact inputs: the ring's bits, and the closed form.
       for (const ExactCase& c : exact_cases(kSmallSteps)) {
@@ -160,12 +157,10 @@ TEST_CASE("local shm: the fusion buffer in the segment gives the bits of the slo
         INFO(name);
         CHECK(b.at(name) == g.at(name));
       }
-      // The small buckets used the segment's buffer, never a private one;
-      // the bucket larger than it did. Through the slots every fused bucket
-      // takes the private buffer.
-      CHECK(buffers.allocations_small[static_cast<std::size_t>(r)] == 0);
-      CHECK(buffers.allocations_big[static_cast<std::size_t>(r)] >= 1);
-      CHECK(slots.allocations_small[static_cast<std::size_t>(r)] >= 1);
+      // Over shared memory no bucket was packed: no fusion buffer was ever
+      // allocated. The ring packs its buckets into one.
+      CHECK(fused.allocations_big[static_cast<std::size_t>(r)] == 0);
+      CHECK(ring.allocations_small[static_cast<std::size_t>(r)] >= 1);
     }
   }
 }

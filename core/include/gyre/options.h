@@ -42,9 +42,6 @@ struct Options {
   // GYRE_SHM_SLOT_BYTES: each rank's slot in the shared segment, the chunk
   // of the shared-memory collectives.
   std::size_t shm_slot_bytes = 256u << 10;
-  // GYRE_SHM_FUSION_BYTES: each rank's fusion buffer in the shared segment
-  // (at most fusion_threshold_bytes used); 0 keeps it private.
-  std::size_t shm_fusion_bytes = 64u << 20;
   // GYRE_HIERARCHICAL_ALLREDUCE: when the job spans hosts that each hold the
   // same number (more than one) of ranks, 1 reduces host tensors
   // hierarchically, 0 with one flat ring; -1 (default) chooses per call by

@@ -175,9 +175,6 @@ core::RuntimeInfo runtime_info(transport::MpiWorld& world, const Options& option
       // set-up is collective and votes, so all get a group or none do.
       const bool one_host = world.local_size() == world.size();
       if (one_host) {
-        // The fusion buffers in the segment (ShmBackend::fusion_buffer):
-        // no larger than the largest bucket.
-        so.buffer_bytes = std::min(options.shm_fusion_bytes, options.fusion_threshold_bytes);
         ri.shm = transport::ShmHost::create(so, options.shared_memory != 0);
       } else if (world.uniform_hosts() && world.local_size() > 1) {
         ri.shm = transport::ShmHost::create_per_host(

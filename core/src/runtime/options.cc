@@ -73,12 +73,6 @@ const OptionSpec kTable[] = {
    SizeOption{&O::shm_slot_bytes, 4096, kMaxChunkBytes}, "256K", true,
    "Bytes of each rank's slot in the shared-memory segment: the chunk of the shared-memory "
    "collectives."},
-  {"GYRE_SHM_FUSION_BYTES", "shm_fusion_bytes",
-   SizeOption{&O::shm_fusion_bytes, 0, kMaxChunkBytes}, "64M", true,
-   "With shared memory on: bytes of each rank's fusion buffer in the shared-memory segment "
-   "(at most GYRE_FUSION_THRESHOLD are used); a fused bucket that fits is packed there and "
-   "reduced in place from every rank's buffer. 0 keeps the fusion buffer private and stages "
-   "buckets through the slots."},
   {"GYRE_HIERARCHICAL_ALLREDUCE", "hierarchical_allreduce",
    IntegerOption{&O::hierarchical_allreduce, -1, 1}, "-1", true,
    "When the job spans hosts that each hold the same number (more than one) of ranks: 1 reduces "

@@ -3,11 +3,7 @@
 //
 // A ShmGroup is p ranks (p <= kShmMaxRanks) over one memory region that all
 // of them map: a header of per-rank counters, then one slot of slot_bytes per
-// rank, then (if buffer_bytes > 0) one buffer of buffer_bytes per rank, each
-// starting on a 2 MiB boundary of the region (huge pages where the mapping
-// gets them). A slot stages chunks; a buffer holds data a collective
-// reduces in place, read and written by every rank (the runtime's fusion
-// buffer). Ranks synchronise through the counters (atomics, no system call
+// rank, through which the collectives stage their chunks. Ranks synchronise through the counters (atomics, no system call
 // unless a rank waits long enough to sleep: ShmOptions::spin): every rank
 // runs the same sequence of collectives, and each collective advances every
 // rank's counter by the same amount, so "all counters have reached my own"
@@ -78,19 +74,12 @@ struct ShmOptions {
   // ranks in the group than the host has cores it sleeps at once: polling
   // would take the core of the rank it waits for.
   std::chrono::microseconds spin{100};
-  // Bytes of each rank's buffer (0: none), rounded up to 2 MiB.
-  std::size_t buffer_bytes = 0;
 };
 
 class ShmGroup {
  public:
-  // Bytes a region must have for `size` ranks with the given slot size
-  // (and no buffers).
+  // Bytes a region must have for `size` ranks with the given slot size.
   static std::size_t region_bytes(int size, std::size_t slot_bytes);
-  // ... with opt's slot and buffer sizes.
-  static std::size_t region_bytes(int size, const ShmOptions& opt);
-  // Offset of the first buffer from the start of the region (2 MiB aligned).
-  static std::size_t buffers_offset(int size, std::size_t slot_bytes);
 
   // `region`: region_bytes(size, opt.slot_bytes) bytes, zero-filled before
   // any rank uses it, 64-byte aligned, mapped by every rank of the group.
@@ -100,9 +89,6 @@ class ShmGroup {
   int size() const { return size_; }
   std::size_t slot_bytes() const { return opt_.slot_bytes; }
   std::byte* slot(int r) const;
-  // Rank r's buffer (nullptr when buffer_bytes() is 0).
-  std::size_t buffer_bytes() const { return opt_.buffer_bytes; }
-  std::byte* buffer(int r) const;
 
   // Barrier: publishes that this rank reached the next point, waits until
   // every rank has. Throws TimeoutError after opt.timeout, naming the ranks
@@ -120,7 +106,6 @@ class ShmGroup {
   void sleep_until_arrived(int q, std::chrono::nanoseconds limit);
   Header* header_;
   std::byte* slots_;
-  std::byte* buffers_;
   int rank_, size_;
   ShmOptions opt_;
   std::uint64_t epoch_ = 0;  // barriers this rank has passed
@@ -137,22 +122,32 @@ class ShmGroup {
 void shm_allreduce(ShmGroup& g, const void* in, void* out, std::size_t count, DataType dt,
                    ReduceOp op, double prescale = 1.0, double postscale = 1.0);
 
+// One member of a fused bucket for shm_allreduce_pieces: `bytes` bytes at
+// `offset` in the bucket, read from `in` (nullptr: zeros, a rank without
+// this tensor) and written to `out` (nullptr: discarded). in == out is in
+// place.
+struct ShmPiece {
+  const void* in;
+  void* out;
+  std::size_t offset;
+  std::size_t bytes;
+};
+
+// The allreduce of a fused bucket of `count` elements without packing it
+// first: `pieces` (sorted by offset, not overlapping) are gathered into the
+// slots one chunk at a time, zeros filling the bytes no piece covers, and
+// each reduced chunk is scattered back into the pieces' outputs while it is
+// still in cache. The same bits as shm_allreduce of the packed bucket. Every
+// rank passes the same count and the same offsets and sizes.
+void shm_allreduce_pieces(ShmGroup& g, std::span<const ShmPiece> pieces, std::size_t count,
+                          DataType dt, ReduceOp op, double prescale = 1.0,
+                          double postscale = 1.0);
+
 // The reduction of `count` elements that already lie at the start of every
 // rank's slot, in place: afterwards every slot holds the result. No copy in
 // or out: the single-copy bound an allreduce of data in shared memory can
 // reach (the benchmark's bound row), and the middle step of shm_allreduce.
 void shm_reduce_slots(ShmGroup& g, std::size_t count, DataType dt, ReduceOp op);
-
-// Allreduce in place of `count` elements at the start of every rank's
-// buffer (count * dtype_size(dt) <= g.buffer_bytes()): each rank scales its
-// own buffer by `prescale`, then, between two barriers, reduces its share
-// straight from every rank's buffer and writes it into all of them. No copy
-// in or out: the data were written into the buffer where the peers read
-// them. The same bits as shm_allreduce of the same inputs (same reduction
-// order, same scaling). On return every peer has finished with this rank's
-// buffer (the second barrier), so the caller may write it again.
-void shm_allreduce_buffers(ShmGroup& g, std::size_t count, DataType dt, ReduceOp op,
-                           double prescale = 1.0, double postscale = 1.0);
 
 // The other collectives, staged through the slots with the same barriers;
 // their arguments mean what they mean for the ring algorithms of

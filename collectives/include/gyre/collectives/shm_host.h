@@ -4,9 +4,7 @@
 // all have, so that nothing is left in /dev/shm whatever happens later.
 //
 // Collective over MPI_COMM_WORLD: every rank calls create() at the same
-// point. With opt.buffer_bytes the segment holds a buffer per rank as well
-// (ShmGroup::buffer), or none if /dev/shm has no room for them
-// (group().buffer_bytes() tells which). It returns nullptr on every rank unless every rank `wanted` it with
+// point. It returns nullptr on every rank unless every rank `wanted` it with
 // the same slot size and all ranks are on this one host (several hosts need
 // a hierarchical backend). Failure on any rank (segment cannot be created or
 // mapped) is a TransportError on every rank, with the failing rank's reason.
@@ -28,7 +26,8 @@ class ShmHost {
                                                   bool wanted = true);
   // A group over a region the caller owns and every rank maps (ranks as
   // threads of one process in tests: zero-filled,
-  // ShmGroup::region_bytes(size, opt) bytes, 64-byte aligned). Not collective.
+  // ShmGroup::region_bytes(size, opt.slot_bytes) bytes, 64-byte aligned). Not
+  // collective.
   static std::unique_ptr<ShmHost> attach(void* region, int rank, int size,
                                          const collectives::ShmOptions& opt);
   collectives::ShmGroup& group() { return *group_; }

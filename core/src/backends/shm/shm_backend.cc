@@ -10,21 +10,19 @@
 
 namespace gyre::core {
 
-std::byte* ShmBackend::fusion_buffer(std::size_t bytes, const OpLabel& what) {
-  if (bytes <= group().buffer_bytes()) return group().buffer(group().rank());
-  return CpuRingBackend::fusion_buffer(bytes, what);
-}
-
 void ShmBackend::allreduce(const void* in, void* out, std::size_t count, DataType dt,
                            const Reduction& red, const OpLabel&) {
-  // A bucket packed into this rank's buffer in the segment (fusion_buffer
-  // above; every rank's is, the sizes being agreed): reduced where it lies.
-  std::byte* mine = group().buffer(group().rank());
-  if (mine != nullptr && in == mine && out == mine) {
-    collectives::shm_allreduce_buffers(group(), count, dt, red.op, red.prescale, red.postscale);
-    return;
-  }
   collectives::shm_allreduce(group(), in, out, count, dt, red.op, red.prescale, red.postscale);
+}
+
+bool ShmBackend::allreduce_members(std::span<const FusedMember> members, std::size_t count,
+                                   DataType dt, const Reduction& red, const OpLabel&) {
+  pieces_.clear();
+  pieces_.reserve(members.size());
+  for (const FusedMember& m : members) pieces_.push_back({m.in, m.out, m.offset, m.bytes});
+  collectives::shm_allreduce_pieces(group(), pieces_, count, dt, red.op, red.prescale,
+                                    red.postscale);
+  return true;
 }
 
 void ShmBackend::broadcast(void* buf, std::size_t bytes, int root, const OpLabel&) {

@@ -5,15 +5,13 @@
 // of point-to-point messages; memory calls (zeros, copies) are the CPU
 // backend's.
 //
-// Fusion buffer: when the group has buffers (GYRE_SHM_FUSION=1, the
-// default) a fused bucket that fits is packed into this rank's buffer in
-// the segment, which every local rank maps, and its allreduce runs on the
-// buffers themselves (shm_allreduce_buffers: each rank reduces its share
-// from every rank's buffer and writes it into all; no copy into slots and
-// back). A bucket larger than the buffer, and every unfused tensor, take the
-// CPU backend's private fusion buffer or the caller's memory and
-// shm_allreduce through the slots. Every rank asks for the same bucket
-// sizes in the same order, so all take the same path.
+// Fused buckets are never packed: allreduce_members gathers each chunk of
+// the bucket from its members into this rank's slot, reduces it and
+// scatters it back into the members while it is still in cache
+// (shm_allreduce_pieces), so a fused byte costs what an unfused one does.
+// Packing the whole bucket first, even into a buffer in the segment that
+// the peers read in place, took one more pass through memory each way
+// (docs/benchmarks.md, "Fused buckets chunk by chunk").
 //
 // The group is set up over MPI by the API (ShmHost) and handed to the
 // runtime; GYRE_SHM=0 keeps the ring over MPI. A local peer that stops
@@ -23,6 +21,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "backends/cpu/cpu_ring_backend.h"
 #include "gyre/collectives/shm_host.h"
@@ -37,10 +36,10 @@ class ShmBackend final : public CpuRingBackend {
 
   const char* name() const override { return "shm"; }
 
-  std::byte* fusion_buffer(std::size_t bytes, const OpLabel& what) override;
-
   void allreduce(const void* in, void* out, std::size_t count, DataType dt, const Reduction& red,
                  const OpLabel& what) override;
+  bool allreduce_members(std::span<const FusedMember> members, std::size_t count, DataType dt,
+                         const Reduction& red, const OpLabel& what) override;
   void broadcast(void* buf, std::size_t bytes, int root, const OpLabel& what) override;
   void allgather(const void* in, std::span<const std::size_t> block_bytes, void* out,
                  const OpLabel& what) override;
@@ -52,6 +51,7 @@ class ShmBackend final : public CpuRingBackend {
  private:
   collectives::ShmGroup& group() { return host_->group(); }
   std::shared_ptr<transport::ShmHost> host_;
+  std::vector<collectives::ShmPiece> pieces_;  // allreduce_members' scratch
 };
 
 }  // namespace gyre::core
