@@ -28,9 +28,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 PEER_KEYS = ("mpi_busbw_gbs", "peer_busbw_gbs")
 
 
-def series_of(doc):
-    """[(label, {bytes: busbw})] for the system and the peer of one file."""
-    own, peer = {}, {}
+def series_of(doc, by_ranks=False):
+    """[(label, {bytes: busbw})] for the system, the peer and (--bound) the
+    machine's bound of one file; with by_ranks, each label says the number of
+    ranks, so that runs at different rank counts are lines of their own."""
+    own, peer, bound = {}, {}, {}
     peer_name = doc.get("peer", "MPI_Allreduce")
     for row in doc["rows"]:
         if row.get("busbw_gbs") is not None:
@@ -38,6 +40,8 @@ def series_of(doc):
         for k in PEER_KEYS:
             if row.get(k) is not None:
                 peer[row["bytes"]] = row[k]
+        if row.get("bound_busbw_gbs") is not None:
+            bound[row["bytes"]] = row["bound_busbw_gbs"]
     # Runs on transparent huge pages (--hugepages) and MPI measured in the
     # same process as gyre's runtime are lines of their own, never pooled
     # with the plain runs.
@@ -48,6 +52,10 @@ def series_of(doc):
         if doc["system"] == "gyre runtime":
             peer_name += " (beside gyre runtime)"
         out.append((peer_name + ("" if doc.get("benchmark") == "torch-sweep" else suffix), peer))
+    if bound:
+        out.append(("single-copy bound (shared memory)" + suffix, bound))
+    if by_ranks:
+        out = [(f"{label}, {doc.get('ranks')} ranks", points) for label, points in out]
     return out
 
 
@@ -63,6 +71,8 @@ def main():
     ap.add_argument("files", nargs="+", help="--json outputs of the sweeps")
     ap.add_argument("-o", "--output", required=True, help="PNG to write")
     ap.add_argument("--title", default=None)
+    ap.add_argument("--by-ranks", action="store_true",
+                    help="a line per rank count (files of several rank counts)")
     a = ap.parse_args()
 
     panels = OrderedDict()  # benchmark -> label -> list of {bytes: busbw}, one per run
@@ -72,7 +82,7 @@ def main():
             doc = json.load(f)
         ranks.add(doc.get("ranks"))
         runs = panels.setdefault(doc.get("benchmark", "allreduce-sweep"), OrderedDict())
-        for label, points in series_of(doc):
+        for label, points in series_of(doc, a.by_ranks):
             runs.setdefault(label, []).append(points)
 
     titles = {"allreduce-sweep": "C++: gyre-allreduce-perf", "torch-sweep": "Python: torch_allreduce_perf.py"}
