@@ -409,32 +409,31 @@ PYBIND11_MODULE(_gyre, m) {
   m.def("stop_timeline", [] { blocking([] { gyre::stop_timeline(); }); });
   m.def("elastic_supported", [] { return gyre::elastic_supported(); });
   m.def("elastic_enabled", [] { return gyre::elastic_enabled(); });
-  m.def("rebuild", [] {
-    gyre::RebuildInfo r = blocking([] { return gyre::rebuild(); });
+  // What a rank learns of the world it joins: a survivor after rebuild(),
+  // or a replacement rank at its start (which has no lost ranks, attempts
+  // or previous ranks of its own to report).
+  auto world_dict = [](const gyre::RebuildInfo& r) {
     py::dict d;
     d["rank"] = r.rank;
     d["size"] = r.size;
     d["step"] = r.step;
     d["root"] = r.root;
+    d["spawned"] = r.spawned;
+    d["rebuilds"] = r.rebuilds;
+    return d;
+  };
+  m.def("rebuild", [world_dict] {
+    gyre::RebuildInfo r = blocking([] { return gyre::rebuild(); });
+    py::dict d = world_dict(r);
     d["lost"] = r.lost;
     d["previous_ranks"] = r.previous_ranks;
     d["attempts"] = r.attempts;
     d["seconds"] = r.seconds;
-    d["spawned"] = r.spawned;
-    d["rebuilds"] = r.rebuilds;
     return d;
   });
   m.def("is_replacement", [] { return blocking([] { return gyre::is_replacement(); }); });
-  m.def("replacement_info", [] {
-    gyre::RebuildInfo r = blocking([] { return gyre::replacement_info(); });
-    py::dict d;
-    d["rank"] = r.rank;
-    d["size"] = r.size;
-    d["step"] = r.step;
-    d["root"] = r.root;
-    d["spawned"] = r.spawned;
-    d["rebuilds"] = r.rebuilds;
-    return d;
+  m.def("replacement_info", [world_dict] {
+    return world_dict(blocking([] { return gyre::replacement_info(); }));
   });
   m.def("set_respawn_command",
         [](const std::vector<std::string>& argv) { gyre::set_respawn_command(argv); });

@@ -151,7 +151,12 @@ TEST_CASE("mpi: fused buckets over shared memory give the bits of the same tenso
   }
   REQUIRE(a.size() == b.size());
   REQUIRE(a.size() == c.size());
+  // Over one host's shared memory every element is reduced in rank order
+  // wherever its tensor lies in a bucket. Across hosts (the hierarchical
+  // backend, whose ring's order depends on the position in the bucket) only
+  // the exact inputs below are comparable.
   for (const auto& [name, bits] : a) {
+    if (!one_host) break;
     INFO(name);
     CHECK(bits == b.at(name));
   }
