@@ -48,6 +48,13 @@ void reduce_my_share(ShmGroup& g, std::size_t n, DataType dt, ReduceFn reduce,
     std::byte* mine;
     if (p == 1) {
       mine = operand(0);
+    } else if (g.rank() < 2) {
+      // Accumulate in this rank's own slot: it is one of the first two
+      // operands, read before it is written, and not read again, so the
+      // order stays the rank order and one copy of the share is saved.
+      mine = operand(g.rank());
+      combine(mine, operand(0), operand(1), m);
+      for (int q = 2; q < p; ++q) reduce(mine, operand(q), m);
     } else {
       acc.resize(bytes);
       mine = acc.data();
