@@ -77,15 +77,11 @@ void check_scales(DataType dt, double prescale, double postscale) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // The pieces that overlap bytes [lo, hi) of the bucket, sorted by offset:
 // `first` is the first piece not wholly before `lo` (advanced as the
 // chunks move on, since chunks come in order).
 struct PieceCursor {
-  std::span<const ShmPiece> pieces;
+  std::span<const BucketPiece> pieces;
   std::size_t first = 0;
   void advance_to(std::size_t lo) {
     while (first < pieces.size() && pieces[first].offset + pieces[first].bytes <= lo) ++first;
@@ -97,7 +93,7 @@ struct PieceCursor {
 void gather_chunk(PieceCursor& c, std::size_t lo, std::size_t hi, std::byte* slot) {
   std::size_t at = lo;
   for (std::size_t i = c.first; i < c.pieces.size() && c.pieces[i].offset < hi; ++i) {
-    const ShmPiece& pc = c.pieces[i];
+    const BucketPiece& pc = c.pieces[i];
     const std::size_t a = std::max(lo, pc.offset), b = std::min(hi, pc.offset + pc.bytes);
     if (a > at) std::memset(slot + (at - lo), 0, a - at);
     if (pc.in != nullptr) {
@@ -113,7 +109,7 @@ void gather_chunk(PieceCursor& c, std::size_t lo, std::size_t hi, std::byte* slo
 // Bytes [lo, hi) of the reduced bucket from `slot` into each piece's output.
 void scatter_chunk(const PieceCursor& c, std::size_t lo, std::size_t hi, const std::byte* slot) {
   for (std::size_t i = c.first; i < c.pieces.size() && c.pieces[i].offset < hi; ++i) {
-    const ShmPiece& pc = c.pieces[i];
+    const BucketPiece& pc = c.pieces[i];
     if (pc.out == nullptr) continue;
     const std::size_t a = std::max(lo, pc.offset), b = std::min(hi, pc.offset + pc.bytes);
     std::memcpy(static_cast<std::byte*>(pc.out) + (a - pc.offset), slot + (a - lo), b - a);
@@ -122,7 +118,7 @@ void scatter_chunk(const PieceCursor& c, std::size_t lo, std::size_t hi, const s
 
 }  // namespace
 
-void shm_allreduce_pieces(ShmGroup& g, std::span<const ShmPiece> pieces, std::size_t count,
+void shm_allreduce_pieces(ShmGroup& g, std::span<const BucketPiece> pieces, std::size_t count,
                           DataType dt, ReduceOp op, double prescale, double postscale) {
   check_scales(dt, prescale, postscale);
   if (op == ReduceOp::kAverage) postscale /= g.size();
@@ -171,7 +167,7 @@ void shm_allreduce_pieces(ShmGroup& g, std::span<const ShmPiece> pieces, std::si
 
 void shm_allreduce(ShmGroup& g, const void* in, void* out, std::size_t count, DataType dt,
                    ReduceOp op, double prescale, double postscale) {
-  const ShmPiece whole{in, out, 0, count * dtype_size(dt)};
+  const BucketPiece whole{in, out, 0, count * dtype_size(dt)};
   shm_allreduce_pieces(g, std::span(&whole, 1), count, dt, op, prescale, postscale);
 }
 

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <climits>
 #include <ctime>
 #include <vector>
@@ -24,8 +23,7 @@ namespace {
 constexpr std::size_t kLine = 64;
 std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 // futex(2) on a word of memory the ranks share (not FUTEX_PRIVATE: the
-// waiters are other processes).
-// `limit` zero: no limit.
+// waiters are other processes). `limit` zero: no limit.
 void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t seen,
                 std::chrono::nanoseconds limit) {
   timespec ts{};

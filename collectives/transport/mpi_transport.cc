@@ -638,7 +638,8 @@ std::unique_ptr<Transport> MpiWorld::make_transport(std::size_t max_message_byte
   // default handler ending the job without a word about the operation.
   check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   // More ranks on this host than cores: waiting ranks must yield.
-  return std::make_unique<MpiTransport>(comm, collectives::oversubscribed(local_size_), max_message_bytes);
+  return std::make_unique<MpiTransport>(comm, collectives::oversubscribed(local_size_),
+                                        max_message_bytes);
 }
 
 std::unique_ptr<Transport> MpiWorld::make_cross_transport() {
@@ -646,7 +647,8 @@ std::unique_ptr<Transport> MpiWorld::make_cross_transport() {
   MPI_Comm comm;
   check_mpi(MPI_Comm_split(detail::world_comm(), local_rank_, rank_, &comm), "MPI_Comm_split");
   check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  return std::make_unique<MpiTransport>(comm, collectives::oversubscribed(local_size_), kDefaultPieceBytes);
+  return std::make_unique<MpiTransport>(comm, collectives::oversubscribed(local_size_),
+                                        kDefaultPieceBytes);
 }
 
 std::unique_ptr<Transport> MpiWorld::make_group_transport(const std::vector<int>& ranks,
@@ -655,7 +657,8 @@ std::unique_ptr<Transport> MpiWorld::make_group_transport(const std::vector<int>
   if (!std::binary_search(ranks.begin(), ranks.end(), rank_)) return nullptr;
   MPI_Comm comm = comm_of_ranks(detail::world_comm(), ranks, tag);
   check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  return std::make_unique<MpiTransport>(comm, collectives::oversubscribed(local_size_), kDefaultPieceBytes);
+  return std::make_unique<MpiTransport>(comm, collectives::oversubscribed(local_size_),
+                                        kDefaultPieceBytes);
 }
 
 void MpiWorld::abort(int code) {

@@ -548,7 +548,7 @@ TEST_CASE("shm_allreduce_pieces: a bucket gathered from its members gives the bi
         });
         run_group(n, opt, [&](ShmGroup& g) {
           const auto r = static_cast<std::size_t>(g.rank());
-          std::vector<ShmPiece> pieces;
+          std::vector<BucketPiece> pieces;
           for (std::size_t k = 0; k < 5; ++k) {
             auto& in = ins[r * 5 + k];
             auto& out = outs[r * 5 + k];
@@ -587,13 +587,13 @@ TEST_CASE("shm_allreduce_pieces: overlapping or out-of-bounds pieces are refused
   run_group(2, small_slots(4096), [&](ShmGroup& g) {
     float a[8] = {}, b[8] = {};
     const auto r = static_cast<std::size_t>(g.rank());
-    const ShmPiece overlap[] = {{a, a, 0, 16}, {b, b, 8, 16}};
+    const BucketPiece overlap[] = {{a, a, 0, 16}, {b, b, 8, 16}};
     try {
       shm_allreduce_pieces(g, overlap, 8, DataType::kFloat32, ReduceOp::kSum);
     } catch (const InvalidArgument& e) {
       overlap_error[r] = e.what();
     }
-    const ShmPiece past[] = {{a, a, 16, 32}};
+    const BucketPiece past[] = {{a, a, 16, 32}};
     try {
       shm_allreduce_pieces(g, past, 8, DataType::kFloat32, ReduceOp::kSum);
     } catch (const InvalidArgument& e) {

@@ -54,6 +54,17 @@ struct Device {
   friend bool operator==(const Device&, const Device&) = default;
 };
 
+// One member of a fused bucket, reduced where it lies rather than packed:
+// `bytes` bytes at `offset` in the bucket's layout, read from `in` (nullptr:
+// zeros, a rank without this tensor) and written to `out` (nullptr:
+// discarded). in == out is in place.
+struct BucketPiece {
+  const void* in;
+  void* out;
+  std::size_t offset;
+  std::size_t bytes;
+};
+
 constexpr std::size_t dtype_size(DataType dt) {
   switch (dt) {
     case DataType::kFloat32: return 4;

@@ -74,17 +74,6 @@ struct OpLabel {
   }
 };
 
-// A member of a fused bucket, for Backend::allreduce_members: `bytes`
-// bytes at `offset` in the bucket's layout, read from `in` and written to
-// `out` (both nullptr for a member this rank has no entry for: zeros in,
-// nothing out).
-struct FusedMember {
-  const void* in;
-  void* out;
-  std::size_t offset;
-  std::size_t bytes;
-};
-
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -130,17 +119,20 @@ class Backend {
   // of block `rank` (counts[rank] elements).
   virtual void reducescatter(const void* in, std::span<const std::size_t> counts, void* out,
                              DataType dt, const Reduction& red, const OpLabel& what) = 0;
-  // The allreduce of a fused bucket of `count` elements straight from its
-  // members' buffers into theirs (`members` sorted by offset; the bytes no
-  // member covers are zeros), for a backend that does this better than the
-  // executor's pack into fusion_buffer(), allreduce() and unpack: the
-  // shared-memory backend gathers and scatters one cache-sized chunk at a
-  // time. Returns false, having done nothing, to leave the bucket to the
-  // executor (the default). Never called for kAdasum.
-  virtual bool allreduce_members(std::span<const FusedMember> members, std::size_t count,
+  // Whether this backend reduces a fused bucket straight from its members'
+  // buffers (allreduce_members) better than the executor's pack into
+  // fusion_buffer(), allreduce() and unpack: the shared-memory backend,
+  // which gathers and scatters one cache-sized chunk at a time.
+  virtual bool reduces_members() const { return false; }
+  // The allreduce of a fused bucket of `count` elements from its members
+  // into theirs (`members` sorted by offset, for a rank without an entry
+  // in == out == nullptr; the bytes no member covers are zeros). Called only
+  // when reduces_members(), never for kAdasum.
+  virtual void allreduce_members(std::span<const BucketPiece> members, std::size_t count,
                                  DataType dt, const Reduction& red, const OpLabel& what) {
-    (void)members, (void)count, (void)dt, (void)red, (void)what;
-    return false;
+    (void)members, (void)count, (void)dt, (void)red;
+    throw StateError(fmt::format("{}: backend '{}' does not reduce buckets from their members",
+                                 what.str(), name()));
   }
   // Allreduce with red.op == kAdasum: `tensors` are the byte ranges of the
   // bucket's members in `in`/`out` (one range for a lone tensor), each

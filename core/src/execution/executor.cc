@@ -188,24 +188,23 @@ void Executor::run_allreduce(Backend& be, std::vector<Response*>& resps,
   // Fused: members at 64-byte aligned offsets, padding and the slots of
   // members without an entry zeroed.
   const FusedLayout layout = fused_layout(resps);
-  if (red.op != ReduceOp::kAdasum) {
-    // Straight from the members, where the backend can (no packed copy).
-    std::vector<FusedMember> members(resps.size());
+  if (red.op != ReduceOp::kAdasum && be.reduces_members()) {
+    // Straight from the members (no packed copy).
+    std::vector<BucketPiece> members(resps.size());
     for (std::size_t i = 0; i < resps.size(); ++i) {
       members[i] = {entries[i] ? entries[i]->in.data : nullptr,
                     entries[i] ? entries[i]->out.data : nullptr, layout.offsets[i],
                     layout.sizes[i]};
     }
     const auto t0 = Clock::now();
-    if (be.allreduce_members(members, layout.total / dtype_size(dt), dt, red, what)) {
-      be.synchronize(what);
-      const auto t1 = Clock::now();
-      for (std::size_t i = 0; i < resps.size(); ++i) {
-        trace(entries[i], "ALLREDUCE", t0, t1, layout.sizes[i], resps.size());
-        if (entries[i]) entries[i]->state->complete_one();
-      }
-      return;
+    be.allreduce_members(members, layout.total / dtype_size(dt), dt, red, what);
+    be.synchronize(what);
+    const auto t1 = Clock::now();
+    for (std::size_t i = 0; i < resps.size(); ++i) {
+      trace(entries[i], "ALLREDUCE", t0, t1, layout.sizes[i], resps.size());
+      if (entries[i]) entries[i]->state->complete_one();
     }
+    return;
   }
   std::vector<bool> has_input(resps.size());
   for (std::size_t i = 0; i < resps.size(); ++i) has_input[i] = entries[i].has_value();

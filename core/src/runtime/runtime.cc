@@ -103,7 +103,8 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
   // The background thread shares its rank's core with the training loop:
   // it spins briefly (negotiation and ring chunks normally arrive within
   // microseconds), then naps, so that a late peer costs no core time.
-  t_->set_wait_policy({std::chrono::microseconds(static_cast<long>(opt_.spin_wait_us)), kMaxNap});
+  t_->set_wait_policy({std::chrono::microseconds(static_cast<long>(opt_.spin_wait_us)),
+                       kMaxNap});
   log_.debug("runtime started: {} ranks over {}, fusion threshold {} B, cycle {} ms", size_,
              t_->name(), opt_.fusion_threshold_bytes, opt_.cycle_time_ms);
   thread_ = std::thread([this] { loop(); });

@@ -3,11 +3,11 @@
 //
 // A ShmGroup is p ranks (p <= kShmMaxRanks) over one memory region that all
 // of them map: a header of per-rank counters, then one slot of slot_bytes per
-// rank, through which the collectives stage their chunks. Ranks synchronise through the counters (atomics, no system call
-// unless a rank waits long enough to sleep: ShmOptions::spin): every rank
-// runs the same sequence of collectives, and each collective advances every
-// rank's counter by the same amount, so "all counters have reached my own"
-// is a barrier.
+// rank, through which the collectives stage their chunks. Ranks synchronise
+// through the counters (atomics, no system call unless a rank waits long
+// enough to sleep: ShmOptions::spin): every rank runs the same sequence of
+// collectives, and each collective advances every rank's counter by the
+// same amount, so "all counters have reached my own" is a barrier.
 //
 // Who owns what: the region belongs to the caller (a ShmSegment for
 // processes, any shared buffer for ranks as threads in a test), and must
@@ -122,24 +122,13 @@ class ShmGroup {
 void shm_allreduce(ShmGroup& g, const void* in, void* out, std::size_t count, DataType dt,
                    ReduceOp op, double prescale = 1.0, double postscale = 1.0);
 
-// One member of a fused bucket for shm_allreduce_pieces: `bytes` bytes at
-// `offset` in the bucket, read from `in` (nullptr: zeros, a rank without
-// this tensor) and written to `out` (nullptr: discarded). in == out is in
-// place.
-struct ShmPiece {
-  const void* in;
-  void* out;
-  std::size_t offset;
-  std::size_t bytes;
-};
-
 // The allreduce of a fused bucket of `count` elements without packing it
-// first: `pieces` (sorted by offset, not overlapping) are gathered into the
+// first: `pieces` (gyre/types.h; sorted by offset, not overlapping) are gathered into the
 // slots one chunk at a time, zeros filling the bytes no piece covers, and
 // each reduced chunk is scattered back into the pieces' outputs while it is
 // still in cache. The same bits as shm_allreduce of the packed bucket. Every
 // rank passes the same count and the same offsets and sizes.
-void shm_allreduce_pieces(ShmGroup& g, std::span<const ShmPiece> pieces, std::size_t count,
+void shm_allreduce_pieces(ShmGroup& g, std::span<const BucketPiece> pieces, std::size_t count,
                           DataType dt, ReduceOp op, double prescale = 1.0,
                           double postscale = 1.0);
 

@@ -15,14 +15,10 @@ void ShmBackend::allreduce(const void* in, void* out, std::size_t count, DataTyp
   collectives::shm_allreduce(group(), in, out, count, dt, red.op, red.prescale, red.postscale);
 }
 
-bool ShmBackend::allreduce_members(std::span<const FusedMember> members, std::size_t count,
+void ShmBackend::allreduce_members(std::span<const BucketPiece> members, std::size_t count,
                                    DataType dt, const Reduction& red, const OpLabel&) {
-  pieces_.clear();
-  pieces_.reserve(members.size());
-  for (const FusedMember& m : members) pieces_.push_back({m.in, m.out, m.offset, m.bytes});
-  collectives::shm_allreduce_pieces(group(), pieces_, count, dt, red.op, red.prescale,
+  collectives::shm_allreduce_pieces(group(), members, count, dt, red.op, red.prescale,
                                     red.postscale);
-  return true;
 }
 
 void ShmBackend::broadcast(void* buf, std::size_t bytes, int root, const OpLabel&) {

@@ -21,7 +21,6 @@
 #pragma once
 
 #include <memory>
-#include <vector>
 
 #include "backends/cpu/cpu_ring_backend.h"
 #include "gyre/collectives/shm_host.h"
@@ -38,7 +37,8 @@ class ShmBackend final : public CpuRingBackend {
 
   void allreduce(const void* in, void* out, std::size_t count, DataType dt, const Reduction& red,
                  const OpLabel& what) override;
-  bool allreduce_members(std::span<const FusedMember> members, std::size_t count, DataType dt,
+  bool reduces_members() const override { return true; }
+  void allreduce_members(std::span<const BucketPiece> members, std::size_t count, DataType dt,
                          const Reduction& red, const OpLabel& what) override;
   void broadcast(void* buf, std::size_t bytes, int root, const OpLabel& what) override;
   void allgather(const void* in, std::span<const std::size_t> block_bytes, void* out,
@@ -51,7 +51,6 @@ class ShmBackend final : public CpuRingBackend {
  private:
   collectives::ShmGroup& group() { return host_->group(); }
   std::shared_ptr<transport::ShmHost> host_;
-  std::vector<collectives::ShmPiece> pieces_;  // allreduce_members' scratch
 };
 
 }  // namespace gyre::core
