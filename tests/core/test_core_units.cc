@@ -8,8 +8,13 @@
 #include <fstream>
 #include <sstream>
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <future>
 
 #include "negotiation/coordinator.h"
 #include "api/fingerprint.h"
@@ -356,6 +361,47 @@ TEST_CASE("timeline file is valid JSON after every event", "[timeline]") {
   Timeline bad(0);
   CHECK_THROWS_AS(bad.start("/nonexistent-dir/x.json", false, "test"), InvalidArgument);
   CHECK_FALSE(bad.active());
+}
+
+TEST_CASE("timeline: a FIFO or a directory is refused at once, with the reason", "[timeline]") {
+  const std::string fifo = fmt::format("gyre_core_timeline_fifo_{}", ::getpid());
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // start() on its own thread: before the fix it waited for ever in open()
+  // for a reader. If it has not returned within the bound, a reader is
+  // opened to release it, so that the test fails instead of hanging.
+  auto start_on = [](const std::string& path) {
+    return std::async(std::launch::async, [path] {
+      Timeline t(0);
+      try {
+        t.start(path, false, "GYRE_TIMELINE");
+      } catch (const InvalidArgument& e) {
+        return std::string(e.what());
+      }
+      return std::string("started");
+    });
+  };
+  auto check_refused = [&](bool with_reader) {
+    const int reader = with_reader ? ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK) : -1;
+    auto result = start_on(fifo);
+    const bool returned = result.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+    int release = -1;
+    if (!returned) release = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+    const std::string what = result.get();
+    if (release >= 0) ::close(release);
+    if (reader >= 0) ::close(reader);
+    CHECK(returned);
+    CHECK_THAT(what, Catch::Contains("is a FIFO, not a regular file") &&
+                         Catch::Contains(fifo) && Catch::Contains("GYRE_TIMELINE"));
+  };
+  SECTION("no reader") { check_refused(false); }
+  SECTION("a reader waiting") { check_refused(true); }
+  SECTION("a directory") {
+    Timeline t(0);
+    CHECK_THROWS_WITH(t.start(".", false, "start_timeline"),
+                      Catch::Contains("is a directory, not a regular file"));
+    CHECK_FALSE(t.active());
+  }
+  ::unlink(fifo.c_str());
 }
 
 TEST_CASE("coordinator: a grouped allreduce runs once the whole group is ready", "[coordinator]") {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -50,9 +51,29 @@ void Timeline::start(const std::string& path, bool mark_cycles, std::string_view
   close_file();
   if (pos == std::string::npos && rank_ != 0) return;  // one file: rank 0's view
   // O_NOFOLLOW: a symbolic link planted at the path (in a shared /tmp, say)
-  // must not make gyre overwrite the file it points to. Mode 0666 less the
-  // umask, as any file the user's programs create.
-  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0666);
+  // must not make gyre overwrite the file it points to. O_NONBLOCK: opening
+  // a FIFO for writing would otherwise wait for ever for a reader (with no
+  // reader it fails at once, ENXIO); anything but a regular file is refused
+  // below, so the flag changes nothing for the file that is written. Mode
+  // 0666 less the umask, as any file the user's programs create.
+  const auto not_regular = [&](mode_t mode) {
+    return InvalidArgument(fmt::format(
+        "{}: cannot write the timeline to '{}': it is {}, not a regular file (choose a file "
+        "path)",
+        what, file,
+        S_ISFIFO(mode)  ? "a FIFO"
+        : S_ISDIR(mode) ? "a directory"
+        : S_ISCHR(mode) ? "a character device"
+        : S_ISBLK(mode) ? "a block device"
+        : S_ISSOCK(mode) ? "a socket"
+                         : "not a regular file"));
+  };
+  struct stat st{};
+  if (::lstat(file.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) {
+    throw not_regular(st.st_mode);
+  }
+  const int fd = ::open(file.c_str(),
+                        O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0666);
   if (fd < 0) {
     const int err = errno;
     throw InvalidArgument(fmt::format(
@@ -61,6 +82,13 @@ void Timeline::start(const std::string& path, bool mark_cycles, std::string_view
                                    "or choose another path)")
                      : std::string(std::strerror(err))));
   }
+  // The path may have been replaced between lstat() and open().
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const mode_t mode = st.st_mode;
+    ::close(fd);
+    throw not_regular(mode);
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   file_ = ::fdopen(fd, "w");
   if (!file_) {
     const int err = errno;
