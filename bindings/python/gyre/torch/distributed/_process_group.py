@@ -40,8 +40,10 @@ _OPS = {
 
 
 def _reduce_op(op: Any) -> Tuple[int, float, str]:
-    """torch's ReduceOp as (gyre op, prescale factor, refusal)."""
-    kind = op.op if isinstance(op, dist.ReduceOp) else op
+    """torch's ReduceOp as (gyre op, prescale factor, refusal). torch passes
+    a ReduceOp (options) or a bare RedOpType (``group.allreduce([t])``: no
+    options), which isinstance also takes for a ReduceOp."""
+    kind = getattr(op, "op", op)
     if kind == _RedOpType.PREMUL_SUM:
         factor = op.__getstate__()[1]
         if isinstance(factor, torch.Tensor):
@@ -134,6 +136,8 @@ class GyreProcessGroup(dist.ProcessGroup):
         return self._allreduce(tensors, opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
 
     def _allreduce(self, tensors: List[torch.Tensor], op: Any) -> GyreWork:
+        if any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo for t in tensors):
+            return self._sparse_allreduce(tensors, op)
         name = self._name()
         gop, pre, refusal = _reduce_op(op)
         refusal = refusal or _tensor_refusal(tensors, "allreduce")
@@ -153,6 +157,39 @@ class GyreProcessGroup(dist.ProcessGroup):
             return list(tensors)
 
         return GyreWork([pending], finish)
+
+    def _sparse_allreduce(self, tensors: List[torch.Tensor], op: Any) -> GyreWork:
+        """A sum of sparse COO tensors, as gloo's: every rank's indices and
+        values are gathered (ranks may hold different numbers of nonzeros)
+        and coalesced; the result replaces each tensor's contents."""
+        gop, pre, refusal = _reduce_op(op)
+        if not refusal and (gop != int(_GyreOp.SUM) or pre != 1.0):
+            refusal = "allreduce of sparse tensors: only ReduceOp.SUM is supported (as on gloo)"
+        if not refusal and any(not isinstance(t, torch.Tensor) or t.layout != torch.sparse_coo
+                               for t in tensors):
+            refusal = "allreduce: a list mixing sparse and dense tensors"
+        pendings, parts = [], []
+        for i, t in enumerate(tensors if not refusal else [None]):
+            name = self._name()
+            c = None if refusal else t.detach().coalesce()
+            # Indices as rows of (sparse_dim) and values as rows of their
+            # dense shape, so that each rank's nonzeros are its own rows.
+            idx = None if refusal else c.indices().t().contiguous()
+            val = None if refusal else c.values().reshape(c.values().shape[0], -1).contiguous()
+            p_idx = _gyre.allgather(f"{name}.indices", idx, refusal, process_set=self._ps)
+            p_val = _gyre.allgather(f"{name}.values", val, refusal, process_set=self._ps)
+            pendings += [p_idx, p_val]
+            parts.append((t, c, p_idx, p_val))
+
+        def finish() -> List[torch.Tensor]:
+            for t, c, p_idx, p_val in parts:
+                idx = torch.from_dlpack(p_idx.output()).t()
+                val = torch.from_dlpack(p_val.output()).reshape((-1,) + tuple(c.values().shape[1:]))
+                total = torch.sparse_coo_tensor(idx, val, c.shape).coalesce()
+                t.copy_(total)
+            return list(tensors)
+
+        return GyreWork(pendings, finish)
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any) -> GyreWork:
         """Only the root's tensor receives the result; the others' are untouched."""
@@ -387,8 +424,35 @@ class GyreProcessGroup(dist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]],
                             inputs: List[torch.Tensor], opts: Any = None) -> GyreWork:
-        works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, inputs)]
-        return GyreWork(works, lambda: output_lists)
+        """torch's layout: output_lists[rank][i] receives that rank's
+        inputs[i]. The inputs travel as one row (their elements end to end)
+        in one allgather, cut back into tensors on arrival."""
+        size = self.size()
+        refusal = _tensor_refusal(inputs, "all_gather_coalesced")
+        if not refusal and len(output_lists) != size:
+            refusal = (f"all_gather_coalesced: {len(output_lists)} output lists, expected one "
+                       f"per rank ({size})")
+        elif not refusal and any(len(out) != len(inputs) for out in output_lists):
+            refusal = (f"all_gather_coalesced: every output list needs one tensor per input "
+                       f"({len(inputs)})")
+        elif not refusal and any(o.numel() != i.numel() or o.dtype != i.dtype
+                                 for out in output_lists for o, i in zip(out, inputs)):
+            refusal = ("all_gather_coalesced: output_lists[rank][i] must have inputs[i]'s "
+                       "number of elements and dtype")
+        elif not refusal and len({t.dtype for t in inputs}) != 1:
+            refusal = "all_gather_coalesced: every input tensor must have one dtype"
+        row = None if refusal else torch.cat([t.detach().reshape(-1) for t in inputs])
+        pending, rows = self._allgather_rows(row, refusal)
+        counts = [] if refusal else [t.numel() for t in inputs]
+
+        def finish() -> List[List[torch.Tensor]]:
+            gathered = rows()
+            for r, out in enumerate(output_lists):
+                for o, piece in zip(out, gathered[r].split(counts)):
+                    o.copy_(piece.view(o.shape))
+            return output_lists
+
+        return GyreWork([pending], finish)
 
     def all_gather_single_coalesced(self, outputs: List[torch.Tensor],
                                     inputs: List[torch.Tensor], opts: Any = None) -> GyreWork:
