@@ -17,6 +17,7 @@
 #include "gyre/collectives/shm_host.h"
 #include "gyre/gyre.h"
 #include "gyre/collectives/mpi_p2p.h"
+#include "store/parameter_store.h"
 #include "api/operations.h"
 #include "api/point_to_point.h"
 #include "api/process_sets.h"
@@ -143,6 +144,7 @@ std::string p2p_unavailable(const char* call) {
 // them then say so).
 void stop_all(std::shared_ptr<core::Runtime> world,
               std::shared_ptr<core::P2pEngine> p2p = nullptr, bool for_rebuild = false) {
+  core::store::stop_all_stores();
   if (p2p) p2p->stop();
   for (auto& rt : for_rebuild ? g_sets.drop_for_rebuild() : g_sets.clear()) rt->shutdown();
   if (world) world->shutdown();

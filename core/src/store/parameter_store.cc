@@ -1,0 +1,582 @@
+// ParameterStore (gyre/store.h): the tensors' placement and shards, the
+// requests a member sends for shards other members own, and the server
+// thread that answers those for its own.
+//
+// Wire protocol, on the store's own communicator (MpiStoreChannel):
+//   request  (tag kRequestTag)  RequestHeader [+ delta bytes of the shard, push]
+//   reply    (tag: the request's reply_tag) ReplyHeader
+//            [+ the shard's bytes (pull) | an error message (status kError)]
+// Each call posts its reply receives before it sends its requests, on a
+// reply tag of its own, so concurrent calls from several threads never take
+// each other's replies and a reply never waits for its receiver.
+#include "gyre/store.h"
+
+#include "store/parameter_store.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <span>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "gyre/collectives/mpi_store_channel.h"
+#include "runtime/logging.h"
+#include "store/placement.h"
+#include "store/shard.h"
+
+namespace gyre {
+
+namespace {
+
+using core::store::PushOutcome;
+using core::store::Shard;
+using core::store::ShardSpan;
+using transport::MpiStoreChannel;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kRequestTag = 1;
+constexpr int kFirstReplyTag = 2;
+constexpr int kReplyTags = 30000;  // MPI guarantees tags up to 32767
+constexpr int kChannelTagBase = 0x5710;
+
+enum class RequestKind : std::uint32_t { kPull = 1, kPush = 2 };
+enum class ReplyStatus : std::int32_t { kApplied = 0, kRejected = 1, kError = 2 };
+
+struct RequestHeader {
+  RequestKind kind;
+  std::uint32_t tensor;
+  std::uint32_t shard;
+  std::int32_t reply_tag;
+  std::int64_t base;
+  std::int64_t staleness;
+  std::uint32_t policy;
+  std::uint32_t reserved;
+};
+
+struct ReplyHeader {
+  ReplyStatus status;
+  std::int32_t reserved;
+  std::int64_t version;
+  std::int64_t lag;
+  double factor;
+};
+
+constexpr std::size_t kErrorTextMax = 2048;
+
+template <typename T>
+std::span<const std::byte> bytes_of(const T& v) {
+  return {reinterpret_cast<const std::byte*>(&v), sizeof(T)};
+}
+
+}  // namespace
+
+struct ParameterStore::Impl {
+  struct Tensor {
+    std::uint32_t id = 0;
+    std::string name;
+    DataType dtype = DataType::kFloat32;
+    std::int64_t numel = 0;
+    std::vector<ShardSpan> shards;
+    // This member's shards, by shard index (null where another owns it).
+    std::vector<std::unique_ptr<Shard>> local;
+  };
+
+  int process_set = kGlobalProcessSet;
+  int store_index = 0;  // stores made by this process before this one (alike on every member)
+  StoreOptions options;
+  std::vector<int> members;  // world ranks, in the set's order
+  int my_index = 0;
+  double timeout_s = 0;
+  core::Logger log;
+  std::unique_ptr<MpiStoreChannel> channel;
+
+  // Registration happens on one thread at a time (collective); lookups from
+  // any thread.
+  mutable std::mutex tensors_mu;  // guards tensors, by_name, bytes_held
+  std::vector<std::shared_ptr<Tensor>> tensors;
+  std::unordered_map<std::string, std::shared_ptr<Tensor>> by_name;
+  std::vector<std::size_t> bytes_held;
+
+  std::atomic<bool> open{true};
+  std::atomic<bool> stop_server{false};
+  std::thread server;
+  std::atomic<int> next_reply_tag{0};
+
+  std::atomic<std::int64_t> pulls{0}, pushes{0}, applied{0}, rejected{0}, scaled{0}, served{0},
+      max_lag{0};
+
+  Clock::time_point deadline() const {
+    if (timeout_s <= 0) return Clock::time_point::max();
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                              std::chrono::duration<double>(timeout_s));
+  }
+
+  int reply_tag() {
+    return kFirstReplyTag + next_reply_tag.fetch_add(1, std::memory_order_relaxed) % kReplyTags;
+  }
+
+  void check_open(const char* call) const {
+    if (!open.load()) {
+      throw StateError(fmt::format("ParameterStore::{}: the store is closed (close(), or gyre "
+                                   "was shut down)", call));
+    }
+  }
+
+  std::shared_ptr<Tensor> find(const std::string& name, const char* call) const {
+    std::lock_guard<std::mutex> lock(tensors_mu);
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      throw InvalidArgument(fmt::format("ParameterStore::{}: no tensor '{}' is registered", call,
+                                        name));
+    }
+    return it->second;
+  }
+
+  std::shared_ptr<Tensor> tensor_by_id(std::uint32_t id) const {
+    std::lock_guard<std::mutex> lock(tensors_mu);
+    if (id >= tensors.size()) return nullptr;
+    return tensors[id];
+  }
+
+  void note_push(const PushOutcome& o) {
+    ++pushes;
+    if (o.applied) {
+      ++applied;
+      if (o.factor != 1.0) ++scaled;
+    } else {
+      ++rejected;
+    }
+    std::int64_t seen = max_lag.load();
+    while (o.lag > seen && !max_lag.compare_exchange_weak(seen, o.lag)) {
+    }
+  }
+
+  // --- the server: answers requests for this member's shards -------------
+
+  void serve() {
+    std::vector<std::byte> message;
+    auto nap = std::chrono::microseconds(0);
+    while (!stop_server.load(std::memory_order_relaxed)) {
+      std::optional<int> source;
+      try {
+        source = channel->receive_any(kRequestTag, message);
+      } catch (const std::exception& e) {
+        log.error("parameter store: the server stops: {}", e.what());
+        return;
+      }
+      if (!source) {
+        // Idle: yield at first, then sleep in growing naps of at most
+        // 200 us, so that a quiet store leaves the core to training.
+        if (nap.count() == 0) {
+          std::this_thread::yield();
+          nap = std::chrono::microseconds(1);
+        } else {
+          std::this_thread::sleep_for(nap);
+          nap = std::min(nap * 2, std::chrono::microseconds(200));
+        }
+        continue;
+      }
+      nap = std::chrono::microseconds(0);
+      answer(*source, message);
+    }
+  }
+
+  void answer(int source, const std::vector<std::byte>& message) {
+    ++served;
+    RequestHeader req{};
+    ReplyHeader reply{};
+    std::vector<std::byte> payload;
+    int reply_tag = -1;
+    try {
+      if (message.size() < sizeof(RequestHeader)) {
+        throw InvalidArgument(fmt::format("a request of {} bytes", message.size()));
+      }
+      std::memcpy(&req, message.data(), sizeof req);
+      reply_tag = req.reply_tag;
+      auto t = tensor_by_id(req.tensor);
+      if (!t || req.shard >= t->local.size() || !t->local[req.shard]) {
+        throw InvalidArgument(fmt::format("tensor {} shard {} is not served by rank {}",
+                                          req.tensor, req.shard, members[my_index]));
+      }
+      Shard& shard = *t->local[req.shard];
+      if (req.kind == RequestKind::kPull) {
+        payload.resize(shard.nbytes());
+        reply.version = shard.read(payload.data());
+        reply.status = ReplyStatus::kApplied;
+      } else if (req.kind == RequestKind::kPush) {
+        if (message.size() != sizeof(RequestHeader) + shard.nbytes()) {
+          throw InvalidArgument(fmt::format("a push of {} bytes to a shard of {}",
+                                            message.size() - sizeof(RequestHeader),
+                                            shard.nbytes()));
+        }
+        const PushOutcome o = shard.push(message.data() + sizeof(RequestHeader), req.base,
+                                         req.staleness, static_cast<PushPolicy>(req.policy));
+        reply.status = o.applied ? ReplyStatus::kApplied : ReplyStatus::kRejected;
+        reply.version = o.version;
+        reply.lag = o.lag;
+        reply.factor = o.factor;
+      } else {
+        throw InvalidArgument(fmt::format("unknown request kind {}",
+                                          static_cast<std::uint32_t>(req.kind)));
+      }
+    } catch (const std::exception& e) {
+      reply.status = ReplyStatus::kError;
+      const std::string text = e.what();
+      payload.assign(reinterpret_cast<const std::byte*>(text.data()),
+                     reinterpret_cast<const std::byte*>(text.data()) +
+                         std::min(text.size(), kErrorTextMax));
+    }
+    if (reply_tag < kFirstReplyTag) return;  // nowhere to answer
+    const std::span<const std::byte> parts[] = {bytes_of(reply), payload};
+    try {
+      channel->send(source, reply_tag, parts, deadline());
+    } catch (const std::exception& e) {
+      log.warn("parameter store: the reply to rank {} was not taken: {}", members[source],
+               e.what());
+    }
+  }
+
+  // --- the client: one request per shard, replies awaited together --------
+
+  struct Outstanding {
+    int shard = 0;
+    int owner = 0;  // member index
+    std::vector<std::byte> reply;
+    std::unique_ptr<MpiStoreChannel::Receive> receive;
+  };
+
+  // Waits for every reply; throws the first failure, naming tensor, shard and
+  // owner (every receive is cancelled by its destructor on the way out).
+  void await(const Tensor& t, std::vector<Outstanding>& out, const char* call,
+             const std::function<void(Outstanding&, const ReplyHeader&, std::size_t)>& take) {
+    const auto limit = deadline();
+    for (auto& o : out) {
+      std::size_t got = 0;
+      try {
+        got = o.receive->wait(limit);
+      } catch (const TimeoutError&) {
+        throw TimeoutError(fmt::format(
+            "ParameterStore::{}('{}'): rank {}, owner of shard {}, did not answer within {} s "
+            "(dead, or not serving: closed its store or shut gyre down)",
+            call, t.name, members[o.owner], o.shard, timeout_s));
+      }
+      o.receive.reset();
+      ReplyHeader h{};
+      if (got < sizeof h) {
+        throw TransportError(fmt::format("ParameterStore::{}('{}'): a reply of {} bytes from rank {}",
+                                         call, t.name, got, members[o.owner]));
+      }
+      std::memcpy(&h, o.reply.data(), sizeof h);
+      if (h.status == ReplyStatus::kError) {
+        throw InvalidArgument(fmt::format(
+            "ParameterStore::{}('{}'): rank {}, owner of shard {}, refused it: {}", call, t.name,
+            members[o.owner], o.shard,
+            std::string(reinterpret_cast<const char*>(o.reply.data() + sizeof h), got - sizeof h)));
+      }
+      take(o, h, got - sizeof h);
+    }
+  }
+
+  void post_and_send(Outstanding& o, const RequestHeader& req, std::size_t reply_bytes,
+                     std::span<const std::byte> payload) {
+    o.reply.resize(std::max(sizeof(ReplyHeader) + reply_bytes, sizeof(ReplyHeader) + kErrorTextMax));
+    o.receive = channel->post_receive(o.owner, req.reply_tag, o.reply);
+    const std::span<const std::byte> parts[] = {bytes_of(req), payload};
+    channel->send(o.owner, kRequestTag, parts, deadline());
+  }
+};
+
+namespace {
+
+std::mutex g_stores_mu;  // guards g_stores
+std::set<std::shared_ptr<ParameterStore::Impl>>* g_stores =
+    new std::set<std::shared_ptr<ParameterStore::Impl>>();  // never destroyed: used at exit
+std::atomic<int> g_stores_made{0};
+
+void stop_server(ParameterStore::Impl& impl) {
+  impl.open = false;
+  impl.stop_server = true;
+  if (impl.server.joinable()) impl.server.join();
+}
+
+void check_cpu(const TensorView& v, const char* call, const char* what) {
+  if (!v.refusal.empty()) throw InvalidArgument(fmt::format("ParameterStore::{}: {}", call, v.refusal));
+  if (v.device.type != DeviceType::kCPU) {
+    throw InvalidArgument(fmt::format("ParameterStore::{}: {} is on {}; the store takes CPU tensors",
+                                      call, what, device_name(v.device.type)));
+  }
+  if (v.data == nullptr && v.numel() > 0) {
+    throw InvalidArgument(fmt::format("ParameterStore::{}: {} has no data", call, what));
+  }
+}
+
+void check_matches(const ParameterStore::Impl::Tensor& t, const TensorView& v, const char* call,
+                   const char* what) {
+  check_cpu(v, call, what);
+  if (v.dtype != t.dtype || v.numel() != t.numel) {
+    throw InvalidArgument(fmt::format(
+        "ParameterStore::{}('{}'): {} is {} with {} elements; the tensor was registered as {} "
+        "with {}", call, t.name, what, dtype_name(v.dtype), v.numel(), dtype_name(t.dtype),
+        t.numel));
+  }
+}
+
+}  // namespace
+
+namespace core::store {
+
+void stop_all_stores() {
+  std::set<std::shared_ptr<ParameterStore::Impl>> stores;
+  {
+    std::lock_guard<std::mutex> lock(g_stores_mu);
+    stores.swap(*g_stores);
+  }
+  for (const auto& s : stores) stop_server(*s);
+}
+
+}  // namespace core::store
+
+ParameterStore::ParameterStore(int process_set, const StoreOptions& options)
+    : impl_(std::make_shared<Impl>()) {
+  impl_->process_set = process_set;
+  impl_->options = options;
+  impl_->members = process_set_ranks(process_set);  // throws for an unknown set
+  const int me = rank();
+  auto mine = std::find(impl_->members.begin(), impl_->members.end(), me);
+  if (mine == impl_->members.end()) {
+    throw InvalidArgument(fmt::format(
+        "ParameterStore: rank {} is not in process set {}, whose ranks make the store", me,
+        process_set));
+  }
+  impl_->my_index = static_cast<int>(mine - impl_->members.begin());
+  const Options env = Options::from_env();
+  impl_->timeout_s = options.timeout_s > 0 ? options.timeout_s : env.stall_shutdown_s;
+  impl_->log = core::Logger(me, env.log_level);
+  impl_->bytes_held.assign(impl_->members.size(), 0);
+  // Every member gets here before the communicator is made: a member that
+  // never comes fails gyre's barrier at its stall deadline, not a hang in MPI.
+  barrier(process_set);
+  impl_->store_index = g_stores_made.fetch_add(1);
+  const int tag = kChannelTagBase + impl_->store_index % 1024;
+  std::vector<int> world_ranks = impl_->members;
+  impl_->channel = MpiStoreChannel::create(world_ranks, tag);
+  Impl* raw = impl_.get();
+  impl_->server = std::thread([raw] { raw->serve(); });
+  std::lock_guard<std::mutex> lock(g_stores_mu);
+  g_stores->insert(impl_);
+}
+
+ParameterStore::~ParameterStore() {
+  if (!impl_) return;
+  {
+    std::lock_guard<std::mutex> lock(g_stores_mu);
+    g_stores->erase(impl_);
+  }
+  // Not collective: an open store stops serving at once (the others'
+  // requests for its shards then time out, naming this rank).
+  stop_server(*impl_);
+  if (impl_->server.joinable()) impl_->server.join();
+  impl_->channel.reset();
+}
+
+void ParameterStore::close() {
+  if (!impl_->open.load()) return;
+  // Every member has finished its calls once all are here: no request for
+  // this rank's shards can still come.
+  barrier(impl_->process_set);
+  {
+    std::lock_guard<std::mutex> lock(g_stores_mu);
+    g_stores->erase(impl_);
+  }
+  stop_server(*impl_);
+}
+
+void ParameterStore::register_tensor(const std::string& name, const TensorView& value) {
+  impl_->check_open("register_tensor");
+  TensorView copy_view = value;
+  std::vector<std::byte> copy;
+  // Refusals travel with the broadcast: every member fails in the same round.
+  if (copy_view.refusal.empty() && value.device.type != DeviceType::kCPU) {
+    copy_view.refusal = fmt::format("the value of '{}' is on {}; the store takes CPU tensors", name,
+                                    device_name(value.device.type));
+  }
+  {
+    std::lock_guard<std::mutex> lock(impl_->tensors_mu);
+    if (copy_view.refusal.empty() && impl_->by_name.count(name)) {
+      copy_view.refusal = fmt::format("'{}' is already registered in this store", name);
+    }
+  }
+  if (copy_view.refusal.empty()) {
+    copy.resize(value.nbytes());
+    if (!copy.empty()) std::memcpy(copy.data(), value.data, copy.size());
+    copy_view.data = copy.data();
+  }
+  const std::string op_name = fmt::format("gyre.store.{}.{}", impl_->store_index, name);
+  broadcast_async(op_name, copy_view, impl_->members[0], impl_->process_set).wait();
+
+  auto t = std::make_shared<Impl::Tensor>();
+  t->name = name;
+  t->dtype = value.dtype;
+  t->numel = value.numel();
+  std::lock_guard<std::mutex> lock(impl_->tensors_mu);
+  t->id = static_cast<std::uint32_t>(impl_->tensors.size());
+  t->shards = core::store::place_tensor(t->numel, dtype_size(t->dtype), impl_->options.split_bytes,
+                                        impl_->bytes_held);
+  t->local.resize(t->shards.size());
+  const std::size_t elem = dtype_size(t->dtype);
+  for (std::size_t s = 0; s < t->shards.size(); ++s) {
+    const ShardSpan& span = t->shards[s];
+    if (span.owner != impl_->my_index) continue;
+    t->local[s] = std::make_unique<Shard>(t->dtype, span.count,
+                                          copy.data() + static_cast<std::size_t>(span.offset) * elem);
+  }
+  impl_->tensors.push_back(t);
+  impl_->by_name.emplace(name, t);
+}
+
+std::vector<std::int64_t> ParameterStore::pull(const std::string& name, const TensorView& out) {
+  impl_->check_open("pull");
+  auto t = impl_->find(name, "pull");
+  check_matches(*t, out, "pull", "the output");
+  ++impl_->pulls;
+  const std::size_t elem = dtype_size(t->dtype);
+  auto* base = static_cast<std::byte*>(out.data);
+  std::vector<std::int64_t> versions(t->shards.size(), 0);
+  std::vector<Impl::Outstanding> remote;
+  for (std::size_t s = 0; s < t->shards.size(); ++s) {
+    const ShardSpan& span = t->shards[s];
+    if (span.owner == impl_->my_index) continue;
+    Impl::Outstanding o;
+    o.shard = static_cast<int>(s);
+    o.owner = span.owner;
+    RequestHeader req{RequestKind::kPull, t->id, static_cast<std::uint32_t>(s), impl_->reply_tag(),
+                      0, 0, 0, 0};
+    impl_->post_and_send(o, req, static_cast<std::size_t>(span.count) * elem, {});
+    remote.push_back(std::move(o));
+  }
+  for (std::size_t s = 0; s < t->shards.size(); ++s) {
+    if (t->local[s]) {
+      versions[s] = t->local[s]->read(base + static_cast<std::size_t>(t->shards[s].offset) * elem);
+    }
+  }
+  impl_->await(*t, remote, "pull", [&](Impl::Outstanding& o, const ReplyHeader& h, std::size_t n) {
+    const ShardSpan& span = t->shards[static_cast<std::size_t>(o.shard)];
+    const std::size_t want = static_cast<std::size_t>(span.count) * elem;
+    if (n != want) {
+      throw TransportError(fmt::format("ParameterStore::pull('{}'): rank {} sent {} bytes of shard "
+                                       "{}, not {}", t->name, impl_->members[o.owner], n, o.shard,
+                                       want));
+    }
+    if (n) std::memcpy(base + static_cast<std::size_t>(span.offset) * elem,
+                       o.reply.data() + sizeof(ReplyHeader), n);
+    versions[static_cast<std::size_t>(o.shard)] = h.version;
+  });
+  return versions;
+}
+
+PushResult ParameterStore::push(const std::string& name, const TensorView& delta,
+                                const std::vector<std::int64_t>& base_version,
+                                std::int64_t staleness, PushPolicy policy,
+                                const std::vector<int>& only_shards) {
+  impl_->check_open("push");
+  auto t = impl_->find(name, "push");
+  check_matches(*t, delta, "push", "the delta");
+  const std::size_t shards = t->shards.size();
+  if (base_version.size() != shards) {
+    throw InvalidArgument(fmt::format(
+        "ParameterStore::push('{}'): {} base versions for a tensor of {} shards (pass the versions "
+        "pull() returned)", name, base_version.size(), shards));
+  }
+  if (policy != PushPolicy::kReject && policy != PushPolicy::kApply &&
+      policy != PushPolicy::kScale) {
+    throw InvalidArgument(fmt::format("ParameterStore::push('{}'): unknown policy {}", name,
+                                      static_cast<int>(policy)));
+  }
+  std::vector<bool> selected(shards, only_shards.empty());
+  for (int s : only_shards) {
+    if (s < 0 || static_cast<std::size_t>(s) >= shards) {
+      throw InvalidArgument(fmt::format("ParameterStore::push('{}'): shard {} of a tensor of {} "
+                                        "shards", name, s, shards));
+    }
+    selected[static_cast<std::size_t>(s)] = true;
+  }
+  const std::size_t elem = dtype_size(t->dtype);
+  const auto* data = static_cast<const std::byte*>(delta.data);
+  PushResult result;
+  result.version = base_version;
+  result.shard_applied.assign(shards, false);
+  result.lag.assign(shards, 0);
+  result.applied = true;
+  auto record = [&](std::size_t s, const PushOutcome& o) {
+    impl_->note_push(o);
+    result.version[s] = o.version;
+    result.lag[s] = o.lag;
+    result.shard_applied[s] = o.applied;
+    if (!o.applied) {
+      result.applied = false;
+      result.rejected_shards.push_back(static_cast<int>(s));
+    }
+  };
+  std::vector<Impl::Outstanding> remote;
+  for (std::size_t s = 0; s < shards; ++s) {
+    const ShardSpan& span = t->shards[s];
+    if (!selected[s] || span.owner == impl_->my_index) continue;
+    Impl::Outstanding o;
+    o.shard = static_cast<int>(s);
+    o.owner = span.owner;
+    RequestHeader req{RequestKind::kPush, t->id, static_cast<std::uint32_t>(s), impl_->reply_tag(),
+                      base_version[s], staleness < 0 ? -1 : staleness,
+                      static_cast<std::uint32_t>(policy), 0};
+    impl_->post_and_send(o, req, 0,
+                         {data + static_cast<std::size_t>(span.offset) * elem,
+                          static_cast<std::size_t>(span.count) * elem});
+    remote.push_back(std::move(o));
+  }
+  for (std::size_t s = 0; s < shards; ++s) {
+    if (!selected[s] || !t->local[s]) continue;
+    try {
+      record(s, t->local[s]->push(data + static_cast<std::size_t>(t->shards[s].offset) * elem,
+                                  base_version[s], staleness < 0 ? -1 : staleness, policy));
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("ParameterStore::push('{}'): shard {}: {}", name, s,
+                                        e.what()));
+    }
+  }
+  impl_->await(*t, remote, "push", [&](Impl::Outstanding& o, const ReplyHeader& h, std::size_t) {
+    PushOutcome out;
+    out.applied = h.status == ReplyStatus::kApplied;
+    out.version = h.version;
+    out.lag = h.lag;
+    out.factor = h.factor;
+    record(static_cast<std::size_t>(o.shard), out);
+  });
+  std::sort(result.rejected_shards.begin(), result.rejected_shards.end());
+  return result;
+}
+
+std::vector<int> ParameterStore::shard_owners(const std::string& name) const {
+  auto t = impl_->find(name, "shard_owners");
+  std::vector<int> owners;
+  for (const auto& s : t->shards) owners.push_back(impl_->members[s.owner]);
+  return owners;
+}
+
+StoreStats ParameterStore::stats() const {
+  StoreStats s;
+  s.pulls = impl_->pulls;
+  s.pushes = impl_->pushes;
+  s.pushes_applied = impl_->applied;
+  s.pushes_rejected = impl_->rejected;
+  s.pushes_scaled = impl_->scaled;
+  s.served_requests = impl_->served;
+  s.max_lag_seen = impl_->max_lag;
+  return s;
+}
+
+}  // namespace gyre
