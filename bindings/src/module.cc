@@ -298,6 +298,7 @@ PYBIND11_MODULE(_gyre, m) {
   m.doc() = "gyre's C++ runtime; use the gyre and gyre.torch packages instead.";
   register_translator();
   register_fork_handlers();
+  register_exit_hook();
   m.def("_set_exception_classes", &set_exception_classes);
   bind_output_tensor(m);
 

@@ -51,8 +51,16 @@ void bury(Imports&& imports) {
 // hook waits on an allreduce inside a future's callback), so when a callable
 // is queued and no callback thread is idle, another one is started (up to
 // kMaxThreads); threads beyond the first end after kIdleExit without work.
-// Created on first use and never destroyed: its threads may still be parked
-// on the queue while the interpreter exits.
+// Created on first use and never destroyed (its threads are detached).
+//
+// Interpreter exit: a thread that asks for the GIL once the interpreter
+// finalises is ended by CPython with pthread_exit(), whose forced unwinding
+// through C++ frames (ours, or torch's when a callable completes a torch
+// future) calls std::terminate: the job aborts after correct results. So
+// stop() runs from an atexit hook, before finalisation: the callables queued
+// until then still run, then every thread ends and stop() returns once none
+// is left. After that nothing takes the GIL: a callable posted later is
+// dropped (its reference is leaked, as the interpreter is going away).
 class CallbackThreads {
  public:
   static CallbackThreads& instance() {
@@ -65,6 +73,7 @@ class CallbackThreads {
     bool start = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) return;  // the interpreter is exiting: see the class comment
       queue_.push_back(fn);
       if (idle_ == 0 && threads_ < kMaxThreads) {
         ++threads_;
@@ -78,9 +87,38 @@ class CallbackThreads {
     }
   }
 
+  // Runs the queued callables, then ends every thread; returns once none is
+  // left, or after kStopWait if a callable does not return (then says so on
+  // stderr). Main thread at exit (atexit), GIL held on entry; released while
+  // waiting so that the threads can finish their callables.
+  void stop() {
+    int left = 0;
+    std::deque<PyObject*> dropped;
+    {
+      py::gil_scoped_release release;
+      std::unique_lock<std::mutex> lock(mu_);
+      stopping_ = true;
+      cv_.notify_all();
+      gone_cv_.wait_for(lock, kStopWait, [&] { return threads_ == 0; });
+      stopped_ = true;
+      left = threads_;
+      // What is still queued has no thread left to run it: drop it below,
+      // with the GIL (nothing is queued when every thread ended).
+      dropped.swap(queue_);
+    }
+    for (PyObject* fn : dropped) Py_DECREF(fn);
+    if (left > 0) {
+      PySys_WriteStderr(
+          "gyre: %d completion callback(s) still running at exit after %d s; exiting "
+          "without waiting for them\n",
+          left, static_cast<int>(kStopWait.count()));
+    }
+  }
+
  private:
   static constexpr int kMaxThreads = 32;
   static constexpr std::chrono::seconds kIdleExit{10};
+  static constexpr std::chrono::seconds kStopWait{30};
 
   static bool finalizing() {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -90,36 +128,49 @@ class CallbackThreads {
 #endif
   }
 
+  // Ends the calling thread's membership of the pool. mu_ held.
+  void leave() {
+    --threads_;
+    if (threads_ == 0) gone_cv_.notify_all();
+  }
+
   void run() {
     for (;;) {
       PyObject* fn = nullptr;
       {
         std::unique_lock<std::mutex> lock(mu_);
         ++idle_;
-        const bool work = cv_.wait_for(lock, kIdleExit, [&] { return !queue_.empty(); });
+        const bool work =
+            cv_.wait_for(lock, kIdleExit, [&] { return !queue_.empty() || stopping_; });
         --idle_;
-        if (!work) {
-          if (threads_ > 1) {
-            --threads_;
+        if (queue_.empty()) {
+          if (stopping_ || (!work && threads_ > 1)) {
+            leave();
             return;
           }
           continue;
         }
+        // Before stop() gave up on the threads (stopped_), the interpreter
+        // has not begun to finalise: taking the GIL is safe. The check of
+        // finalizing() covers an exit that did not run the atexit hooks.
+        if (stopped_ || finalizing()) {
+          leave();
+          return;  // the reference is dropped with the interpreter
+        }
         fn = queue_.front();
         queue_.pop_front();
       }
-      // Past this point taking the GIL would park the thread for good; the
-      // reference is dropped with the interpreter.
-      if (finalizing()) return;
-      py::gil_scoped_acquire gil;
-      PyObject* result = PyObject_CallNoArgs(fn);
-      if (result == nullptr) {
-        PyErr_WriteUnraisable(fn);
-      } else {
-        Py_DECREF(result);
+      {
+        py::gil_scoped_acquire gil;
+        PyObject* result = PyObject_CallNoArgs(fn);
+        if (result == nullptr) {
+          PyErr_WriteUnraisable(fn);
+        } else {
+          Py_DECREF(result);
+        }
+        Py_DECREF(fn);
+        drain_graveyard();
       }
-      Py_DECREF(fn);
-      drain_graveyard();
     }
   }
 
@@ -127,11 +178,14 @@ class CallbackThreads {
   friend void fork_parent();
   friend void fork_child();
 
-  std::mutex mu_;  // guards queue_, idle_, threads_
-  std::condition_variable cv_;
+  std::mutex mu_;  // guards queue_, idle_, threads_, stopping_, stopped_
+  std::condition_variable cv_;       // work queued, or stopping_
+  std::condition_variable gone_cv_;  // threads_ reached 0
   std::deque<PyObject*> queue_;
   int idle_ = 0;     // threads waiting for work
   int threads_ = 0;  // threads started and not ended
+  bool stopping_ = false;  // stop() called: threads end once the queue is empty
+  bool stopped_ = false;   // stop() returned: nothing takes the GIL any more
 };
 
 // fork(): the background thread (bury) and the callback threads take these
@@ -160,6 +214,15 @@ void fork_child() {
 }  // namespace
 
 void register_fork_handlers() { pthread_atfork(fork_prepare, fork_parent, fork_child); }
+
+void register_exit_hook() {
+  // Registered when the module is imported, before gyre's own hook (which
+  // shuts the runtime down, failing what is in flight), so it runs after
+  // it: atexit runs its hooks last registered first. The callables of the
+  // failed operations then still run before the threads end.
+  py::module_::import("atexit").attr("register")(
+      py::cpp_function([] { CallbackThreads::instance().stop(); }));
+}
 
 void drain_graveyard() {
   Imports dead;

@@ -42,6 +42,10 @@ void drain_graveyard();
 // Keeps this file's mutexes usable in the child of a fork(); called once,
 // when the module is imported.
 void register_fork_handlers();
+// Stops gyre's callback threads at interpreter exit, before finalisation
+// (an atexit hook; see CallbackThreads in pending_op.cc); called once, when
+// the module is imported.
+void register_exit_hook();
 
 struct Completion {
   std::mutex mu;  // guards done, keep
