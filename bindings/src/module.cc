@@ -27,6 +27,7 @@
 #include "gyre/gyre.h"
 #include "output_pool.h"
 #include "output_tensor.h"
+#include "store.h"
 #include "pending_op.h"
 #include "tensor_import.h"
 
@@ -298,9 +299,9 @@ PYBIND11_MODULE(_gyre, m) {
   m.doc() = "gyre's C++ runtime; use the gyre and gyre.torch packages instead.";
   register_translator();
   register_fork_handlers();
-  register_exit_hook();
   m.def("_set_exception_classes", &set_exception_classes);
   bind_output_tensor(m);
+  bind_store(m);
 
   py::class_<PendingOp, std::shared_ptr<PendingOp>>(m, "PendingOp")
       .def("poll",

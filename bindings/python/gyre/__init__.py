@@ -29,6 +29,7 @@ _gyre._set_exception_classes(exceptions._BY_NAME)
 
 from .compression import Compression, Compressor  # noqa: E402
 from .objects import allgather_object, broadcast_object  # noqa: E402
+from . import ps  # noqa: E402  (gyre.ps.ParameterStore)
 from .ops import *  # noqa: E402,F401,F403
 from .ops import __all__ as _ops_all  # noqa: E402
 

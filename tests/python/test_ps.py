@@ -1,0 +1,130 @@
+"""gyre.ps.ParameterStore under mpirun -np 2 and -np 3: the optimistic-update
+scenario on torch and numpy tensors, no lost update with retries of the
+rejected shards only, the staleness policies, async handles, a process set,
+and refusals on the calling rank only."""
+
+import numpy as np
+import pytest
+import torch
+
+import gyre
+import gyre.ps
+
+
+def _sum_over_ranks(x):
+    return int(gyre.allreduce(np.array([x], dtype=np.int64), op=gyre.Sum)[0])
+
+
+def test_one_of_concurrent_pushes_on_one_version_is_applied(rank, size):
+    with gyre.ps.ParameterStore() as store:
+        w = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+        store.register("w", w if rank == 0 else torch.zeros(2, 3))
+        value, version = store.pull("w")
+        assert torch.equal(value, w) and version == (0,)
+        gyre.barrier()  # every rank has read version 0
+        delta = torch.full((2, 3), float(rank + 1))
+        ok, now = store.push("w", delta, version)
+        assert _sum_over_ranks(int(ok)) == 1
+        while not ok:
+            assert now.rejected == (0,) and now[0] >= 1
+            _, version = store.pull("w")
+            ok, now = store.push("w", delta, version)
+        gyre.barrier()
+        value, version = store.pull("w")
+        assert version == (size,)
+        assert torch.equal(value, w + size * (size + 1) / 2)
+
+
+def test_no_lost_update_on_a_split_tensor(rank, size):
+    store = gyre.ps.ParameterStore(split_bytes=64)
+    store.register("p", np.zeros(999, dtype=np.float64))
+    assert store.shard_owners("p") == list(range(size))
+    rounds, rejected = 20, 0
+    ones = np.ones(999)
+    for k in range(rounds):
+        _, version = store.pull("p")
+        if k == 0:
+            gyre.barrier()
+        ok, now = store.push("p", ones, version)
+        while not ok:
+            rejected += len(now.rejected)
+            _, version = store.pull("p")
+            ok, now = store.push("p", ones, version, shards=now.rejected)
+    assert _sum_over_ranks(rejected) > 0
+    assert store.stats()["pushes_rejected"] == rejected
+    gyre.barrier()
+    value, version = store.pull("p")
+    assert np.array_equal(value, np.full(999, float(size * rounds)))
+    assert version == tuple([size * rounds] * size)
+    store.close()
+
+
+def test_staleness_policies(rank, size):
+    with gyre.ps.ParameterStore() as store:
+        store.register("s", torch.zeros(4, dtype=torch.float64))
+        if rank == 0:
+            _, v0 = store.pull("s")
+            d = torch.full((4,), 6.0, dtype=torch.float64)
+            assert store.push("s", d, v0)[0]                       # version 1
+            ok, v = store.push("s", d, v0)                          # lag 1 > 0
+            assert not ok and v == (1,)
+            ok, v = store.push("s", d, v0, staleness=1, policy="scale")  # + 3
+            assert ok and v == (2,)
+            ok, v = store.push("s", d, v0, staleness=None, policy="apply")  # + 6
+            assert ok and v == (3,)
+            value, _ = store.pull("s")
+            assert torch.equal(value, torch.full((4,), 15.0, dtype=torch.float64))
+            assert store.stats()["pushes_scaled"] == 1
+            assert store.stats()["max_lag_seen"] == 2
+        gyre.barrier()
+
+
+def test_async_handles(rank, size):
+    with gyre.ps.ParameterStore() as store:
+        store.register("a", torch.zeros(8))
+        store.register("b", torch.zeros(8, dtype=torch.int32))
+        h = store.pull_async("a")
+        value, version = h.wait()
+        assert torch.equal(value, torch.zeros(8)) and version == (0,)
+        gyre.barrier()
+        pushes = [store.push_async("b", torch.ones(8, dtype=torch.int32), version,
+                                   staleness=None, policy="apply") for _ in range(3)]
+        assert all(p.wait()[0] for p in pushes)
+        gyre.barrier()
+        value, version = store.pull("b")
+        assert torch.equal(value, torch.full((8,), 3 * size, dtype=torch.int32))
+        assert version == (3 * size,)
+
+
+def test_refusals_stay_on_the_calling_rank(rank, size):
+    with gyre.ps.ParameterStore() as store:
+        store.register("w", torch.zeros(3))
+        if rank == size - 1:
+            with pytest.raises(gyre.InvalidArgumentError, match="no tensor 'x'"):
+                store.pull("x")
+            with pytest.raises(gyre.InvalidArgumentError, match="registered as float32"):
+                store.push("w", torch.zeros(3, dtype=torch.float64), (0,))
+            with pytest.raises(gyre.InvalidArgumentError, match="policy"):
+                store.push("w", torch.zeros(3), (0,), policy="sometimes")
+        value, version = store.pull("w")
+        assert version == (0,)
+        with pytest.raises(gyre.InvalidArgumentError, match="already registered"):
+            store.register("w", torch.zeros(3))
+
+
+def test_a_process_set(rank, size):
+    import gyre.torch as hvd
+    members = [r for r in range(size) if r != 1]
+    ps = hvd.add_process_set(members)
+    try:
+        if rank in members:
+            with gyre.ps.ParameterStore(process_set=ps) as store:
+                store.register("w", torch.ones(2) * (rank + 1))
+                value, version = store.pull("w")
+                assert torch.equal(value, torch.ones(2))  # the set's first rank's value
+                assert store.shard_owners("w") == [0]
+        else:
+            with pytest.raises(gyre.InvalidArgumentError, match="not in process set"):
+                gyre.ps.ParameterStore(process_set=ps)
+    finally:
+        hvd.remove_process_set(ps)
