@@ -1,0 +1,93 @@
+"""gyre.torch.AsyncOptimizer under mpirun -np 2 and -np 3: the strict rule
+(staleness 0, reject) trains and leaves every rank on the store's values;
+bounded staleness keeps every rank within s steps of the slowest, checked
+from the clock at every step while one rank is slowed; no bound never waits."""
+
+import time
+
+import pytest
+import torch
+
+import gyre
+import gyre.torch as hvd
+
+
+def _problem(seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(64, 4, generator=g)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1
+    return x, y
+
+
+def _model():
+    torch.manual_seed(hvd.rank() + 100)  # different on every rank: registration gives rank 0's
+    return torch.nn.Linear(4, 1)
+
+
+def test_strict_rule_trains_and_ends_on_the_stores_values(rank, size):
+    model = _model()
+    opt = hvd.AsyncOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                             model.named_parameters(), staleness=0)
+    assert opt.policy == "reject"
+    x, y = _problem(rank)
+    loss_fn = torch.nn.MSELoss()
+    first = loss_fn(model(x), y).item()
+    for _ in range(40):
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+    assert opt.steps == 40
+    assert opt.updates_applied + opt.updates_rejected == 40 * 2  # weight and bias, one shard each
+    gyre.barrier()
+    assert loss_fn(model(x), y).item() < first / 4
+    # Once all have stopped, a pull gives every rank the same values.
+    value, _ = opt.store.pull("weight")
+    w = hvd.allgather(value.reshape(1, -1))
+    assert all(torch.equal(w[0], w[i]) for i in range(size))
+    opt.close()
+
+
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_bounded_staleness_holds_with_a_slow_rank(rank, size, staleness):
+    model = _model()
+    opt = hvd.AsyncOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                             model.named_parameters(), staleness=staleness)
+    x, y = _problem(rank)
+    for _ in range(12):
+        if rank == size - 1:
+            time.sleep(0.02)  # the straggler
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        clock = opt.clock()
+        # This rank has just finished step opt.steps: before it started that
+        # step the slowest rank had finished at least opt.steps - 1 - s.
+        assert clock[rank] == opt.steps
+        assert opt.steps - 1 - min(clock) <= staleness, clock
+    if rank == 0:
+        assert opt.waited_s > 0  # it was held back by the straggler
+    opt.close()
+
+
+def test_no_bound_never_waits(rank, size):
+    model = _model()
+    opt = hvd.AsyncOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                             model.named_parameters(), staleness=None)
+    assert opt.policy == "apply"
+    x, y = _problem(rank)
+    for _ in range(5):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    assert opt.waited_s == 0 and opt.updates_rejected == 0
+    opt.close()
+
+
+def test_refusals():
+    model = _model()
+    other = torch.nn.Linear(2, 2)
+    with pytest.raises(gyre.InvalidArgumentError, match="not in the optimizer"):
+        hvd.AsyncOptimizer(torch.optim.SGD(other.parameters(), lr=0.1), model.named_parameters())
+    with pytest.raises(gyre.InvalidArgumentError, match="policy"):
+        hvd.AsyncOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                           policy="often")
