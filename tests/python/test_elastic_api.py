@@ -260,3 +260,48 @@ def test_a_launched_rank_is_not_a_replacement():
     assert gyre.is_replacement() is False
     with pytest.raises(gyre.StateError, match="not started by a rebuild"):
         gyre.replacement_info()
+
+
+def test_commit_then_model_load_state_dict_is_exact():
+    # Horovod's scripts load weights into the model right after a commit; the
+    # load waits for the commit's background copy (a pre-hook), so the commit
+    # stays exact and restore() returns to it.
+    model = torch.nn.Linear(2, 2)
+    other = {k: torch.full_like(v, 7.0) for k, v in model.state_dict().items()}
+    state = TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    state.commit()
+    committed = {k: v.clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(other)
+    state.commit()  # raised "the commit is not exact" before
+    model.load_state_dict(committed)
+    state.restore()
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, other[k])
+
+
+def test_elastic_sampler_counts_processed_samples_as_horovod(rank, size):
+    bs, per_rank = 2, 8
+    s = ElasticSampler(list(range(per_rank * size)), shuffle=True)
+    state = TorchState(sampler=s)
+    assert s.processed_num == 0 and len(s) == per_rank
+    for b in range(per_rank // bs):
+        s.record_batch(b, bs)
+        assert s.processed_num == bs * (b + 1)
+    # No reset: len() and the samples stay those of the epoch's partition.
+    assert len(s) == per_rank and len(list(s)) == per_rank
+    s.set_epoch(1)
+    assert s.processed_num == 0
+    s.record_batch(0, bs)
+    state.commit()
+    s.record_batch(1, bs)
+    state.restore()
+    assert s.processed_num == bs
+    # The partition is kept by restore(): batch 1 is the next one, not a new batch 0.
+    s.record_batch(1, bs)
+    assert s.processed_num == 2 * bs
+    state.commit()
+    state.sync()
+    # Every rank's progress is counted, the rest is partitioned anew.
+    assert s.processed_num == 2 * bs * size
+    assert len(s) == per_rank - 2 * bs
+    assert not set(s.indices) & s.processed_indices

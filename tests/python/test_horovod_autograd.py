@@ -74,7 +74,8 @@ def test_reducescatter_gradient_is_an_allgather(size, rank):
     x = torch.ones(2 * size, requires_grad=True)
     y = hvd.reducescatter(x, op=hvd.Sum, prescale_factor=3.0)
     (y * w[rank]).sum().backward()
-    expected = torch.tensor([3.0 * w[r] for r in range(size) for _ in range(2)])
+    # Horovod's scale: x size for Sum, x 1 for Average (times prescale * postscale).
+    expected = torch.tensor([3.0 * size * w[r] for r in range(size) for _ in range(2)])
     torch.testing.assert_close(x.grad, expected)
     x = torch.ones(2 * size, requires_grad=True)
     (hvd.reducescatter(x) * w[rank]).sum().backward()  # Average
@@ -82,7 +83,12 @@ def test_reducescatter_gradient_is_an_allgather(size, rank):
     a = torch.ones(size, 2, requires_grad=True)
     (ya,) = hvd.grouped_reducescatter([a], op=hvd.Sum)
     (ya * w[rank]).sum().backward()
-    torch.testing.assert_close(a.grad, torch.tensor([[float(w[r])] * 2 for r in range(size)]))
+    torch.testing.assert_close(a.grad, torch.tensor([[float(size * w[r])] * 2
+                                                     for r in range(size)]))
+    b = torch.ones(size, 2, requires_grad=True)
+    (yb,) = hvd.grouped_reducescatter([b])  # Average
+    yb.backward(torch.ones_like(yb))
+    torch.testing.assert_close(b.grad, torch.ones(size, 2))
 
 
 def test_gradients_flow_through_compression(size, rank):

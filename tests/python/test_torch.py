@@ -208,6 +208,25 @@ def test_skipped_step_raises_divergence_on_every_rank_then_resync(size, rank, mu
     assert_same_on_every_rank(model, size)
 
 
+def test_a_skipped_whole_iteration_pairs_with_the_next_undetected(size, rank, multi_rank):
+    # What DistributedOptimizer's docstring says is not detected: a rank that
+    # skips an iteration entirely (no backward, no step) has its iteration
+    # k + 1 paired with the others' iteration k, at equal step counts; here it
+    # runs one more iteration at the end, so every allreduce is matched. The
+    # parameters stay equal (everyone applies the same averages).
+    model = make_model(seed=9)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = distributed(model)
+    skipper = size - 1
+    iterations = [0, 2, 3] if rank == skipper else [0, 1, 2]
+    for step in iterations:
+        opt.zero_grad()
+        loss_fn(model, *batch(rank, 120 + step)).backward()
+        opt.step()  # no DivergenceError: the skip is not seen
+    assert len(set(hvd.allgather_object(hvd.committed_steps()))) == 1
+    assert_same_on_every_rank(model, size)
+
+
 def test_check_consistency_names_the_perturbed_parameter_and_resync_repairs(size, rank, multi_rank):
     model = make_model(seed=7)
     hvd.check_consistency(model)  # identical: no error

@@ -15,8 +15,12 @@ passes are Horovod's (horovod/torch/mpi_ops.py, 0.28):
   zeros elsewhere;
 - alltoall: an alltoall of the output gradients back along the received
   splits;
-- reducescatter: an allgather of the output gradients, divided by the
-  number of ranks for Average and multiplied by prescale * postscale.
+- reducescatter: an allgather of the output gradients, multiplied by the
+  number of ranks for Sum (not for Average) and by prescale * postscale.
+  This is Horovod's scale, not the derivative of the sum of the ranks'
+  outputs (which would be the plain allgather for Sum and the allgather
+  divided by the number of ranks for Average); a gradient of ones comes
+  back as size for Sum and 1 for Average, as in Horovod.
 
 Min, Max, Product and Adasum have no such gradient: their results carry a
 backward that raises (Horovod would return a meaningless gradient silently). The
@@ -174,7 +178,9 @@ def _reducescatter_gradient(name, grad_output, op, prescale, postscale, ps):
     if op not in _LINEAR:
         _no_gradient("reducescatter", name, op)
     grad = ops.allgather(grad_output.contiguous(), name=f"{name}.grad", process_set=ps)
-    scale = prescale * postscale / (_set_size(ps) if op == ops.Average else 1)
+    # Horovod's scale: the number of ranks for Sum, 1 for Average (so a
+    # gradient of ones comes back as size, resp. 1, as Horovod's tests expect).
+    scale = prescale * postscale * (_set_size(ps) if op == ops.Sum else 1)
     return grad * scale if scale != 1.0 else grad
 
 

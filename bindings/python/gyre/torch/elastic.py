@@ -159,8 +159,8 @@ class TorchState(ObjectState):
     commit (no allocation after the first), and returns at once: the copy
     runs while the next step computes. Everything that can change those
     tensors waits for it first: ``optimizer.step()`` (a step pre-hook),
-    the next ``commit()``, ``restore()``, ``sync()``, and
-    ``wait_for_commit()``, which code that changes parameters or optimizer
+    the next ``commit()``, ``restore()``, ``sync()``, the model's
+    ``load_state_dict()`` (a pre-hook), and ``wait_for_commit()``, which code that changes parameters or optimizer
     state in place by other means must call before doing so. Every such
     wait checks that no tensor being copied was changed in place meanwhile
     (torch's version counters) and raises ``StateError`` if one was: the
@@ -192,6 +192,15 @@ class TorchState(ObjectState):
             # optimizer.step() changes the parameters and the optimizer's
             # state in place: it waits for the copy first.
             optimizer.register_step_pre_hook(lambda *_: self.wait_for_commit())
+        if model is not None:
+            # So does model.load_state_dict() (it copies into the parameters):
+            # a commit followed by a load is exact, as Horovod's scripts expect.
+            register = getattr(model, "register_load_state_dict_pre_hook", None)
+            if register is not None:
+                register(lambda *_: self.wait_for_commit())
+            else:  # torch < 2.5
+                model._register_load_state_dict_pre_hook(lambda *_: self.wait_for_commit(),
+                                                         with_module=True)
         super().__init__(**others)
         self.save()
 
@@ -475,6 +484,13 @@ class ElasticSampler(torch.utils.data.Sampler):
     what was processed without communicating. ``reset()`` (done by
     ``TorchState.sync()``) re-partitions the remaining samples among
     ``gyre.size()`` ranks; ``set_epoch()`` starts an epoch over.
+    ``processed_num`` (Horovod's) counts the samples of this epoch processed
+    by every rank before the last ``reset()`` plus those this rank recorded
+    since; ``len()`` is this rank's share at the last ``reset()`` (iterating
+    again without a reset yields the same samples). ``restore()`` of a
+    TorchState brings back the committed progress and, as long as the
+    partition it was recorded in still holds, keeps that partition (so the
+    batch indices go on counting from where they were).
     ``num_replicas`` and ``rank`` override gyre's (for a reference run in
     one process)."""
 
@@ -494,6 +510,12 @@ class ElasticSampler(torch.utils.data.Sampler):
         r = self._fixed_rank if self._fixed_rank is not None else gyre.rank()
         return n, r
 
+    @property
+    def processed_num(self) -> int:
+        """Samples of this epoch processed: by every rank before the last
+        reset(), and by this rank since."""
+        return len(self._done_at_reset) + self._own_num
+
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
         self.processed_indices = set()
@@ -507,6 +529,9 @@ class ElasticSampler(torch.utils.data.Sampler):
             g = torch.Generator()
             g.manual_seed(self.seed + self.epoch)
             order = torch.randperm(len(self.dataset), generator=g).tolist()
+        # What the partition below was made from (a restore keeps it).
+        self._done_at_reset = frozenset(self.processed_indices)
+        self._own_num = 0  # samples this rank recorded since
         self.remaining_indices = [i for i in order if i not in self.processed_indices]
         self.num_samples = int(math.ceil(len(self.remaining_indices) / n)) if n else 0
         total = self.num_samples * n
@@ -520,20 +545,31 @@ class ElasticSampler(torch.utils.data.Sampler):
         lo, hi = batch_idx * batch_size, (batch_idx + 1) * batch_size
         for part in self._partitions:
             self.processed_indices.update(part[lo:hi])
+        self._own_num += len(self.indices[lo:hi])
 
     def record_indices(self, indices: List[int]) -> None:
         self.processed_indices.update(indices)
+        self._own_num += len(indices)
 
     def get_indices(self, batch_idx: int, batch_size: int) -> List[int]:
         return self.indices[batch_idx * batch_size:(batch_idx + 1) * batch_size]
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"epoch": self.epoch, "processed_indices": sorted(self.processed_indices)}
+        return {"epoch": self.epoch, "processed_indices": sorted(self.processed_indices),
+                "done_at_reset": sorted(self._done_at_reset), "own_num": self._own_num,
+                "num_replicas": self.num_replicas}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
+        same_partition = (state["epoch"] == self.epoch
+                          and state.get("num_replicas") == self._world()[0] == self.num_replicas
+                          and set(state.get("done_at_reset", ())) == self._done_at_reset)
         self.epoch = state["epoch"]
         self.processed_indices = set(state["processed_indices"])
-        self.reset()
+        if same_partition:
+            # A restore within the partition the progress was recorded in.
+            self._own_num = int(state.get("own_num", 0))
+        else:
+            self.reset()
 
     def __iter__(self):
         return iter(self.indices)

@@ -135,13 +135,24 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=glob
     None and scalar entries, and with parameters that have no state (no
     gradient yet). `model` is Horovod's (it restores the parameters around
     the dummy step Horovod takes to create lazy state); gyre takes no dummy
-    step, so it needs no model and ignores it."""
+    step, so it needs no model and ignores it. As after Horovod's dummy
+    step, on a rank whose optimizer has no state yet every parameter that
+    requires grad and has no gradient is given a zero gradient (sparse for
+    SparseAdam), which scripts written for Horovod read; parameters that do
+    not require grad keep None."""
     del model
     check_process_set(process_set, "broadcast_optimizer_state")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise InvalidTypeError(
             f"broadcast_optimizer_state: expected a torch.optim.Optimizer, got "
             f"{type(optimizer).__name__}")
+    if not optimizer.state:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None:
+                    zero = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                    p.grad = zero.to_sparse() if isinstance(optimizer, torch.optim.SparseAdam) \
+                        else zero
     is_root = ops.rank() == root_rank
     tensors = []
     skeleton = _strip(optimizer.state_dict(), tensors) if is_root else None

@@ -4,8 +4,21 @@ Each parameter gets a post-accumulate-grad hook. When its gradient has been
 accumulated ``backward_passes_per_step`` times, the hook enqueues the
 gradient's allreduce at once, so communication overlaps the rest of the
 backward pass. ``step()`` waits for every allreduce, runs the wrapped
-optimizer's step, and commits the step to gyre's version vector (so a rank
-that skips a step is detected by the other ranks' next allreduce).
+optimizer's step, and commits the step to gyre's version vector.
+
+What that detects: each allreduce carries the number of steps its rank had
+committed when it was enqueued, and ranks whose counts differ fail the
+allreduce on every rank with DivergenceError. So a rank that runs backward()
+but skips optimizer.step() (or steps twice) is detected at its next
+gradient allreduce. A rank that skips a whole iteration (neither backward()
+nor step()) is NOT detected: its next iteration's allreduces have the same
+names and the same committed count as the other ranks' current ones, so they
+pair (iteration k with k+1), and it trains one iteration behind on averages
+that mix iterations; the job then ends with that rank waiting for an
+allreduce the others never make (a stall warning, then TimeoutError after
+GYRE_STALL_SHUTDOWN_S). The parameters stay equal across ranks meanwhile
+(every rank applies the same averages), so check_consistency() does not
+see it either.
 
 Threads: hooks run on autograd's thread for the CPU (the caller's thread);
 step(), synchronize() and zero_grad() on the training thread.
@@ -35,6 +48,7 @@ from .functions import sparse_allreduce_async
 
 
 _SPARSE = object()  # the compression context of a sparse gradient's reduction
+_DENSIFIED = object()  # a sparse gradient reduced as a dense tensor (sparse_as_dense)
 
 
 class _DistributedOptimizerMixin:
@@ -72,8 +86,19 @@ class _DistributedOptimizerMixin:
             if opt is not None:
                 opt._gyre_gradient_ready(param)
 
+        # A rank outside the process set reduces nothing: its step() uses its
+        # own gradients (as Horovod's), so it needs no hooks either.
         self._gyre_hooks = [p.register_post_accumulate_grad_hook(hook)
-                            for p in self._gyre_names if p.requires_grad]
+                            for p in self._gyre_names if p.requires_grad and self._gyre_included()]
+
+    def _gyre_included(self):
+        ps = self._gyre_process_set
+        return ps is global_process_set or bool(ps.included())
+
+    @property
+    def _parameter_names(self):
+        """Horovod's attribute: {parameter: the name its allreduce carries}."""
+        return self._gyre_names
 
     def _gyre_check_groups(self, groups):
         """Horovod's groups=: None, a non-negative number of groups, or a list
@@ -157,6 +182,7 @@ class _DistributedOptimizerMixin:
 
     def _gyre_enqueue(self, p):
         grad = p.grad
+        densified = False
         if grad.is_sparse:
             if not self._gyre_sparse_as_dense:
                 # Horovod's sparse path: indices and values gathered; the
@@ -165,7 +191,11 @@ class _DistributedOptimizerMixin:
                                               self._gyre_op, self._gyre_process_set)
                 self._gyre_handles[p] = (wait, None, _SPARSE)
                 return
-            grad = p.grad = grad.to_dense()
+            # Reduced as a dense tensor; p.grad stays sparse (an optimizer
+            # such as SparseAdam takes only sparse gradients) and receives
+            # the result made sparse again in _gyre_finish.
+            grad = grad.to_dense()
+            densified = True
         sent, ctx = self._gyre_compression.compress(grad)
         if not sent.is_contiguous():
             sent = sent.contiguous()
@@ -173,7 +203,7 @@ class _DistributedOptimizerMixin:
                                       op=self._gyre_op, prescale_factor=self._gyre_prescale,
                                       postscale_factor=self._gyre_postscale,
                                       process_set=self._gyre_process_set)
-        self._gyre_handles[p] = (handle, sent, ctx)
+        self._gyre_handles[p] = (handle, sent, (_DENSIFIED, ctx) if densified else ctx)
 
     def _gyre_finish(self, p, discard=False):
         """Waits for p's allreduce and writes the result into p.grad (unless
@@ -191,6 +221,10 @@ class _DistributedOptimizerMixin:
         if ctx is _SPARSE:
             if not discard:
                 p.grad = result
+        elif isinstance(ctx, tuple) and len(ctx) == 2 and ctx[0] is _DENSIFIED:
+            if not discard:
+                dense = self._gyre_compression.decompress(sent, ctx[1]).to(p.grad.dtype)
+                p.grad = dense.to_sparse(p.grad.sparse_dim())
         elif not discard and sent is not p.grad:
             with torch.no_grad():
                 p.grad.copy_(self._gyre_compression.decompress(sent, ctx))
@@ -215,6 +249,10 @@ class _DistributedOptimizerMixin:
         gradient, so every rank reduces the same set). Raises the first error
         (e.g. DivergenceError) after all operations have finished; called
         again after an error, reduces the gradients that were not reduced."""
+        if not self._gyre_included():
+            # Outside the process set: nothing to reduce (as in Horovod).
+            self._gyre_synchronized = True
+            return
         errors = []
         try:
             for p in self._gyre_names:
@@ -265,8 +303,9 @@ class _DistributedOptimizerMixin:
                 loss = closure()
         if self._gyre_should_synchronize:
             if self._gyre_synchronized:
-                warnings.warn("optimizer.step() called after optimizer.synchronize() without "
-                              "skip_synchronize(); gradients were not reduced again",
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(); gradients were not reduced "
+                              "again (use `with optimizer.skip_synchronize(): optimizer.step()`)",
                               RuntimeWarning, stacklevel=2)
             else:
                 self.synchronize()
