@@ -1,0 +1,1 @@
+"""Package marker of the test-only alias (re-exports only)."""

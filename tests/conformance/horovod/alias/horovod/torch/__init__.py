@@ -1,0 +1,4 @@
+"""horovod.torch -> gyre.torch (re-exports only)."""
+from gyre.torch import *  # noqa: F401,F403
+from gyre.torch import __all__  # noqa: F401
+from . import elastic, mpi_ops  # noqa: F401,E402
