@@ -402,6 +402,8 @@ PYBIND11_MODULE(_gyre, m) {
   m.def("process_set_rank", [](int ps) { return gyre::process_set_rank(ps); });
   m.def("process_set_size", [](int ps) { return gyre::process_set_size(ps); });
   m.def("process_set_included", [](int ps) { return gyre::process_set_included(ps); });
+  m.def("set_operation_timeout", &gyre::set_operation_timeout, py::arg("process_set"),
+        py::arg("name_prefix"), py::arg("seconds"));
   m.def(
       "start_timeline",
       [](const std::string& path, bool mark_cycles) {

@@ -4,6 +4,7 @@
 
 #include <exception>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "gyre/collectives/local_transport.h"
 #include "negotiation/negotiator.h"
 #include "queue/tensor_queue.h"
+#include "runtime/stall_inspector.h"
 
 using namespace gyre;
 using namespace gyre::core;
@@ -306,4 +308,75 @@ TEST_CASE("coordinator: alike requests agree without comparing; any difference i
   auto out = c.process(msgs, cache, Clock::now());
   REQUIRE(out.responses.size() == 1);
   CHECK(out.responses[0].ok());
+}
+
+TEST_CASE("coordinator: a stalled name whose last rank enqueues it in the failing round runs",
+          "[coordinator][stall]") {
+  // Rank 0's stall inspector sends "s" for failure in the same round in
+  // which rank 1 finally enqueues it: the round adds rank 1's request
+  // first, so "s" is complete and runs (it used to fail on every rank with
+  // "ranks  never enqueued it (ranks 0, 1 did)").
+  ResponseCache cache(16);
+  Coordinator c(2, 0, 5.0);
+  std::vector<RoundMessage> msgs(2);
+  msgs[0].requests = {named("s", 3)};
+  auto out = c.process(msgs, cache, Clock::now());
+  CHECK(out.responses.empty());
+  msgs = std::vector<RoundMessage>(2);
+  msgs[0].stall_failures = {"s"};
+  msgs[1].requests = {named("s", 3)};
+  out = c.process(msgs, cache, Clock::now());
+  REQUIRE(out.responses.size() == 1);
+  CHECK(out.responses[0].ok());
+  CHECK(out.responses[0].error.empty());
+  CHECK(c.pending().empty());
+}
+
+TEST_CASE("coordinator: a stalled name fails on every rank naming the missing ranks",
+          "[coordinator][stall]") {
+  ResponseCache cache(16);
+  Coordinator c(3, 0, 5.0);
+  std::vector<RoundMessage> msgs(3);
+  msgs[0].requests = {named("s", 3)};
+  msgs[2].requests = {named("s", 3)};
+  c.process(msgs, cache, Clock::now());
+  msgs = std::vector<RoundMessage>(3);
+  msgs[0].stall_failures = {"s"};
+  auto out = c.process(msgs, cache, Clock::now());
+  REQUIRE(out.responses.size() == 1);
+  CHECK(out.responses[0].error_kind == ErrorKind::kTimeout);
+  CHECK_THAT(out.responses[0].error, Catch::Contains("timeout") && Catch::Contains("rank 1") &&
+                                         Catch::Contains("ranks 0, 2 did"));
+}
+
+TEST_CASE("stall inspector: a name's deadline is its longest prefix's, capped by the global",
+          "[stall]") {
+  std::map<std::string, double> d{{"torch.g1.", 1.0}, {"torch.g1.7", 0.25}, {"torch.g2.", 900}};
+  CHECK(StallInspector::deadline_of(d, 600, "torch.g1.3") == 1.0);
+  CHECK(StallInspector::deadline_of(d, 600, "torch.g1.7") == 0.25);
+  CHECK(StallInspector::deadline_of(d, 600, "torch.g2.0") == 600);  // never past the global
+  CHECK(StallInspector::deadline_of(d, 0, "torch.g2.0") == 900);    // global off: the group's
+  CHECK(StallInspector::deadline_of(d, 600, "other") == 600);
+  CHECK(StallInspector::deadline_of({}, 0, "other") == 0);
+}
+
+TEST_CASE("stall inspector: rank 0 fails a name at its own deadline, not the global one",
+          "[stall]") {
+  Coordinator c(2, 0, 600);
+  ResponseCache cache(16);
+  std::vector<RoundMessage> msgs(2);
+  msgs[0].requests = {named("torch.g1.0", 1), named("torch.g0.0", 1)};
+  const auto t0 = Clock::now();
+  c.process(msgs, cache, t0);
+  StallInspector inspector(0, 60, 600);
+  Logger log(0, LogLevel::kError);
+  inspector.set_deadline("torch.g1.", 1.0);
+  CHECK(inspector.inspect(c, t0 + std::chrono::milliseconds(900), log).empty());
+  auto expired = inspector.inspect(c, t0 + std::chrono::milliseconds(1100), log);
+  REQUIRE(expired == std::vector<std::string>{"torch.g1.0"});
+  StallInspector global_only(0, 60, 600);  // no deadline of its own: the global one
+  CHECK(global_only.inspect(c, t0 + std::chrono::seconds(2), log).empty());
+  global_only.set_deadline("torch.g1.", 1.0);
+  global_only.set_deadline("torch.g1.", 0);  // removed again
+  CHECK(global_only.inspect(c, t0 + std::chrono::seconds(3), log).empty());
 }

@@ -2,11 +2,15 @@
 process group doing differently from gloo: each case here failed before
 its fix. Values are closed forms of the rank (rank r fills with r + 1 + i)."""
 
+import time
+from datetime import timedelta
+
 import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_group
 
+import gyre.exceptions
 import gyre.torch.distributed  # noqa: F401 (registers the backend)
 
 
@@ -83,3 +87,66 @@ def test_sparse_all_reduce_max_refused_everywhere(world):
     t = torch.ones(2)  # the group goes on
     dist.all_reduce(t)
     assert torch.equal(t, torch.full((2,), float(dist.get_world_size())))
+
+
+# Timeouts: an operation some member never enqueues fails on every member
+# that did, after the group's timeout (it used to wait GYRE_STALL_SHUTDOWN_S,
+# 600 s by default). Each group here is used for one timed-out operation and
+# destroyed: its members' sequences of names are out of step after it.
+
+def _elapsed_call(fn):
+    start = time.monotonic()
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - returned for the caller to check
+        return time.monotonic() - start, e
+    return time.monotonic() - start, None
+
+
+def test_new_group_timeout_fails_a_barrier_only_rank_0_enters(world):
+    rank, _ = world
+    g = dist.new_group(timeout=timedelta(seconds=1))
+    if rank == 0:
+        took, err = _elapsed_call(lambda: dist.barrier(g))
+        assert isinstance(err, gyre.exceptions.TimeoutError), err
+        assert " timeout " in str(err) and "never enqueued" in str(err)
+        assert 0.9 <= took < 30, took
+    dist.barrier()
+    dist.destroy_process_group(g)
+
+
+def test_subgroup_timeout_without_world_rank_0(world):
+    """The set's own rank 0 (world rank 1 here) decides the timeout."""
+    rank, size = world
+    if size < 3:
+        pytest.skip("needs 3 ranks: a subgroup without world rank 0 of 2 ranks")
+    g = dist.new_group([1, 2], timeout=timedelta(seconds=1))
+    if rank == 1:
+        took, err = _elapsed_call(lambda: dist.all_reduce(torch.ones(1), group=g))
+        assert isinstance(err, gyre.exceptions.TimeoutError), err
+        assert "rank 1" in str(err) or "ranks [1]" in str(err) or "never enqueued" in str(err)
+        assert 0.9 <= took < 30, took
+    dist.barrier()
+    if g is not None and rank in (1, 2):
+        dist.destroy_process_group(g)
+
+
+def test_group_monitored_barrier_timeout(world):
+    rank, _ = world
+    g = dist.new_group()
+    if rank == 0:
+        took, err = _elapsed_call(lambda: g.monitored_barrier(timedelta(seconds=0)))
+        assert isinstance(err, RuntimeError) and "Rank 0 timed out in monitoredBarrier" in str(err)
+        assert took < 30, took
+    dist.barrier()
+    dist.destroy_process_group(g)
+
+
+def test_group_monitored_barrier_all_ranks_pass(world):
+    g = dist.new_group(timeout=timedelta(seconds=2))
+    for _ in range(3):
+        g.monitored_barrier(timedelta(seconds=20))
+    t = torch.ones(1)
+    dist.all_reduce(t, group=g)  # the group goes on
+    assert t.item() == dist.get_world_size()
+    dist.destroy_process_group(g)

@@ -166,6 +166,12 @@ std::vector<int> process_set_ranks(int process_set);
 int process_set_rank(int process_set);           // this rank's index; -1 outside
 int process_set_size(int process_set);
 bool process_set_included(int process_set);
+// Operations on `process_set` whose names start with `name_prefix` fail
+// with TimeoutError on every member after `seconds` stalled (some member
+// never enqueued them), instead of GYRE_STALL_SHUTDOWN_S (never later than
+// it); seconds <= 0 removes the prefix's timeout. Call it on every member
+// (the set's rank 0 decides). torch.distributed's group timeout.
+void set_operation_timeout(int process_set, const std::string& name_prefix, double seconds);
 
 // Elastic training (docs/elastic.md). elastic_supported(): this build has
 // ULFM (its MPI's mpi-ext.h declares it); any time. elastic_enabled(): and

@@ -585,6 +585,11 @@ int process_set_size(int process_set) {
   return static_cast<int>(ranks_of("process_set_size", process_set).size());
 }
 bool process_set_included(int process_set) { return process_set_rank(process_set) >= 0; }
+void set_operation_timeout(int process_set, const std::string& name_prefix, double seconds) {
+  runtime_for("set_operation_timeout", process_set)
+      ->stall_inspector()
+      .set_deadline(name_prefix, seconds);
+}
 void start_timeline(const std::string& path, bool mark_cycles) {
   runtime("start_timeline")->start_timeline(path, mark_cycles);
 }

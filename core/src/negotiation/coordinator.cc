@@ -319,13 +319,17 @@ RoundOutcome Coordinator::process(const std::vector<RoundMessage>& msgs, Respons
       if (it == pending_.end()) continue;
       std::vector<int> missing, present;
       for (int r = 0; r < size_; ++r) {
-        (it->second.per_rank[static_cast<std::size_t>(r)] ? present : missing).push_back(r);
+        if (it->second.per_rank[static_cast<std::size_t>(r)]) present.push_back(r);
+        else if (!joined_[static_cast<std::size_t>(r)]) missing.push_back(r);
       }
+      // The last ranks' requests came in this very round (step 1), after
+      // rank 0 decided: the operation is no longer stalled and runs.
+      if (missing.empty()) continue;
       Response resp = answer(it, now);
       resp.error_kind = ErrorKind::kTimeout;
       resp.error = fmt::format(
-          "{} '{}': stalled for more than {} s (GYRE_STALL_SHUTDOWN_S): {} never enqueued it "
-          "({} did)",
+          "{} '{}': stalled past its timeout (the process group's, or GYRE_STALL_SHUTDOWN_S "
+          "= {} s): {} never enqueued it ({} did)",
           collective_name(resp.collective), name, stall_shutdown_s_, rank_list(missing),
           rank_list(present));
       out.responses.push_back(std::move(resp));

@@ -97,6 +97,8 @@ class Runtime {
   int cross_size() const { return info_.cross_size; }
   const Options& options() const { return opt_; }
   const Logger& log() const { return log_; }
+  // Per-operation deadlines (set_operation_timeout); any thread.
+  StallInspector& stall_inspector() { return stall_; }
 
   TensorQueue& queue() { return queue_; }
   VersionVector& versions() { return vv_; }

@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as _c10d
 
 import gyre
+from gyre import _gyre
 from gyre.torch.consistency import check_consistency
 
 from . import _launch
@@ -42,7 +43,7 @@ def _create_process_group(opts: Any, backend_options: Any = None) -> GyreProcess
     called on the group's members only (torch's extended API, which gives the
     group's world ranks). A subgroup runs on the gyre process set of its
     ranks, which new_group (wrapped below) registered on every rank first."""
-    del backend_options  # gyre's own negotiation and stall timeout replace the store's
+    del backend_options  # gyre negotiates by itself; the timeout comes in opts
     rank, size = opts.group_rank, opts.group_size
     ranks = sorted(int(r) for r in (opts.global_ranks_in_group or []))
     _launch.check_launch()
@@ -71,6 +72,14 @@ def _create_process_group(opts: Any, backend_options: Any = None) -> GyreProcess
     seq = _groups_created.get(sid, 0)
     _groups_created[sid] = seq + 1
     tag = f"g{seq}"
+    # The group's timeout (init_process_group / new_group(timeout=)): an
+    # operation of the group that some member never enqueues fails on every
+    # member after it, with TimeoutError, decided by the set's rank 0 (a
+    # member). Registered on every member; GYRE_STALL_SHUTDOWN_S stays the
+    # upper bound.
+    timeout = getattr(opts, "timeout", None)
+    if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
+        _gyre.set_operation_timeout(sid, f"torch.{tag}.", timeout.total_seconds())
     return GyreProcessGroup(rank, size, tag, process_set, index=seq)
 
 
@@ -95,7 +104,6 @@ def _sweep_released_sets() -> None:
     if not keys or not gyre.is_initialized():
         return
     import torch  # noqa: PLC0415 - torch is loaded by now (torch.distributed)
-    from gyre import _gyre  # noqa: PLC0415
     from gyre.ops import ReduceOp  # noqa: PLC0415
     free = torch.tensor([0 if _live_groups.get(k, 0) > 0 else 1 for k in keys],
                         dtype=torch.int32)

@@ -19,12 +19,14 @@ not named: they pair by process set, tag and order, as in torch.
 """
 
 import threading
+from datetime import timedelta
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 from gyre import _gyre
+from gyre import exceptions as gyre_exceptions
 from gyre.ops import ReduceOp as _GyreOp
 
 from ._work import GyreWork
@@ -471,17 +473,45 @@ class GyreProcessGroup(dist.ProcessGroup):
     # Synchronisation and point to point ------------------------------------------
 
     def barrier(self, opts: Any = None) -> GyreWork:
+        """A one-element allreduce. A timeout in the options (positive:
+        torch's unset one is negative) bounds this barrier alone."""
+        timeout = getattr(opts, "timeout", None)
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else -1.0
+        return self._barrier(seconds if seconds > 0 else None)
+
+    def _barrier(self, seconds: Optional[float]) -> GyreWork:
         name = self._name()
+        if seconds is not None:
+            # A deadline of this operation's own (the longest prefix wins),
+            # dropped once it completed. The set's rank 0 decides: where it
+            # never enters this barrier, the group's timeout bounds it.
+            _gyre.set_operation_timeout(self._ps, name, max(seconds, 1e-3))
         token = torch.zeros(1)
         pending = _gyre.allreduce(name, token, None, int(_GyreOp.SUM), 1.0, 1.0, "",
                                   process_set=self._ps)
-        return GyreWork([pending], lambda: [token])
+
+        def finish() -> List[torch.Tensor]:
+            return [token]
+
+        work = GyreWork([pending], finish)
+        if seconds is not None:
+            work.add_done_callback(lambda: _gyre.set_operation_timeout(self._ps, name, 0))
+        return work
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-        """A barrier; a rank that never arrives ends in gyre's TimeoutError,
-        which names it, after gyre's stall timeout."""
-        del timeout, wait_all_ranks
-        self.barrier().wait()
+        """A barrier bounded by `timeout` (else the group's timeout): a rank
+        that does not arrive in time makes it fail on every rank that
+        entered, naming the missing ranks, with gloo's wording. torch's own
+        dist.monitored_barrier refuses every backend but gloo by name before
+        it gets here; this is the group's method (group.monitored_barrier)."""
+        del wait_all_ranks  # gyre's error names every missing rank anyway
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else None
+        try:
+            self._barrier(seconds).wait()
+        except gyre_exceptions.TimeoutError as e:
+            after = f" after {seconds * 1000:.0f} ms" if seconds is not None else ""
+            raise RuntimeError(
+                f"Rank {self.rank()} timed out in monitoredBarrier{after}: {e}") from e
 
     def send(self, tensors: List[torch.Tensor], dstRank: int, tag: int = 0) -> GyreWork:  # noqa: N803
         return self._p2p(True, tensors, dstRank, tag)
