@@ -45,8 +45,13 @@ class Call {
   explicit Call(std::string refusal) : refusal_(std::move(refusal)) { drain_graveyard(); }
 
   TensorView view(py::handle obj, const std::string& role, Access access) {
-    keep_.push_back(refusal_.empty() ? ImportedTensor::convert(obj, role, access)
-                                     : ImportedTensor::refused(refusal_));
+    auto t = refusal_.empty() ? ImportedTensor::convert(obj, role, access)
+                              : ImportedTensor::refused(refusal_);
+    // Staged copies hide where the tensors lie (tensor_import.h).
+    if (access == Access::kWrite) {
+      for (auto& earlier : keep_) t->share_staging_with(*earlier);
+    }
+    keep_.push_back(std::move(t));
     return keep_.back()->view();
   }
 
@@ -299,6 +304,7 @@ PYBIND11_MODULE(_gyre, m) {
   m.doc() = "gyre's C++ runtime; use the gyre and gyre.torch packages instead.";
   register_translator();
   register_fork_handlers();
+  register_exit_hook();
   m.def("_set_exception_classes", &set_exception_classes);
   bind_output_tensor(m);
   bind_store(m);

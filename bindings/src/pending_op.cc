@@ -235,6 +235,29 @@ void drain_graveyard() {
 
 Completion::~Completion() { bury(std::move(keep)); }
 
+void Completion::finish() {
+  Imports mine;
+  bool succeeded = false;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!done) return;
+    mine.swap(keep);
+    succeeded = ok;
+  }
+  std::string error;
+  if (succeeded) {
+    for (auto& t : mine) {
+      std::string e = t->write_back();
+      if (error.empty()) error = std::move(e);
+    }
+  }
+  mine.clear();  // GIL held: the deleters may run here
+  if (!error.empty()) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (write_back_error.empty()) write_back_error = std::move(error);
+  }
+}
+
 std::shared_ptr<PendingOp> PendingOp::start(Imports keep, const std::function<Handle()>& enqueue) {
   auto op = std::make_shared<PendingOp>();
   op->completion_ = std::make_shared<Completion>();
@@ -245,12 +268,19 @@ std::shared_ptr<PendingOp> PendingOp::start(Imports keep, const std::function<Ha
     py::gil_scoped_release release;
     op->handle_ = enqueue();
     std::shared_ptr<Completion> c = op->completion_;
-    op->handle_.on_complete([c](std::exception_ptr) {
+    op->handle_.on_complete([c](std::exception_ptr error) {
       Imports done;
       {
         std::lock_guard<std::mutex> lock(c->mu);
         c->done = true;
-        done.swap(c->keep);
+        c->ok = error == nullptr;
+        bool write_back = false;
+        for (auto& t : c->keep) {
+          t->mark_completed(c->ok);
+          write_back = write_back || t->needs_write_back();
+        }
+        // Results to copy back wait for a Python thread (finish()).
+        if (!c->ok || !write_back) done.swap(c->keep);
       }
       c->cv.notify_all();
       bury(std::move(done));
@@ -271,7 +301,15 @@ void PendingOp::add_done_callback(py::object fn) const {
   handle_.on_complete([raw](std::exception_ptr) { CallbackThreads::instance().post(raw); });
 }
 
-bool PendingOp::poll() const { return handle_.poll(); }
+bool PendingOp::poll() const {
+  if (!handle_.poll()) return false;
+  {
+    std::lock_guard<std::mutex> lock(completion_->mu);
+    if (!completion_->done) return false;  // the completion callback is running
+  }
+  completion_->finish();
+  return true;
+}
 
 void PendingOp::wait() const {
   using namespace std::chrono_literals;
@@ -285,9 +323,16 @@ void PendingOp::wait() const {
     if (done) break;
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   }
+  completion_->finish();
   drain_graveyard();
   // Completed: wait() returns at once, or rethrows the operation's error.
   handle_.wait();
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(completion_->mu);
+    error = completion_->write_back_error;
+  }
+  if (!error.empty()) throw InvalidArgument(error);
 }
 
 }  // namespace gyre::python

@@ -11,16 +11,17 @@
 // background thread therefore never waits for the GIL, and producers'
 // deleters (torch's may touch Python objects) always run with it held.
 //
-// What an import keeps alive: for torch tensors their storage (the torch
-// route of tensor_import.h) or a DLPack capsule of a detached alias, so the
-// memory stays alive even if the caller's tensor is given another storage
-// (set_(), .data =) while the operation is in flight; for other producers
-// their DLPack capsule or buffer. What no reference can prevent:
-// torch's resize_() growing a tensor reallocates the storage object itself
-// and frees the old memory at once. That is documented as forbidden for
-// tensors in flight; it is only detected afterwards, when the operation is
-// synchronized (InFlightGuard), by which time the runtime may have used the
-// freed memory.
+// Staged torch tensors (tensor_import.h): the runtime works on gyre's copy
+// of a torch tensor, so nothing done to the caller's tensor in flight
+// (resize_, set_, del, a storage resize) can make it touch freed memory, and
+// the other ranks receive the values as they were at the call. A result to
+// be copied back into the caller's tensor is not buried on completion: the
+// first of wait(), a poll() that returns true, or the Completion's end
+// writes it back, on a Python thread with the GIL, only if the tensor still
+// has its memory and shape; wait() then raises InvalidArgument for a tensor
+// that did not (the other ranks have their results). A successful
+// operation's results are in the caller's tensors when wait() returns or
+// poll() returns true.
 #pragma once
 
 #include <condition_variable>
@@ -28,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "gyre/gyre.h"
@@ -48,10 +50,15 @@ void register_fork_handlers();
 void register_exit_hook();
 
 struct Completion {
-  std::mutex mu;  // guards done, keep
+  std::mutex mu;  // guards done, ok, keep, write_back_error
   std::condition_variable cv;
   bool done = false;
+  bool ok = false;  // the operation succeeded (valid once done)
   Imports keep;
+  std::string write_back_error;  // the first tensor finish() could not write
+  // Once done: writes staged results back into the callers' tensors and
+  // destroys the tensors. GIL held.
+  void finish();
   ~Completion();  // hands any tensors still held to the graveyard
 };
 
@@ -61,11 +68,13 @@ class PendingOp {
   // completion. GIL held on entry.
   static std::shared_ptr<PendingOp> start(Imports keep, const std::function<Handle()>& enqueue);
 
-  // True once the operation has completed (successfully or not).
+  // True once the operation has completed (successfully or not) and its
+  // results are in the caller's tensors. GIL held.
   bool poll() const;
   // Waits with the GIL released, waking every 50 ms to let Python handle
   // signals (Ctrl-C raises KeyboardInterrupt; the operation stays in flight
-  // with its tensors kept alive). Rethrows the operation's error.
+  // with its tensors kept alive). Rethrows the operation's error, or raises
+  // InvalidArgument if a tensor's result could not be written back.
   void wait() const;
   const Handle& handle() const { return handle_; }
 

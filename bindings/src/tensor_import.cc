@@ -4,6 +4,9 @@
 
 #include <dlpack/dlpack.h>
 
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -183,6 +186,22 @@ bool is_torch_tensor(const TorchObjects* t, PyObject* obj) {
   return r == 1;
 }
 
+// A torch tensor's shape (torch.Size, a tuple); false with the Python error
+// cleared if it cannot be read.
+bool torch_shape(const TorchObjects& t, PyObject* obj, std::vector<std::int64_t>& dims) {
+  py::object shape = attr_or_null(obj, t.shape);
+  if (!shape || !PyTuple_Check(shape.ptr())) return false;
+  dims.assign(static_cast<std::size_t>(PyTuple_GET_SIZE(shape.ptr())), 0);
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    dims[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), static_cast<Py_ssize_t>(i)));
+    if (dims[i] == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  return true;
+}
+
 constexpr const char* kNegativeView =
     "is a negative view (torch's negative bit is set: the memory holds the values without "
     "their sign); pass tensor.resolve_neg()";
@@ -212,16 +231,8 @@ bool ImportedTensor::import_torch(py::handle obj, const std::string& name) {
   py::object contiguous = call_or_null(o, t->is_contiguous);
   if (!contiguous || contiguous.ptr() != Py_True) return false;
   if (torch_negative_view(*t, o)) refuse(name, kNegativeView);
-  py::object shape = attr_or_null(o, t->shape);
-  if (!shape || !PyTuple_Check(shape.ptr())) return false;
-  std::vector<std::int64_t> dims(static_cast<std::size_t>(PyTuple_GET_SIZE(shape.ptr())));
-  for (std::size_t i = 0; i < dims.size(); ++i) {
-    dims[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), static_cast<Py_ssize_t>(i)));
-    if (dims[i] == -1 && PyErr_Occurred()) {
-      PyErr_Clear();
-      return false;
-    }
-  }
+  std::vector<std::int64_t> dims;
+  if (!torch_shape(*t, o, dims)) return false;
   py::object ptr = call_or_null(o, t->data_ptr);
   if (!ptr) return false;
   void* data = PyLong_AsVoidPtr(ptr.ptr());
@@ -229,9 +240,6 @@ bool ImportedTensor::import_torch(py::handle obj, const std::string& name) {
     PyErr_Clear();
     return false;
   }
-  py::object storage = call_or_null(o, t->untyped_storage);
-  if (!storage) return false;
-  storage_ = std::move(storage);
   view_.shape = std::move(dims);
   view_.dtype = *dt;
   view_.data = data;
@@ -242,13 +250,19 @@ bool ImportedTensor::import_torch(py::handle obj, const std::string& name) {
 std::unique_ptr<ImportedTensor> ImportedTensor::from_object(py::handle obj, const std::string& name,
                                                             Access access) {
   std::unique_ptr<ImportedTensor> t(new ImportedTensor());
-  if (t->import_torch(obj, name)) return t;
+  const py::handle caller = obj;
+  if (t->import_torch(obj, name)) {
+    t->stage(caller, name, access);
+    return t;
+  }
   py::object detached;
+  bool torch_tensor = false;
   if (const TorchObjects* torch = TorchObjects::get(); is_torch_tensor(torch, obj.ptr())) {
     if (torch_negative_view(*torch, obj.ptr())) refuse(name, kNegativeView);
     // Exported as a detached alias: see the file comment of tensor_import.h.
     detached = obj.attr("detach")();
     obj = detached;
+    torch_tensor = true;
   }
   if (py::hasattr(obj, "__dlpack__") && py::hasattr(obj, "__dlpack_device__")) {
     // The device first: a CUDA tensor is refused before it is exported.
@@ -274,6 +288,7 @@ std::unique_ptr<ImportedTensor> ImportedTensor::from_object(py::handle obj, cons
     }
     try {
       t->import_dlpack(obj, name, false);
+      if (torch_tensor) t->stage(caller, name, access);
       return t;
     } catch (py::error_already_set& e) {
       // numpy refuses to export read-only arrays through DLPack 0.6: those
@@ -287,6 +302,85 @@ std::unique_ptr<ImportedTensor> ImportedTensor::from_object(py::handle obj, cons
   refuse(name, "is not a tensor: expected a tensor (an object with __dlpack__ or the buffer "
                "protocol), got " +
                    std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
+}
+
+void ImportedTensor::stage(py::handle tensor, const std::string& name, Access access) {
+  const std::size_t nbytes = view_.nbytes();
+  if (nbytes == 0) return;  // nothing is read or written
+  constexpr std::size_t kAlign = 64;
+  void* staging = std::aligned_alloc(kAlign, (nbytes + kAlign - 1) / kAlign * kAlign);
+  if (staging == nullptr) {
+    refuse(name, "could not be staged: out of memory for a copy of " + std::to_string(nbytes) +
+                     " bytes");
+  }
+  staging_.reset(staging);
+  std::memcpy(staging, view_.data, nbytes);
+  caller_data_ = view_.data;
+  view_.data = staging;
+  tensor_ = py::reinterpret_borrow<py::object>(tensor);
+  name_ = name;
+  write_back_pending_ = access == Access::kWrite;
+}
+
+void ImportedTensor::share_staging_with(ImportedTensor& earlier) {
+  if (!staging_ || !earlier.staging_) return;  // not staged: the runtime sees the memory
+  const auto a = reinterpret_cast<std::uintptr_t>(caller_data_);
+  const auto b = reinterpret_cast<std::uintptr_t>(earlier.caller_data_);
+  const std::size_t na = view_.nbytes(), nb = earlier.view_.nbytes();
+  if (a == b) {
+    staging_.reset();
+    view_.data = earlier.view_.data;
+    earlier.write_back_pending_ = earlier.write_back_pending_ || write_back_pending_;
+    write_back_pending_ = false;
+  } else if (a < b + nb && b < a + na) {
+    staging_.reset();
+    write_back_pending_ = false;
+    view_.refusal = name_ + " overlaps another tensor of the call without being the same "
+                            "buffer: input and output overlap (in-place needs the output to be "
+                            "the input)";
+  }
+}
+
+std::string ImportedTensor::write_back() {
+  if (!write_back_pending_) return "";
+  write_back_pending_ = false;
+  const std::size_t nbytes = view_.nbytes();
+  const std::string changed =
+      name_ + " was resized or given other memory while its operation was in flight";
+  const std::string advice =
+      "; its result was not written into it. Do not change a tensor before its operation "
+      "has completed (synchronize(), wait())";
+  try {
+    // The tensor must view the same bytes as at the call, and they must lie
+    // inside its storage's memory as it is now (torch may have reallocated
+    // it): only then is writing them safe and what the caller expects.
+    const TorchObjects* t = TorchObjects::get();
+    PyObject* o = tensor_.ptr();
+    py::object ptr = call_or_null(o, t->data_ptr);
+    py::object contiguous = call_or_null(o, t->is_contiguous);
+    py::object storage = call_or_null(o, t->untyped_storage);
+    std::vector<std::int64_t> dims;
+    if (!ptr || !contiguous || !storage || !torch_shape(*t, o, dims)) return changed + advice;
+    auto* now = static_cast<std::byte*>(PyLong_AsVoidPtr(ptr.ptr()));
+    if (now == nullptr && PyErr_Occurred()) throw py::error_already_set();
+    const auto base = reinterpret_cast<std::byte*>(
+        storage.attr("data_ptr")().cast<std::uintptr_t>());
+    const auto capacity = storage.attr("nbytes")().cast<std::size_t>();
+    if (dims != view_.shape) {
+      return changed + " (shape " + shape_string(view_.shape) + " -> " + shape_string(dims) + ")" +
+             advice;
+    }
+    if (now != caller_data_ || contiguous.ptr() != Py_True || base == nullptr || now < base ||
+        now + nbytes > base + capacity) {
+      return changed + advice;
+    }
+    std::memcpy(now, staging_.get(), nbytes);
+    return "";
+  } catch (py::error_already_set& e) {
+    return name_ + ": its result could not be written into it: " + e.what();
+  } catch (const py::cast_error& e) {
+    return name_ + ": its result could not be written into it: " + e.what();
+  }
 }
 
 std::unique_ptr<ImportedTensor> ImportedTensor::convert(py::handle obj, const std::string& name,
@@ -373,7 +467,10 @@ bool ImportedTensor::import_buffer(py::handle obj, const std::string& name, Acce
 }
 
 ImportedTensor::~ImportedTensor() {
-  storage_ = py::object();
+  // A result nobody synchronized (the handle was dropped) still reaches the
+  // tensor, as it would without staging; a refusal has nobody to tell.
+  if (write_back_pending_ && succeeded_) write_back();
+  tensor_ = py::object();
   if (managed_ != nullptr && managed_->deleter != nullptr) managed_->deleter(managed_);
   if (has_buffer_) PyBuffer_Release(&buffer_);
 }

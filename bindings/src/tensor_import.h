@@ -1,16 +1,14 @@
-// Turning Python tensors into gyre::TensorView without copying, and keeping
-// them alive while an operation uses their memory.
+// Turning Python tensors into gyre::TensorView, and keeping them alive while
+// an operation uses their memory.
 //
 // Three routes, tried in this order:
 //   - torch's own accessors, for a torch.Tensor or nn.Parameter in CPU
 //     memory that is strided, contiguous and of a dtype gyre takes (what
 //     training code passes): data_ptr(), shape and dtype cost tens of
 //     nanoseconds each, where a DLPack export costs tens of microseconds
-//     (torch's __dlpack__ and __dlpack_device__ are Python code). The import
-//     holds the tensor's storage (untyped_storage()), which keeps the memory
-//     alive even if the caller's tensor is given another storage (set_(),
-//     .data =) while the operation is in flight. torch is never imported
-//     here: its types are looked up once the caller has imported it.
+//     (torch's __dlpack__ and __dlpack_device__ are Python code). torch is
+//     never imported here: its types are looked up once the caller has
+//     imported it.
 //   - DLPack: the object has __dlpack__/__dlpack_device__ (other torch
 //     tensors, numpy arrays, any DLPack producer). A torch tensor is
 //     detached first (torch refuses to export one that requires grad; the
@@ -21,17 +19,35 @@
 //   - The buffer protocol (numpy arrays that refuse DLPack export, e.g.
 //     read-only ones, bytearray, array.array, memoryview).
 //
+// torch tensors in CPU memory (either of the first two routes) are staged:
+// nothing a reference can hold keeps their memory alive, because torch's
+// resize_() (and UntypedStorage.resize_(), an out= argument of the wrong
+// size) reallocates the storage object itself and frees the old memory at
+// once, whatever else holds the storage. So the values are copied, when the
+// operation is called (GIL held), into memory gyre owns, which the runtime
+// reads and writes; for an operation that writes into the tensor (Access::
+// kWrite) the result is copied back by write_back(), on a Python thread
+// with the GIL, only if the tensor still has the memory and shape it had at
+// the call (else write_back() reports it). Whatever the caller does to the
+// tensor in between (resize_, set_, del, .data =, a storage resize), the
+// runtime never touches freed memory, and every other rank receives the
+// values as they were at the call. numpy arrays need no staging (numpy
+// refuses to resize an array that is exported); CUDA tensors are not staged
+// (resizing one in flight is documented as forbidden).
+//
 // A torch tensor with the negative bit set (a lazy negation view,
 // torch._neg_view) is refused on every route: its memory holds the values
 // without the sign, and DLPack exports it without a word.
 //
-// Threads: from_object() and the destructor run on a Python thread holding the
-// GIL (the producer's deleter or PyBuffer_Release may touch Python objects).
-// The TensorView may be read from any thread while the object is alive.
+// Threads: from_object(), write_back() and the destructor run on a Python
+// thread holding the GIL (the producer's deleter or PyBuffer_Release may
+// touch Python objects). The TensorView may be read, and mark_completed()
+// called, from any thread while the object is alive.
 #pragma once
 
 #include <pybind11/pybind11.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -67,6 +83,27 @@ class ImportedTensor {
 
   const TensorView& view() const { return view_; }
 
+  // Whether the operation's result still has to be copied into the
+  // caller's tensor (a staged tensor the operation writes).
+  bool needs_write_back() const { return write_back_pending_; }
+  // Called once the operation has completed (any thread, no GIL): `ok`
+  // whether it succeeded. A result not written back by write_back() is
+  // written back by the destructor if the operation succeeded.
+  void mark_completed(bool ok) { succeeded_ = ok; }
+  // Copies a staged result into the caller's tensor, if the tensor still
+  // views the memory and shape it had at the call; otherwise returns why not
+  // (a clause naming the tensor) and writes nothing. Once only; "" when
+  // there is nothing to write. GIL held, operation completed successfully.
+  std::string write_back();
+  // Called for an import the operation writes with each earlier import of
+  // the same call (the input of an out-of-place allreduce, say), since
+  // staging hides from the runtime where the callers' tensors lie: if both
+  // view the same memory, this one takes the earlier one's staged copy (the
+  // runtime then sees the in-place operation it was given) and the earlier
+  // one writes the result back; if they overlap partly, this view is refused,
+  // as the runtime refuses partly overlapping input and output. GIL held.
+  void share_staging_with(ImportedTensor& earlier);
+
  private:
   ImportedTensor() = default;
   // convert() without the catching: throws gyre::InvalidArgument.
@@ -78,12 +115,25 @@ class ImportedTensor {
   void import_dlpack(py::handle obj, const std::string& name, bool cuda);
   // Returns false (and sets nothing) if obj does not support the protocol.
   bool import_buffer(py::handle obj, const std::string& name, Access access);
+  // Copies the view's memory into staging_ and points the view there
+  // (see the file comment); `tensor` is the caller's torch tensor.
+  void stage(py::handle tensor, const std::string& name, Access access);
 
   TensorView view_;
-  py::object storage_;                  // the torch route: the tensor's storage
   DLManagedTensor* managed_ = nullptr;  // owned once the capsule is renamed
   Py_buffer buffer_{};
   bool has_buffer_ = false;
+
+  // Staging of a torch tensor in CPU memory (see the file comment).
+  struct FreeDeleter {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<void, FreeDeleter> staging_;
+  py::object tensor_;              // the caller's tensor, for write_back()
+  void* caller_data_ = nullptr;    // its memory at the call
+  std::string name_;               // what messages call it
+  bool write_back_pending_ = false;
+  bool succeeded_ = false;         // mark_completed(true) was called
 };
 
 }  // namespace gyre::python

@@ -179,10 +179,13 @@ def like_ints(values, like, dtype_of=None):
 
 class InFlightGuard:
     """Remembers where a torch tensor's memory was when its operation was
-    enqueued. torch's resize_() may reallocate the storage under an exported
-    tensor; that cannot be prevented from outside, but it is detected when the
-    operation is synchronized, rather than returning a silently wrong result.
-    numpy refuses to resize an array that is exported, so needs no guard."""
+    enqueued, to tell the caller, with the operation's name, that the tensor
+    was resized or given other memory before the operation was synchronized.
+    The runtime itself never touches the caller's memory in flight: it works
+    on a copy taken at the call (the extension's staging, tensor_import.h),
+    so the other ranks receive the values as they were then, and an in-place
+    result is written back only into the tensor's unchanged memory. numpy
+    refuses to resize an array that is exported, so needs no guard."""
 
     __slots__ = ("tensor", "ptr", "shape", "name")
 
@@ -218,10 +221,18 @@ def wait_guarded(pending, name, tensor):
     the tensor was resized or reallocated while in flight."""
     if is_torch(tensor):
         ptr, shape = tensor.data_ptr(), tensor.shape
-        pending.wait()
-        if tensor.data_ptr() != ptr or tensor.shape != shape:
-            guard = InFlightGuard.__new__(InFlightGuard)
-            guard.tensor, guard.ptr, guard.shape, guard.name = tensor, ptr, tuple(shape), name
-            guard.check()
+
+        def check():
+            if tensor.data_ptr() != ptr or tensor.shape != shape:
+                guard = InFlightGuard.__new__(InFlightGuard)
+                guard.tensor, guard.ptr, guard.shape, guard.name = tensor, ptr, tuple(shape), name
+                guard.check()
+
+        try:
+            pending.wait()
+        except InvalidArgumentError:
+            check()  # the extension refused the write-back: name the operation
+            raise
+        check()
     else:
         pending.wait()

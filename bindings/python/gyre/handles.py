@@ -186,7 +186,15 @@ def synchronize(handle: Any) -> Any:
     if h._done:
         return h._result
     try:
-        h._op.wait()
+        try:
+            h._op.wait()
+        except InvalidArgumentError:
+            # The extension refuses to write a result into a tensor that was
+            # resized or given other memory in flight; the guard says so
+            # with the operation's name.
+            for g in h._guards:
+                g.check()
+            raise
         for g in h._guards:
             g.check()
         h._result = h._finish(h._op)
