@@ -37,16 +37,17 @@ int checked_count(std::size_t bytes) {
   return static_cast<int>(bytes);
 }
 
-// Polls `req` until it completes or `deadline` passes: spins briefly (a
-// reply within microseconds is the common case), then sleeps in growing
-// steps of at most 200 us so that a waiting rank leaves the core to the
-// ranks that compute.
+// Polls `req` until it completes or `deadline` passes: without sleeping for
+// the first 200 us (a reply within microseconds is the common case, and a
+// sleep costs at least a timer tick, ~50-60 us), then in growing naps of at
+// most 200 us so that a waiting rank leaves the core to the ranks that
+// compute.
 bool poll_until(MPI_Request& req, MPI_Comm comm, int peer, MPI_Status* st,
                 MpiStoreChannel::Clock::time_point deadline,
                 const std::function<void()>& interrupt) {
   using Clock = MpiStoreChannel::Clock;
-  const auto spin_until = Clock::now() + std::chrono::microseconds(50);
-  auto nap = std::chrono::microseconds(5);
+  const auto spin_until = Clock::now() + std::chrono::microseconds(200);
+  auto nap = std::chrono::microseconds(50);
   auto next_interrupt_check = Clock::now() + std::chrono::milliseconds(50);
   for (;;) {
     int done = 0;
