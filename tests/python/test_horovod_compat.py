@@ -97,6 +97,11 @@ def test_optimizer_on_a_set_this_rank_is_outside_of_steps_alone(rank, size, mult
     finally:
         hvd.remove_process_set(odds)
         hvd.remove_process_set(evens)
+    # Once the set is removed no rank steps alone: the reduction refuses.
+    opt.zero_grad()
+    with pytest.raises(gyre.InvalidArgumentError, match="not registered"):
+        (w * float(rank + 1)).sum().backward()
+        opt.step()
 
 
 def test_in_thread_runs_the_target_in_a_started_daemon_thread():

@@ -38,7 +38,8 @@ _JOIN = ("join semantics: pending coordinator change (Horovod raises on the rank
 
 _FP16_AT_3 = ("at 3 ranks its float16 case expects 3 * fp16(x * f) exactly (computed in float32), "
               "which a float16 result cannot hold: fails for any implementation at 3 ranks (the "
-              "correctly rounded float16 sum differs by half an ulp); passes at 2")
+              "correctly rounded float16 sum differs by up to half a float16 ulp); passes at 2; "
+              "deterministic (seeded inputs)")
 _DUPLICATE_NAME = (
     "races by construction: the second enqueue of a name must find the first still pending, but "
     "the first completes as soon as the last rank enqueues it, and gyre can complete it before "

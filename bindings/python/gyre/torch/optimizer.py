@@ -93,7 +93,12 @@ class _DistributedOptimizerMixin:
 
     def _gyre_included(self):
         ps = self._gyre_process_set
-        return ps is global_process_set or bool(ps.included())
+        if ps is global_process_set:
+            return True
+        # A set removed since is "included": its allreduce then raises
+        # (StateError naming the set) instead of the step going on alone.
+        included = ps.included()
+        return included is None or bool(included)
 
     @property
     def _parameter_names(self):
