@@ -31,7 +31,9 @@
 # turns it on for every job, 0 off (with fewer ranks than cores, an 8-byte
 # ping-pong under load was faster with it in one pair of runs and slower in
 # the next: not settled).
-# Extra mpirun arguments: GYRE_HOSTS_MPIRUN_ARGS.
+# Extra mpirun arguments: GYRE_HOSTS_MPIRUN_ARGS. GYRE_HOSTS_END_FILE: a file
+# that receives the moment the job ended (ms since the epoch), written before
+# the hosts are torn down.
 set -euo pipefail
 
 subnet=10.213.0
@@ -135,8 +137,17 @@ case "${1:-}" in
          --mca btl tcp,vader,self --mca btl_tcp_if_include "$subnet.0/24"
          --mca oob_tcp_if_include "$subnet.0/24"
          ${GYRE_HOSTS_MPIRUN_ARGS:-} "$@")
+    status=0
     ip netns exec "$(ns_of 0)" unshare --uts bash -c 'hostname "$0" && exec "$@"' "$(host_of 0)" \
-      "${cmd[@]}"
+      "${cmd[@]}" || status=$?
+    # GYRE_HOSTS_END_FILE: where to write when the job ended (ms since the
+    # epoch), before the hosts are torn down (the EXIT trap), which is no
+    # part of the job and takes long when other jobs hold the kernel's
+    # network locks (tests/core/run_killed_rank.sh bounds the time to it).
+    if [ -n "${GYRE_HOSTS_END_FILE:-}" ]; then
+      echo "$(( $(date +%s%N) / 1000000 ))" > "$GYRE_HOSTS_END_FILE"
+    fi
+    exit "$status"
     ;;
   *)
     echo "usage: hosts.sh check | run HOSTS SLOTS CMD [ARGS...]" >&2
