@@ -26,6 +26,7 @@ from .consistency import check_consistency, resync
 from .functions import broadcast_optimizer_state, broadcast_parameters, sparse_allreduce_async
 from .optimizer import DistributedOptimizer
 from .async_optimizer import AsyncOptimizer
+from .local_sgd import LocalSGD
 from .sync_batch_norm import SyncBatchNorm
 from . import elastic  # noqa: E402 (Horovod's hvd.elastic)
 
@@ -41,6 +42,6 @@ def _check_torch_version():
 _check_torch_version()
 
 __all__ = list(_gyre_all) + [
-    "DistributedOptimizer", "AsyncOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
+    "DistributedOptimizer", "AsyncOptimizer", "LocalSGD", "broadcast_parameters", "broadcast_optimizer_state",
     "sparse_allreduce_async", "SyncBatchNorm", "check_consistency", "resync", "elastic",
 ]
