@@ -36,6 +36,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 import torch
 
 import gyre
+from gyre.torch._wrapper import OptimizerWrapper
 from gyre.basics import check_process_set
 from gyre.exceptions import InvalidArgumentError
 from gyre.ps import ParameterStore, Version
@@ -45,7 +46,7 @@ __all__ = ["AsyncOptimizer"]
 _CLOCK = "gyre.async_optimizer.clock"
 
 
-class AsyncOptimizer:
+class AsyncOptimizer(OptimizerWrapper):
     """Wraps ``optimizer`` (any torch.optim.Optimizer) for asynchronous or
     bounded-staleness training through a gyre.ps.ParameterStore; collective
     to construct and to close(). See the module's docstring."""
@@ -97,18 +98,7 @@ class AsyncOptimizer:
         self.updates_scaled = 0
         self.waited_s = 0.0         # time spent waiting for slower ranks (the clock)
 
-    # -- the optimizer's interface -------------------------------------------
-
-    @property
-    def param_groups(self) -> List[Dict[str, Any]]:
-        return self.optimizer.param_groups
-
-    @property
-    def state(self) -> Any:
-        return self.optimizer.state
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+    # -- the optimizer's interface (and OptimizerWrapper's) --------------------
 
     def state_dict(self) -> Dict[str, Any]:
         return self.optimizer.state_dict()

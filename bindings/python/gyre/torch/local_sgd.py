@@ -30,6 +30,7 @@ from typing import Any, Callable, List, Optional
 import torch
 
 import gyre
+from gyre.torch._wrapper import OptimizerWrapper
 from gyre.compression import Compression, Compressor
 from gyre.basics import check_process_set
 from gyre.exceptions import InvalidArgumentError
@@ -37,7 +38,7 @@ from gyre.exceptions import InvalidArgumentError
 __all__ = ["LocalSGD"]
 
 
-class LocalSGD:
+class LocalSGD(OptimizerWrapper):
     """Local SGD / DiLoCo around ``optimizer`` for ``model``; see the module
     docstring. Construction is collective (rank 0's parameters and buffers
     are broadcast, so every rank starts from the same model)."""
@@ -74,18 +75,7 @@ class LocalSGD:
         self.local_step = 0
         self.rounds = 0
 
-    # -- the optimizer's interface -------------------------------------------
-
-    @property
-    def param_groups(self) -> List[dict]:
-        return self.optimizer.param_groups
-
-    @property
-    def state(self) -> Any:
-        return self.optimizer.state
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+    # -- the optimizer's interface (and OptimizerWrapper's) --------------------
 
     def state_dict(self) -> dict:
         return {"inner": self.optimizer.state_dict(), "outer": self.outer_optimizer.state_dict(),
