@@ -84,6 +84,7 @@ def main():
     os.environ.update(BACKEND="gloo", WORLD_SIZE=str(size), RANK=str(rank))
     os.environ["INIT_METHOD"] = "gyre://" if backend == "gyre" else "env://"
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("PYTORCH_PRINT_REPRO_ON_FAILURE", "0")
 
     import torch.distributed as dist  # noqa: PLC0415 - after the environment is set
     if backend == "gyre":

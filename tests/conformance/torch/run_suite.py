@@ -90,7 +90,7 @@ def run_job(args, tests, results, log_path):
             now_done = sum(1 for t in tests if len(read_outcomes(results, t, args.np)) == args.np)
             if now_done != done:
                 done, last = now_done, time.monotonic()
-            elif time.monotonic() - last > args.timeout:
+            elif time.monotonic() - last > args.timeout + (0 if done else args.startup):
                 timed_out = True
                 os.killpg(proc.pid, signal.SIGTERM)
                 try:
@@ -150,6 +150,8 @@ def main():
     p.add_argument("--exclude", help="regular expression over the test names")
     p.add_argument("--tests", help="comma-separated test names")
     p.add_argument("--timeout", type=float, default=150, help="seconds per test")
+    p.add_argument("--startup", type=float, default=240,
+                   help="seconds more for a job's first test (mpirun, imports, the group)")
     p.add_argument("--json", help="write {test: [outcome, detail]} here")
     p.add_argument("--expect", help="run gloo's passing tests at this np and compare")
     p.add_argument("--record", help="merge this run's outcomes into this expectations file")
@@ -196,6 +198,15 @@ def main():
     return 1 if counts["fail"] else 0
 
 
+def summary(detail):
+    """A failure's exception line (the last line naming an error), or a skip's reason."""
+    lines = [ln.strip() for ln in (detail or "").strip().splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.match(r"^[\w.]*(Error|Exception|Exit)\b|^[\w.]*(Error|Exception):", ln):
+            return ln[:300]
+    return lines[-1][:300] if lines else ""
+
+
 def record(args, report):
     """Merges a run's outcomes into the expectations file, under its np:
     pass_on_gloo lists the tests that passed; the others keep their reason
@@ -212,8 +223,7 @@ def record(args, report):
             entry["not_on_gloo"].pop(name, None)
         else:
             passed.discard(name)
-            reason = (detail or "").strip().splitlines()
-            entry["not_on_gloo"].setdefault(name, f"{outcome}: {reason[-1] if reason else ''}")
+            entry["not_on_gloo"].setdefault(name, f"{outcome}: {summary(detail)}")
     entry["pass_on_gloo"] = sorted(passed)
     entry["not_on_gloo"] = dict(sorted(entry["not_on_gloo"].items()))
     with open(args.record, "w") as f:
