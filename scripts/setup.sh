@@ -28,7 +28,7 @@ fi
 # recompiles what changed.
 export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 root=$(cd "$(dirname "$0")/.." && pwd)
-python3 -m pip install -q "torch==2.13.0" numpy pytest pytest-timeout mock cloudpickle packaging pybind11 "scikit-build-core>=0.10"
+python3 -m pip install -q "torch==2.13.0" numpy pytest pytest-timeout mock cloudpickle packaging expecttest pybind11 "scikit-build-core>=0.10"
 # The GPU path compiles wherever the CUDA toolkit is installed (a GPU is only
 # needed to run its tests): NCCL's headers and library come from PyPI.
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
