@@ -267,6 +267,10 @@ struct ParameterStore::Impl {
             "ParameterStore::{}('{}'): rank {}, owner of shard {}, did not answer within {} s "
             "(dead, or not serving: closed its store or shut gyre down)",
             call, t.name, members[o.owner], o.shard, timeout_s));
+      } catch (const RankFailedError& e) {
+        throw RankFailedError(fmt::format("ParameterStore::{}('{}'): rank {}, owner of shard {}, "
+                                          "failed: {}", call, t.name, members[o.owner], o.shard,
+                                          e.what()));
       }
       o.receive.reset();
       ReplyHeader h{};
@@ -285,12 +289,22 @@ struct ParameterStore::Impl {
     }
   }
 
-  void post_and_send(Outstanding& o, const RequestHeader& req, std::size_t reply_bytes,
-                     std::span<const std::byte> payload) {
+  void post_and_send(const Tensor& t, const char* call, Outstanding& o, const RequestHeader& req,
+                     std::size_t reply_bytes, std::span<const std::byte> payload) {
     o.reply.resize(std::max(sizeof(ReplyHeader) + reply_bytes, sizeof(ReplyHeader) + kErrorTextMax));
     o.receive = channel->post_receive(o.owner, req.reply_tag, o.reply);
     const std::span<const std::byte> parts[] = {bytes_of(req), payload};
-    channel->send(o.owner, kRequestTag, parts, deadline());
+    try {
+      channel->send(o.owner, kRequestTag, parts, deadline());
+    } catch (const TimeoutError&) {
+      throw TimeoutError(fmt::format(
+          "ParameterStore::{}('{}'): rank {}, owner of shard {}, did not take the request within "
+          "{} s", call, t.name, members[o.owner], o.shard, timeout_s));
+    } catch (const RankFailedError& e) {
+      throw RankFailedError(fmt::format("ParameterStore::{}('{}'): rank {}, owner of shard {}, "
+                                        "failed: {}", call, t.name, members[o.owner], o.shard,
+                                        e.what()));
+    }
   }
 };
 
@@ -459,7 +473,7 @@ std::vector<std::int64_t> ParameterStore::pull(const std::string& name, const Te
     o.owner = span.owner;
     RequestHeader req{RequestKind::kPull, t->id, static_cast<std::uint32_t>(s), impl_->reply_tag(),
                       0, 0, 0, 0};
-    impl_->post_and_send(o, req, static_cast<std::size_t>(span.count) * elem, {});
+    impl_->post_and_send(*t, "pull", o, req, static_cast<std::size_t>(span.count) * elem, {});
     remote.push_back(std::move(o));
   }
   for (std::size_t s = 0; s < t->shards.size(); ++s) {
@@ -535,7 +549,7 @@ PushResult ParameterStore::push(const std::string& name, const TensorView& delta
     RequestHeader req{RequestKind::kPush, t->id, static_cast<std::uint32_t>(s), impl_->reply_tag(),
                       base_version[s], staleness < 0 ? -1 : staleness,
                       static_cast<std::uint32_t>(policy), 0};
-    impl_->post_and_send(o, req, 0,
+    impl_->post_and_send(*t, "push", o, req, 0,
                          {data + static_cast<std::size_t>(span.offset) * elem,
                           static_cast<std::size_t>(span.count) * elem});
     remote.push_back(std::move(o));
