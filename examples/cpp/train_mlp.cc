@@ -13,6 +13,7 @@
 // loss averaged over all ranks per epoch; at the end the ranks check with
 // fingerprints that they hold identical parameters.
 #include <gyre/gyre.h>
+#include <gyre/view.h>
 
 #include <cmath>
 #include <cstdio>
@@ -39,11 +40,6 @@ struct Mlp {
     return {{"w1", &w1}, {"b1", &b1}, {"w2", &w2}, {"b2", &b2}};
   }
 };
-
-gyre::TensorView view(std::vector<float>& v) {
-  return gyre::TensorView{v.data(), gyre::DataType::kFloat32,
-                          {static_cast<std::int64_t>(v.size())}, {}};
-}
 
 struct Dataset {
   std::vector<float> x;  // [n][kIn]
@@ -105,8 +101,8 @@ float train_step(Mlp& model, Mlp& grad, const Dataset& data, int first) {
   // The same name every step: an operation's name must match across ranks,
   // and it may be reused once the previous operation with it has completed.
   std::vector<gyre::Handle> handles;
-  handles.push_back(gyre::allreduce_async("grad.w2", view(grad.w2), view(grad.w2)));
-  handles.push_back(gyre::allreduce_async("grad.b2", view(grad.b2), view(grad.b2)));
+  handles.push_back(gyre::allreduce_async("grad.w2", gyre::view(grad.w2), gyre::view(grad.w2)));
+  handles.push_back(gyre::allreduce_async("grad.b2", gyre::view(grad.b2), gyre::view(grad.b2)));
 
   // Hidden layer, while the output layer's gradients are being reduced.
   for (int i = 0; i < kBatch; ++i) {
@@ -118,8 +114,8 @@ float train_step(Mlp& model, Mlp& grad, const Dataset& data, int first) {
       for (int k = 0; k < kIn; ++k) grad.w1[h * kIn + k] += dz * x[k];
     }
   }
-  handles.push_back(gyre::allreduce_async("grad.w1", view(grad.w1), view(grad.w1)));
-  handles.push_back(gyre::allreduce_async("grad.b1", view(grad.b1), view(grad.b1)));
+  handles.push_back(gyre::allreduce_async("grad.w1", gyre::view(grad.w1), gyre::view(grad.w1)));
+  handles.push_back(gyre::allreduce_async("grad.b1", gyre::view(grad.b1), gyre::view(grad.b1)));
   for (auto& h : handles) h.wait();  // Average over ranks (the default op)
 
   auto params = model.tensors();
@@ -148,7 +144,7 @@ int main(int argc, char** argv) {
     for (auto& w : model.w2) w = normal(init_rng) / std::sqrt(float(kHidden));
     std::vector<gyre::Handle> bcast;
     for (auto& [name, t] : model.tensors()) {
-      bcast.push_back(gyre::broadcast_async("init." + name, view(*t), 0));
+      bcast.push_back(gyre::broadcast_async("init." + name, gyre::view(*t), 0));
     }
     for (auto& h : bcast) h.wait();
 
@@ -163,12 +159,12 @@ int main(int argc, char** argv) {
       for (int b = 0; b < batches; ++b) {
         epoch_loss[0] += train_step(model, grad, data, b * kBatch) / batches;
       }
-      gyre::allreduce_async("epoch_loss", view(epoch_loss), view(epoch_loss)).wait();
+      gyre::allreduce_async("epoch_loss", gyre::view(epoch_loss), gyre::view(epoch_loss)).wait();
       if (rank == 0) std::printf("epoch %d: loss %.4f\n", epoch, epoch_loss[0]);
     }
 
     std::vector<gyre::NamedBuffer> buffers;
-    for (auto& [name, t] : model.tensors()) buffers.push_back({name, view(*t)});
+    for (auto& [name, t] : model.tensors()) buffers.push_back({name, gyre::view(*t)});
     const auto mismatches = gyre::fingerprint_check(buffers);
     if (rank == 0) {
       std::printf(mismatches.empty() ? "parameters identical on every rank\n"
