@@ -11,7 +11,8 @@ Also: GYRE_HAVE_NCCL, the switch of the GPU build, appears in C++ sources only u
 core/src/backends/nccl/ and in the one file that registers the backends
 (core/src/backends/registry.cc), so no other file changes with the build.
 Likewise GYRE_HAVE_ULFM, the switch of elastic recovery (an MPI with ULFM), and
-ULFM's header mpi-ext.h appear only under collectives/transport/: the runtime
+ULFM's header mpi-ext.h appear only under collectives/transport/, and mpi.h only
+there and in bindings/src/module.cc (docs/architecture.md says so): the runtime
 sees a peer's death as RankFailedError and asks MpiWorld whether it can recover.
 
 Usage: check_layers.py SOURCE_ROOT. Prints every violation; exits 1 if there is any.
@@ -80,6 +81,16 @@ def main():
             if "mpi-ext.h" in gyre_includes(f):
                 errors.append(f"{f.relative_to(root)}: includes mpi-ext.h outside "
                               "collectives/transport/")
+
+    # mpi.h: the transport layer's, and the one exception docs/architecture.md
+    # names (the extension's module.cc, which reads MPI's own state at import).
+    mpi_allowed = {root / "bindings/src/module.cc"}
+    for sub in ("base", "collectives", "core", "bindings"):
+        for f in files(root, sub):
+            if "mpi.h" not in gyre_includes(f) or ulfm_home in f.parents or f in mpi_allowed:
+                continue
+            errors.append(f"{f.relative_to(root)}: includes mpi.h outside collectives/transport/ "
+                          "(and bindings/src/module.cc)")
 
     for e in errors:
         print(e)
