@@ -8,14 +8,14 @@
 
 namespace gyre::core {
 
-Reduction effective_reduction(ReduceOp op, double prescale, double postscale, int contributors) {
-  if (op == ReduceOp::kAverage) return {ReduceOp::kSum, prescale, postscale / contributors};
+Reduction effective_reduction(ReduceOp op, double prescale, double postscale, int ranks) {
+  if (op == ReduceOp::kAverage) return {ReduceOp::kSum, prescale, postscale / ranks};
   return {op, prescale, postscale};
 }
 
 Reduction effective_reduction(const Response& resp) {
   return effective_reduction(resp.agreed.op, resp.agreed.prescale, resp.agreed.postscale,
-                             resp.contributors);
+                             resp.ranks_taking_part());
 }
 
 AllgatherPlan plan_allgather(const Response& resp) {

@@ -32,9 +32,10 @@ struct Reduction {
   friend bool operator==(const Reduction&, const Reduction&) = default;
 };
 
-// Average becomes a sum with 1/contributors folded into the postscale, so
-// joined ranks (which contribute zeros) are not counted; other ops as agreed.
-Reduction effective_reduction(ReduceOp op, double prescale, double postscale, int contributors);
+// Average becomes a sum with 1/ranks folded into the postscale; other ops as
+// agreed. For a response `ranks` counts the joined ranks too (they
+// contribute zeros and are divided by, as in Horovod's join).
+Reduction effective_reduction(ReduceOp op, double prescale, double postscale, int ranks);
 Reduction effective_reduction(const Response& resp);
 
 // Allgather: rank r contributes blocks[r] bytes (its first dimension times

@@ -16,6 +16,10 @@ bool Response::any_joined() const {
   return std::find(joined.begin(), joined.end(), true) != joined.end();
 }
 
+int Response::ranks_taking_part() const {
+  return contributors + static_cast<int>(std::count(joined.begin(), joined.end(), true));
+}
+
 namespace {
 
 std::string rank_list(const std::vector<int>& ranks) {
@@ -104,6 +108,12 @@ struct Scheduled {
   }
 };
 
+// How one rank grouped a tensor, as the "group" comparison quotes it.
+std::string group_str(const Request& r) {
+  return r.group_size ? fmt::format("group '{}' of {}", r.group, r.group_size)
+                      : std::string("no group");
+}
+
 std::string shape_str(const std::vector<std::int64_t>& s) {
   return fmt::format("[{}]", fmt::join(s, ", "));
 }
@@ -111,6 +121,36 @@ std::string shape_str(const std::vector<std::int64_t>& s) {
 std::string trailing_dims(const Request& r) {
   if (r.shape.empty()) return "[] (a scalar; needs at least one dimension)";
   return fmt::format("[*, {}]", fmt::join(r.shape.begin() + 1, r.shape.end(), ", "));
+}
+
+// The groups of ready tensors whose submitting ranks grouped them
+// differently, each with what differs ("for 'a', ranks disagree on group:
+// rank 0 has group 'a' of 3; rank 1 has group 'a' of 2"); keyed by every
+// group any rank put such a tensor in (no group is left out).
+std::map<GroupKey, std::string> group_disagreements(
+    const std::map<std::string, Coordinator::Pending>& pending,
+    const std::vector<Scheduled>& ready) {
+  std::map<GroupKey, std::string> out;
+  for (const Scheduled& s : ready) {
+    const Coordinator::Pending& p = pending.at(s.name);
+    const Request* first = nullptr;
+    bool differ = false;
+    for (const auto& req : p.per_rank) {
+      if (!req) continue;
+      if (first == nullptr) first = &*req;
+      else if (req->group != first->group || req->group_size != first->group_size) differ = true;
+    }
+    if (!differ) continue;
+    Response view;
+    view.per_rank = p.per_rank;
+    const std::string why = fmt::format(
+        "for '{}', {}", s.name,
+        compare_field(view, "group", [](const Request& r) { return group_str(r); }).value_or(""));
+    for (const auto& req : p.per_rank) {
+      if (req && req->group_size >= 2) out.try_emplace(GroupKey{req->group, req->group_size}, why);
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -205,10 +245,7 @@ void Coordinator::check(Response& resp) const {
     if (auto diff = compare_field(resp, name, value)) fail(ErrorKind::kMismatch, *diff);
   };
   field("collective", [](const Request& r) { return std::string(collective_name(r.collective)); });
-  field("group", [](const Request& r) {
-    return r.group_size ? fmt::format("group '{}' of {}", r.group, r.group_size)
-                        : std::string("no group");
-  });
+  field("group", group_str);
   if (!resp.ok()) return;
   const Collective c = resp.collective;
   const bool reduces = c == Collective::kAllreduce || c == Collective::kReducescatter;
@@ -270,18 +307,18 @@ void Coordinator::check(Response& resp) const {
     // Adasum as Horovod's join defines it: a joined rank's zeros leave its
     // partner's vector unchanged (the pairwise rule takes a zero vector's
     // coefficient as 1, without dividing by its norm).
-    bool supported = c == Collective::kAllgather || c == Collective::kBarrier ||
+    // Horovod's join: allgather and broadcast (and every other collective
+    // a zero contribution cannot stand in for) fail on the ranks still
+    // running, which go on in step with the joined ones.
+    bool supported = c == Collective::kBarrier ||
                      (reduces && (resp.agreed.op == ReduceOp::kSum ||
                                   resp.agreed.op == ReduceOp::kAverage)) ||
-                     (c == Collective::kAllreduce && resp.agreed.op == ReduceOp::kAdasum) ||
-                     (c == Collective::kBroadcast && !resp.joined[static_cast<std::size_t>(
-                                                        std::clamp(resp.agreed.root, 0,
-                                                                   size_ - 1))]);
+                     (c == Collective::kAllreduce && resp.agreed.op == ReduceOp::kAdasum);
     if (!supported) {
       fail(ErrorKind::kState,
-           fmt::format("{} joined and cannot take part (a joined rank contributes zeros to sum, "
-                       "average and Adasum allreduces, no rows to allgather, and receives "
-                       "broadcasts from a rank that has not joined)",
+           fmt::format("{} joined and cannot take part (while a rank has joined, only sum, "
+                       "average and Adasum allreduces and sum and average reduce-scatters run, "
+                       "the joined ranks contributing zeros)",
                        rank_list(joined)));
     }
   }
@@ -353,10 +390,30 @@ RoundOutcome Coordinator::process(const std::vector<RoundMessage>& msgs, Respons
     }
     return {};
   };
+  // A ready tensor its ranks grouped differently (another size or first
+  // name, or grouped on some ranks only) can never complete the group as
+  // any one rank sees it: every group any rank put it in fails now, its
+  // members not ready included, so no rank waits for members that the
+  // others never send.
+  const std::map<GroupKey, std::string> failed_groups = group_disagreements(pending_, ready);
+  auto in_failed_group = [&](const Pending& p) -> const std::string* {
+    for (const auto& req : p.per_rank) {
+      if (!req) continue;
+      auto it = failed_groups.find(GroupKey{req->group, req->group_size});
+      if (it != failed_groups.end()) return &it->second;
+    }
+    return nullptr;
+  };
+  std::map<std::string, const std::string*> group_failure;  // name -> what differs
+  if (!failed_groups.empty()) {
+    for (const auto& [name, p] : pending_) {
+      if (const std::string* why = in_failed_group(p)) group_failure.emplace(name, why);
+    }
+  }
   std::map<GroupKey, GroupProgress> groups;
   for (const Scheduled& s : ready) {
     GroupKey g = group_of(s.name);
-    if (g.size < 2) continue;
+    if (g.size < 2 || group_failure.count(s.name)) continue;
     GroupProgress& progress = groups.try_emplace(g, GroupProgress{0, s.arrival}).first->second;
     ++progress.ready;
     progress.first_arrival = std::min(progress.first_arrival, s.arrival);
@@ -364,17 +421,30 @@ RoundOutcome Coordinator::process(const std::vector<RoundMessage>& msgs, Respons
   std::vector<Scheduled> order;
   for (Scheduled& s : ready) {
     GroupKey g = group_of(s.name);
-    if (g.size < 2) {
+    if (g.size < 2 || group_failure.count(s.name)) {
       order.push_back(std::move(s));
     } else if (const GroupProgress& progress = groups[g]; progress.ready >= g.size) {
       s.group_arrival = progress.first_arrival;
       order.push_back(std::move(s));
     }
   }
+  for (const auto& [name, why] : group_failure) {
+    const Pending& p = pending_.at(name);
+    bool is_ready = true;
+    for (int r = 0; r < size_ && is_ready; ++r) {
+      is_ready = p.per_rank[static_cast<std::size_t>(r)] || joined_[static_cast<std::size_t>(r)];
+    }
+    if (!is_ready) order.push_back({p.arrival, p.arrival, name});
+  }
   std::sort(order.begin(), order.end());
   for (const Scheduled& s : order) {
     auto it = pending_.find(s.name);
     Response resp = answer(it, now);
+    if (auto g = group_failure.find(s.name); g != group_failure.end() && resp.ok()) {
+      resp.error_kind = ErrorKind::kMismatch;
+      resp.error = fmt::format("{} '{}': its grouped allreduce failed: {}",
+                               collective_name(resp.collective), s.name, *g->second);
+    }
     if (resp.ok() && resp.collective != Collective::kBarrier &&
         resp.collective != Collective::kFingerprint && resp.collective != Collective::kResync) {
       cache.put(resp.agreed);

@@ -43,6 +43,9 @@ struct Response {
 
   bool ok() const { return error_kind == ErrorKind::kNone; }
   bool any_joined() const;
+  // The contributors and the joined ranks (which contribute zeros): what an
+  // average divides by, as Horovod's join defines it.
+  int ranks_taking_part() const;
 };
 
 struct RoundOutcome {
