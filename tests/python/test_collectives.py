@@ -221,11 +221,11 @@ def test_join_last_rank_reduces_with_zeros(size, rank):
     last = size - 1
     if rank == last:
         # Every other rank has joined: they contribute zeros, and Average
-        # divides by the ranks that contributed (this one).
+        # divides by every rank (Horovod's join).
         out = gyre.allreduce(torch.full((3,), 6.0), op=gyre.Sum, name="join.after")
         assert out.tolist() == [6.0] * 3
         out = gyre.allreduce(torch.full((3,), 6.0), op=gyre.Average, name="join.after.avg")
-        assert out.tolist() == [6.0] * 3
+        assert out.tolist() == [6.0 / size] * 3
     assert gyre.join() == last
 
 

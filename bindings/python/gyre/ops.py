@@ -125,14 +125,42 @@ def barrier(process_set: Any = global_process_set) -> None:
 
 def join(device: int = -1, process_set: Any = global_process_set) -> int:
     """This rank has no more data: it contributes zeros to other ranks'
+    sum, average (divided by every rank, joined ones included) and Adasum
     allreduces until every rank (of `process_set`, gyre's addition) has
-    joined. Returns the last rank to join (a world rank). ``device``
+    joined; meanwhile their allgathers, broadcasts and other collectives
+    fail (StateError), as in Horovod. Returns the last rank to join (a world
+    rank), the same on every rank. ``device``
     (Horovod's: where to make the zero tensors) is accepted and not needed:
     the runtime contributes zeros without a tensor. Ctrl-C interrupts the
     wait (KeyboardInterrupt; this rank stays joined)."""
     del device
     sid = check_process_set(process_set, "join")
-    return _gyre.join(sid)
+    last = _gyre.join(sid)
+    _align_generated_names(sid, process_set)
+    return last
+
+
+def _align_generated_names(sid, process_set):
+    """After a join: a rank that waited joined issued none of the unnamed
+    operations the others ran meanwhile (their allreduces, and the
+    allgathers and broadcasts that failed), so its generated-name counters
+    of `process_set` are behind theirs and its next unnamed call would pair
+    with an older name on the others' side. Every rank takes the highest
+    count of each kind, so unnamed calls pair again from here on."""
+    from . import handles
+    from .objects import allgather_object  # objects imports this module
+
+    def in_set(key):
+        return isinstance(key, str) if sid == 0 else (isinstance(key, tuple) and key[1] == sid)
+
+    with handles._name_lock:
+        mine = {k: n for k, n in handles._name_counters.items() if in_set(k)}
+    everyone = allgather_object(mine, name="gyre.join.generated_names", process_set=process_set)
+    with handles._name_lock:
+        for counts in everyone:
+            for key, n in counts.items():
+                if handles._name_counters.get(key, 0) < n:
+                    handles._name_counters[key] = n
 
 
 def commit_step() -> None:
