@@ -80,6 +80,21 @@ void scale_loop(typename Codec<E>::Storage* __restrict x, std::size_t n, Compute
   for (std::size_t i = 0; i < n; ++i) x[i] = C::store(C::load(x[i]) * f);
 }
 
+// x / k for every element: an average's 1/n applied as torch and Horovod's
+// tests compute it (t / n, correctly rounded), where x * fl(1/n) can be one
+// ulp off (2 * 37 * fl(1/3) != fl(74 / 3) in float32).
+template <class E, class Compute>
+void divide_loop(typename Codec<E>::Storage* __restrict x, std::size_t n, Compute k) {
+  using C = Codec<E>;
+  for (std::size_t i = 0; i < n; ++i) x[i] = C::store(C::load(x[i]) / k);
+}
+
+// k when f is the float64 nearest to 1/k for an integer k >= 1, else 0.
+double reciprocal_of(double f) {
+  const double k = std::round(1.0 / f);
+  return k >= 1 && std::isfinite(k) && 1.0 / k == f ? k : 0.0;
+}
+
 struct Entry {
   ReduceFn reduce;
   CombineFn combine;
@@ -183,6 +198,13 @@ CombineFn combine_kernel(DataType dt, ReduceOp op, KernelIsa isa) {
 void scale(void* buf, std::size_t count, DataType dt, double factor, KernelIsa isa) {
   if (factor == 1.0) return;
   if (count > 0 && buf == nullptr) throw InvalidArgument("scale: null buffer with a non-zero count");
+  // An average's 1/n (or any 1/k) divides by k in float32 and float64.
+  if (const double k = reciprocal_of(factor); k != 0.0) {
+    if (dt == DataType::kFloat32) {
+      return divide_loop<float>(static_cast<float*>(buf), count, static_cast<float>(k));
+    }
+    if (dt == DataType::kFloat64) return divide_loop<double>(static_cast<double*>(buf), count, k);
+  }
   if (isa == KernelIsa::kBest && detail::scale_avx2(buf, count, dt, static_cast<float>(factor))) {
     return;
   }

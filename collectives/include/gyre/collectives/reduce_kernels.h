@@ -42,7 +42,10 @@ ReduceFn reduce_kernel(DataType dt, ReduceOp op, KernelIsa isa = KernelIsa::kBes
 CombineFn combine_kernel(DataType dt, ReduceOp op, KernelIsa isa = KernelIsa::kBest);
 
 // buf[i] *= factor, computed in float32 for float32/float16/bfloat16 and in
-// float64 for float64. Integer types, as Horovod scales them: the product is
+// float64 for float64; a factor that is the float64 nearest to 1/k for an
+// integer k (an average's 1/n) divides float32 and float64 by k instead,
+// correctly rounded as torch's t / n (x * fl(1/3) is one ulp off for a
+// third of the integers). Integer types, as Horovod scales them: the product is
 // computed in float64 and truncated toward zero (3 * 0.5 -> 1, -3 * 0.5 ->
 // -1); a product beyond the type's range saturates to its min or max (int64
 // values beyond 2^53 lose precision in the float64 product, as Horovod's
