@@ -32,10 +32,6 @@ SKIP = 77
 
 _MUON = ("builds torch.optim.Muon, which on torch 2.13 takes only 2-D parameters: fails for any "
          "implementation (see ../shared/conformance/README.md)")
-_JOIN = ("join semantics: pending coordinator change (Horovod raises on the ranks that did not "
-         "join while a rank has joined; gyre's coordinator does not yet); its failure leaves the "
-         "ranks in different tests, so it is not run until that lands")
-
 _FP16_AT_3 = ("at 3 ranks its float16 case expects 3 * fp16(x * f) exactly (computed in float32), "
               "which a float16 result cannot hold: fails for any implementation at 3 ranks (the "
               "correctly rounded float16 sum differs by up to half a float16 ulp); passes at 2; "
@@ -64,9 +60,6 @@ _FP16_AT_3_DESYNC = (
 # Not run (same form): a failure of these desynchronises the rest of the file.
 DESELECTED = {
     "test_torch.py": {
-        "test_horovod_join_allreduce": (_JOIN, None),
-        "test_horovod_join_allgather": (_JOIN, None),
-        "test_horovod_join_broadcast": (_JOIN, None),
         "test_horovod_allreduce_duplicate_name_error": (_DUPLICATE_NAME, None),
         "test_horovod_allgather_duplicate_name_error": (_DUPLICATE_NAME, None),
         "test_horovod_broadcast_duplicate_name_error": (_DUPLICATE_NAME, None),
