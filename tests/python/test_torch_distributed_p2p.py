@@ -101,15 +101,21 @@ def test_recv_from_any_source_returns_the_sender(world):
             assert t.tolist() == [src, src * src]
             seen.append(src)
         assert sorted(seen) == list(range(1, size))
+    else:
+        dist.send(torch.tensor([rank, rank * rank]), dst=0)
+    # Only once rank 0 has taken every first message may the next one leave:
+    # an any-source recv takes whichever message comes first, and the last
+    # rank's second message (another size and dtype) could otherwise come
+    # before a slower rank's first.
+    dist.barrier()
+    if rank == 0:
         # irecv from any source: the Work names the sender.
         t = torch.empty(1)
         w = dist.irecv(t)
         w.wait()
         assert w._source_rank() == size - 1 and t.item() == size - 1
-    else:
-        dist.send(torch.tensor([rank, rank * rank]), dst=0)
-        if rank == size - 1:
-            dist.send(torch.tensor([float(rank)]), dst=0)
+    elif rank == size - 1:
+        dist.send(torch.tensor([float(rank)]), dst=0)
     dist.barrier()
 
 
