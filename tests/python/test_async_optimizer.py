@@ -53,6 +53,14 @@ def test_bounded_staleness_holds_with_a_slow_rank(rank, size, staleness):
     opt = hvd.AsyncOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                              model.named_parameters(), staleness=staleness)
     x, y = _problem(rank)
+    if rank == size - 1:
+        # The straggler starts only once rank 0 has finished staleness + 1
+        # steps: rank 0 then cannot start its next step until this rank
+        # has stepped (so it must have waited, whatever the machine's load).
+        deadline = time.monotonic() + 60
+        while opt.clock()[0] < staleness + 1:
+            assert time.monotonic() < deadline, "rank 0 did not step"
+            time.sleep(0.001)
     for _ in range(12):
         if rank == size - 1:
             time.sleep(0.02)  # the straggler
@@ -65,7 +73,7 @@ def test_bounded_staleness_holds_with_a_slow_rank(rank, size, staleness):
         assert clock[rank] == opt.steps
         assert opt.steps - 1 - min(clock) <= staleness, clock
     if rank == 0:
-        assert opt.waited_s > 0  # it was held back by the straggler
+        assert opt.waited_s > 0  # it was held back by the straggler (see above)
     opt.close()
 
 
