@@ -35,7 +35,8 @@
 // push() from any thread of a member, concurrently. The store must be
 // closed (close() or the destructor, collectively) before gyre::shutdown();
 // shutdown() stops any store still open on this rank (its later calls throw
-// StateError).
+// StateError). A store destroyed without close() keeps its communicator
+// until MPI is finalised (the others may still send to it).
 #pragma once
 
 #include <cstdint>
@@ -86,7 +87,10 @@ class ParameterStore {
   // Collective over `process_set`'s ranks (after a gyre barrier over the set,
   // so that a missing rank fails with gyre's stall deadline, not a hang).
   explicit ParameterStore(int process_set = kGlobalProcessSet, const StoreOptions& options = {});
-  ~ParameterStore();  // close(), errors logged
+  // Not collective: stops serving this rank's shards at once (the others'
+  // requests for them then time out, naming this rank). Call close() first
+  // where every member ends together.
+  ~ParameterStore();
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
 

@@ -104,6 +104,7 @@ struct ParameterStore::Impl {
   std::vector<std::size_t> bytes_held;
 
   std::atomic<bool> open{true};
+  bool closed = false;  // close() ran: every member is done with the communicator
   std::atomic<bool> stop_server{false};
   std::thread server;
   std::atomic<int> next_reply_tag{0};
@@ -398,7 +399,14 @@ ParameterStore::~ParameterStore() {
   // requests for its shards then time out, naming this rank).
   stop_server(*impl_);
   if (impl_->server.joinable()) impl_->server.join();
-  impl_->channel.reset();
+  if (impl_->closed) {
+    impl_->channel.reset();
+  } else {
+    // The others may still send requests on the store's communicator:
+    // freeing it under them (MPI_Comm_free is collective) is not allowed,
+    // so it stays, unused, until MPI is finalised.
+    (void)impl_->channel.release();
+  }
 }
 
 void ParameterStore::close() {
@@ -411,6 +419,7 @@ void ParameterStore::close() {
     g_stores->erase(impl_);
   }
   stop_server(*impl_);
+  impl_->closed = true;
 }
 
 void ParameterStore::register_tensor(const std::string& name, const TensorView& value) {
