@@ -171,6 +171,57 @@ TEST_CASE("bad calls fail on the calling rank only, naming what is wrong") {
   CHECK_THROWS_AS(store.pull("w", view(out)), StateError);
 }
 
+TEST_CASE("a pull straight after registration is answered, however late an owner installs") {
+  // The registration's broadcast can complete on a requester before the
+  // owner has installed its shards; the owner's server must hold such a
+  // request until it has, not refuse it. Each round's tensor lands on
+  // another owner (placement by bytes held), and every rank pulls at once.
+  Session s;
+  ParameterStore store;
+  // Large tensors: installing the shards (a copy) takes long enough that
+  // the old server refused some pull in most runs.
+  for (int i = 0; i < 100; ++i) {
+    std::vector<float> w(1 << 18, static_cast<float>(i));
+    const std::string name = fmt::format("t{}", i);
+    store.register_tensor(name, view(w));
+    std::vector<float> out(w.size(), -1.0f);
+    auto v = store.pull(name, view(out));
+    REQUIRE(v == std::vector<std::int64_t>(v.size(), 0));
+    REQUIRE(out == w);
+  }
+  store.close();
+}
+
+TEST_CASE("a store on the whole world after stores on a set that leaves a rank out") {
+  // Each process counts the stores it has made; rank 1 made none on the
+  // set, so the counts differ, and the members must still agree on the
+  // store's communicator and names.
+  Session s;
+  std::vector<int> members;
+  for (int r = 0; r < size(); ++r) {
+    if (r != 1) members.push_back(r);
+  }
+  const int set = add_process_set(members);
+  if (rank() != 1) {
+    for (int i = 0; i < 2; ++i) {
+      ParameterStore on_set(set);
+      std::vector<float> w(2, 1.0f);
+      on_set.register_tensor("w", view(w));
+      on_set.close();
+    }
+  } else {
+    CHECK_THROWS_WITH(ParameterStore(set), Catch::Contains("not in process set"));
+  }
+  remove_process_set(set);
+  ParameterStore store;
+  std::vector<float> w(static_cast<std::size_t>(size()) * 1024, 2.0f);
+  store.register_tensor("w", view(w));
+  std::vector<float> out(w.size(), 0.0f);
+  store.pull("w", view(out));
+  CHECK(out == w);
+  store.close();
+}
+
 TEST_CASE("registering the same name twice fails on every rank in the same round") {
   Session s;
   ParameterStore store;

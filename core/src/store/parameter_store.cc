@@ -88,7 +88,7 @@ struct ParameterStore::Impl {
   };
 
   int process_set = kGlobalProcessSet;
-  int store_index = 0;  // stores made by this process before this one (alike on every member)
+  int store_index = 0;  // agreed by the members at construction: the channel's tag, op names
   StoreOptions options;
   std::vector<int> members;  // world ranks, in the set's order
   int my_index = 0;
@@ -162,6 +162,13 @@ struct ParameterStore::Impl {
 
   void serve() {
     std::vector<std::byte> message;
+    // Requests for a tensor this member has not finished registering: the
+    // registration's broadcast can complete on the requester before the
+    // owner has installed its shards. Ids follow the collective order of
+    // registration, so such a request waits for a registration that every
+    // member makes (or fails in the same round); the requester's deadline
+    // bounds the wait.
+    std::vector<std::pair<int, std::vector<std::byte>>> deferred;
     // After a request the server polls without sleeping for kHotSpell (a
     // sleep costs at least a timer tick, ~50-60 us here, more than a reply
     // on one host), then naps of growing length, at most 200 us, so that a
@@ -178,16 +185,40 @@ struct ParameterStore::Impl {
         return;
       }
       if (source) {
-        answer(*source, message);
+        if (awaits_registration(message)) {
+          deferred.emplace_back(*source, std::move(message));
+          message = {};
+        } else {
+          answer(*source, message);
+        }
         last_request = Clock::now();
         nap = std::chrono::microseconds(50);
-      } else if (Clock::now() - last_request < kHotSpell) {
+      }
+      if (!deferred.empty()) answer_deferred(deferred);
+      if (source) continue;
+      if (!deferred.empty() || Clock::now() - last_request < kHotSpell) {
         std::this_thread::yield();
       } else {
         std::this_thread::sleep_for(nap);
         nap = std::min(nap * 2, std::chrono::microseconds(200));
       }
     }
+  }
+
+  bool awaits_registration(const std::vector<std::byte>& message) const {
+    RequestHeader req{};
+    if (message.size() < sizeof req) return false;  // answer() refuses it
+    std::memcpy(&req, message.data(), sizeof req);
+    std::lock_guard<std::mutex> lock(tensors_mu);
+    return req.tensor >= tensors.size();
+  }
+
+  void answer_deferred(std::vector<std::pair<int, std::vector<std::byte>>>& deferred) {
+    auto ready = std::stable_partition(deferred.begin(), deferred.end(), [&](const auto& d) {
+      return awaits_registration(d.second);
+    });
+    for (auto it = ready; it != deferred.end(); ++it) answer(it->first, it->second);
+    deferred.erase(ready, deferred.end());
   }
 
   void answer(int source, const std::vector<std::byte>& message) {
@@ -376,10 +407,17 @@ ParameterStore::ParameterStore(int process_set, const StoreOptions& options)
   impl_->timeout_s = options.timeout_s > 0 ? options.timeout_s : env.stall_shutdown_s;
   impl_->log = core::Logger(me, env.log_level);
   impl_->bytes_held.assign(impl_->members.size(), 0);
-  // Every member gets here before the communicator is made: a member that
-  // never comes fails gyre's barrier at its stall deadline, not a hang in MPI.
-  barrier(process_set);
-  impl_->store_index = g_stores_made.fetch_add(1);
+  // The members agree the store's index (the largest count of stores any of
+  // them has made): a process's own count differs from its peers' once it
+  // has made stores on a process set they are not in. The agreement is also
+  // the barrier before the communicator is made: a member that never comes
+  // fails gyre's allreduce at its stall deadline, not a hang in MPI.
+  std::int64_t index = g_stores_made.load();
+  const TensorView index_view{&index, DataType::kInt64, {1}};
+  allreduce_async("gyre.store.new", index_view, index_view, ReduceOp::kMax, 1.0, 1.0, process_set)
+      .wait();
+  impl_->store_index = static_cast<int>(index);
+  g_stores_made = impl_->store_index + 1;
   const int tag = kChannelTagBase + impl_->store_index % 1024;
   std::vector<int> world_ranks = impl_->members;
   impl_->channel = MpiStoreChannel::create(world_ranks, tag);
@@ -398,7 +436,6 @@ ParameterStore::~ParameterStore() {
   // Not collective: an open store stops serving at once (the others'
   // requests for its shards then time out, naming this rank).
   stop_server(*impl_);
-  if (impl_->server.joinable()) impl_->server.join();
   if (impl_->closed) {
     impl_->channel.reset();
   } else {
