@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "bootstrap.h"
 #include "exceptions.h"
 #include "gyre/gyre.h"
 #include "output_pool.h"
@@ -308,6 +309,7 @@ PYBIND11_MODULE(_gyre, m) {
   m.def("_set_exception_classes", &set_exception_classes);
   bind_output_tensor(m);
   bind_store(m);
+  bind_bootstrap(m);
 
   py::class_<PendingOp, std::shared_ptr<PendingOp>>(m, "PendingOp")
       .def("poll",
@@ -370,6 +372,14 @@ PYBIND11_MODULE(_gyre, m) {
     int provided = MPI_THREAD_SINGLE;
     MPI_Query_thread(&provided);
     return provided == MPI_THREAD_MULTIPLE;
+  });
+  // Which MPI gyre was built against (gyre.bootstrap: only an MPICH-family
+  // MPI starts from a PMI-1 server). MPI allows it before MPI_Init.
+  m.def("mpi_library_version", [] {
+    char text[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+    int len = 0;
+    MPI_Get_library_version(text, &len);
+    return std::string(text, static_cast<std::size_t>(len));
   });
   // The blocking calls wait as synchronize() does (PendingOp::wait): in
   // slices, so that Ctrl-C raises KeyboardInterrupt at once; the operation

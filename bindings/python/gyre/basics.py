@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import Any, Iterable, List, Optional
 
-from . import _gyre
+from . import _gyre, bootstrap
 from .exceptions import InvalidArgumentError, InvalidTypeError, StateError
 from .handles import forget_names_of, restart_names
 
@@ -177,30 +177,6 @@ global_process_set.process_set_id = 0
 _registered = {0: [global_process_set]}
 
 
-# Variables an MPI launcher sets in every process it starts (Open MPI, MPICH
-# and Hydra, PMIx launchers, Slurm's srun with PMI).
-_MPI_LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
-
-
-def _refuse_foreign_launcher() -> None:
-    """gyre's world is the MPI job. A process started by torchrun (or any
-    launcher that only sets RANK/WORLD_SIZE) for more than one process would
-    otherwise become rank 0 of a world of 1 and train alone without a word."""
-    if any(v in os.environ for v in _MPI_LAUNCH_VARS):
-        return
-    try:
-        env_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    except ValueError:
-        env_size = 1
-    if env_size > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
-        raise StateError(
-            f"gyre.init(): this process was not started by an MPI launcher (none of "
-            f"{'/'.join(_MPI_LAUNCH_VARS)} is set), but WORLD_SIZE={env_size} says it is one of "
-            f"several (torchrun or a similar launcher); gyre would run it alone as rank 0 of 1. "
-            f"Launch the job with mpirun (e.g. `mpirun -np {max(env_size, 2)} python train.py`): "
-            f"gyre takes rank and world size from MPI")
-
-
 def in_thread(target: Any, args: tuple = (), name: Optional[str] = None, daemon: bool = True,
               silent: bool = False) -> threading.Thread:
     """Runs ``target(*args)`` in a new started thread and returns the thread
@@ -243,11 +219,16 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     in order, on every rank (a collective, as add_process_set), or
     "dynamic" (Horovod's switch for add/remove later; gyre allows those
     anyway).
-    Raises StateError in a process that no MPI launcher started while
-    WORLD_SIZE (torchrun's) says the job has several processes."""
+    In a process that torchrun (or a launcher with its environment: RANK,
+    WORLD_SIZE, MASTER_ADDR, MASTER_PORT) started, MPI starts from those
+    (gyre.bootstrap) when gyre is built against MPICH; with Open MPI it
+    raises StateError saying how to launch instead."""
     was_running = _gyre.is_initialized()
     if not was_running:
-        _refuse_foreign_launcher()
+        # torchrun and other launchers with torch's contract: MPI starts from
+        # a PMI server (gyre.bootstrap), or the launch is refused with a
+        # StateError saying how to start the job.
+        bootstrap.start_from_launcher()
     # Replacement ranks (GYRE_ELASTIC_RESPAWN) run this interpreter with its
     # arguments (-m, -u, the script and its arguments), not the C++ default.
     args = sys.orig_argv[1:] if hasattr(sys, "orig_argv") else sys.argv

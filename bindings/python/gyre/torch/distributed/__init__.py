@@ -46,7 +46,7 @@ def _create_process_group(opts: Any, backend_options: Any = None) -> GyreProcess
     del backend_options  # gyre negotiates by itself; the timeout comes in opts
     rank, size = opts.group_rank, opts.group_size
     ranks = sorted(int(r) for r in (opts.global_ranks_in_group or []))
-    _launch.check_launch()
+    _launch.check_launch(store=getattr(opts, "store", None))
     process_set = gyre.global_process_set
     if ranks and ranks != list(range(gyre.size())):
         process_set = _subgroup_sets.get(tuple(ranks))

@@ -1,8 +1,8 @@
 """How a torch.distributed job finds gyre's world: the launch check, the
 "gyre://" rendezvous, and init_process_group's default for the gyre backend.
 
-gyre's world is the MPI job mpirun started; rank and world size come from it.
-torch still wants a store (its process-group bookkeeping, and gloo or other
+gyre's world is the MPI job: started by mpirun, or by torchrun (or any
+launcher with its environment) through gyre.bootstrap. torch still wants a store (its process-group bookkeeping, and gloo or other
 groups created later with new_group), so the "gyre://" rendezvous makes a real
 one: rank 0 opens a TCPStore on a free port and gyre broadcasts its address,
 so no MASTER_ADDR or MASTER_PORT is needed, on one host or many.
@@ -20,39 +20,23 @@ import torch.distributed as dist
 from torch.distributed.rendezvous import register_rendezvous_handler
 
 import gyre
+from gyre import bootstrap
 from gyre.objects import broadcast_object
 
-# Variables an MPI launcher sets in every process it starts (Open MPI, MPICH
-# and Hydra, PMIx launchers, Slurm's srun with PMI).
-_MPI_LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
-_LAUNCH_HELP = ("launch the job with mpirun (e.g. `mpirun -np 4 python train.py`); gyre takes "
-                "rank and world size from MPI. torchrun and other launchers that only set "
-                "RANK/WORLD_SIZE/MASTER_ADDR cannot start a gyre job")
-
-
-def under_mpi_launcher() -> bool:
-    return any(v in os.environ for v in _MPI_LAUNCH_VARS)
-
-
-def check_launch(world_size: int = -1, rank: int = -1) -> None:
+def check_launch(world_size: int = -1, rank: int = -1, store: Any = None) -> None:
     """Starts gyre if needed and checks the caller's rank and world size (-1:
-    not given) against gyre's. Raises RuntimeError when the job was started
-    by another launcher for more than one process, ValueError on a
-    disagreement."""
-    if not under_mpi_launcher():
-        env_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
-        if max(world_size, env_size) > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
-            raise RuntimeError(
-                f"the gyre backend: this process was not started by an MPI launcher "
-                f"(no {'/'.join(_MPI_LAUNCH_VARS)} in the environment; world size "
-                f"{max(world_size, env_size)} was requested): {_LAUNCH_HELP}")
+    not given) against gyre's. Under torchrun (or any launcher with its
+    environment) MPI starts through `store` (gyre.bootstrap); with an MPI
+    that cannot, StateError (a RuntimeError) says how to launch. ValueError
+    on a disagreement."""
+    bootstrap.start_from_launcher(store)
     gyre.init()
     if world_size not in (-1, gyre.size()):
-        raise ValueError(f"the gyre backend: world_size={world_size} was given, but mpirun "
-                         f"started {gyre.size()} processes; omit world_size or make them agree")
+        raise ValueError(f"the gyre backend: world_size={world_size} was given, but the job "
+                         f"has {gyre.size()} processes; omit world_size or make them agree")
     if rank not in (-1, gyre.rank()):
         raise ValueError(f"the gyre backend: rank={rank} was given, but this process is rank "
-                         f"{gyre.rank()} of the MPI job; omit rank or make them agree")
+                         f"{gyre.rank()} of the job; omit rank or make them agree")
 
 
 def _store_host() -> str:
@@ -103,8 +87,10 @@ def wrap_init_process_group(original: Any) -> Any:
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind_partial(*args, **kwargs)
         a = bound.arguments
+        # Under torchrun (or a launcher with its environment) torch's own
+        # env:// rendezvous gives the store gyre starts MPI through.
         if is_gyre_backend(a.get("backend")) and a.get("store") is None \
-                and a.get("init_method") is None:
+                and a.get("init_method") is None and bootstrap.launcher_world() is None:
             a["init_method"] = "gyre://"
         return original(*bound.args, **bound.kwargs)
 
@@ -120,5 +106,5 @@ def default_world(rank: int, size: int) -> Optional[str]:
                 "dist.new_group(ranks, backend='gloo')")
     if rank != gyre.rank():
         return (f"the gyre backend: torch assigned rank {rank} to this process, which is rank "
-                f"{gyre.rank()} of the MPI job; rank and world size must come from mpirun")
+                f"{gyre.rank()} of the job; rank and world size must come from the launcher")
     return None
