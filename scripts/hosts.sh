@@ -8,6 +8,11 @@
 #
 #   scripts/hosts.sh check                       exit 0 if namespaces can be made here
 #   scripts/hosts.sh run HOSTS SLOTS CMD ARGS..  mpirun -np HOSTS*SLOTS across HOSTS hosts
+#   scripts/hosts.sh each HOSTS CMD ARGS..       CMD on every host at once, as a launcher
+#                                                of its own runs there (torchrun's agents):
+#                                                GYRE_HOST_INDEX is the host's index, and
+#                                                host0's address is 10.213.0.1; fails if
+#                                                any host's command fails
 #
 # The addresses (10.213.0.0/24) exist only inside the namespaces this script
 # creates; the bridge has none, so nothing outside them is reachable from the
@@ -149,8 +154,27 @@ case "${1:-}" in
     fi
     exit "$status"
     ;;
+  each)
+    shift
+    [ $# -ge 2 ] || { echo "usage: hosts.sh each HOSTS CMD [ARGS...]" >&2; exit 2; }
+    hosts=$1; shift
+    why=$(can_make_namespaces) || { echo "$why" >&2; exit 77; }
+    agent=$(mktemp /tmp/gyre-rsh-agent.XXXXXX)
+    trap 'teardown "$hosts"' EXIT
+    trap 'exit 130' INT TERM
+    setup "$hosts"
+    pids=()
+    for ((h = 0; h < hosts; h++)); do
+      GYRE_HOST_INDEX=$h ip netns exec "$(ns_of $h)" unshare --uts \
+        bash -c 'hostname "$0" && exec "$@"' "$(host_of $h)" "$@" &
+      pids+=($!)
+    done
+    status=0
+    for p in "${pids[@]}"; do wait "$p" || status=1; done
+    exit "$status"
+    ;;
   *)
-    echo "usage: hosts.sh check | run HOSTS SLOTS CMD [ARGS...]" >&2
+    echo "usage: hosts.sh check | run HOSTS SLOTS CMD [ARGS...] | each HOSTS CMD [ARGS...]" >&2
     exit 2
     ;;
 esac

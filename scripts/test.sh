@@ -4,6 +4,8 @@
 #   2. the Python package's tests under mpirun -np 2 and -np 3
 #   3. the training example
 #   3b. elastic recovery: gyre against Open MPI 5 with ULFM (scripts/elastic.sh)
+#   3c. launching with torchrun: gyre against MPICH from the package registry
+#       (scripts/launch.sh)
 #   4. the C++ suite again under AddressSanitizer + UndefinedBehaviorSanitizer,
 #      and the in-process tests (ranks as threads) under ThreadSanitizer,
 #      each in a build directory of its own.
@@ -37,6 +39,12 @@ timeout 300 mpirun -np 2 python3 examples/train_cnn.py --epochs 2 || status=1
 # `mpirun --with-ft ulfm` (C++ and Python); about 2 minutes.
 echo "== elastic: Open MPI 5 with ULFM, ranks killed mid-training"
 bash "$here/elastic.sh" || status=1
+
+# torchrun: gyre built against MPICH (pip's mpich, in a virtual environment
+# of its own), DDP and Horovod-API training started by torchrun on one and
+# two simulated hosts, equal to gloo / to mpiexec (docs/launch.md).
+echo "== launch: torchrun with gyre built against MPICH"
+bash "$here/launch.sh" || status=1
 
 # Sanitizers. Findings fail the run: UBSan aborts (-fno-sanitize-recover),
 # ASan and TSan exit non-zero. The suppression files say why each entry is a

@@ -211,7 +211,7 @@ def test_unsupported_op_is_refused(world):
 
 def test_rank_or_world_size_that_disagree_with_mpirun(world):
     rank, size = world
-    with pytest.raises(ValueError, match="world_size=.* mpirun started"):
+    with pytest.raises(ValueError, match="world_size=.* the job has"):
         _launch.check_launch(world_size=size + 1)
     if size > 1:
         with pytest.raises(ValueError, match="rank=.* this process is rank"):
@@ -225,6 +225,8 @@ def test_gyre_rendezvous_checks_given_rank_and_world_size(world):
         next(dist.rendezvous("gyre://", rank=rank, world_size=size + 2))
 
 
+@pytest.mark.skipif(gyre.bootstrap.starts_from_pmi(),
+                    reason="this build (MPICH) starts under torchrun: scripts/launch.sh tests that")
 def test_started_by_torchrun_gets_one_clear_error():
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OMPI_", "PMI", "PMIX_", "MPI_", "HYDRA"))}

@@ -85,6 +85,23 @@ def _address_towards(host: str) -> str:
         return socket.gethostbyname(socket.gethostname())
 
 
+def refuse_if_cannot_start() -> None:
+    """Raises StateError, saying how to launch instead, when a launcher other
+    than MPI's started this process as one of several and the MPI gyre is
+    built against cannot start from a PMI server (Open MPI)."""
+    world = launcher_world()
+    if world is None or starts_from_pmi():
+        return
+    size = world[1]
+    raise StateError(
+        f"gyre.init(): this process was not started by an MPI launcher (none of "
+        f"{'/'.join(MPI_LAUNCH_VARS)} is set; torchrun or similar: WORLD_SIZE={size}), and gyre "
+        f"is built against {_gyre.mpi_library_version().splitlines()[0].strip()}, which starts "
+        f"only from its own launcher. Either launch with mpirun (e.g. `mpirun -np {size} "
+        f"python train.py`), or build gyre against MPICH from the package registry "
+        f"(`pip install mpich` then `pip install .`: docs/launch.md), which torchrun can start")
+
+
 def start_from_launcher(store: Any = None, timeout: Optional[timedelta] = None) -> bool:
     """Prepares this process's MPI_Init when a launcher other than MPI's
     started it as one of several (launcher_world()); returns whether it did.
@@ -97,14 +114,7 @@ def start_from_launcher(store: Any = None, timeout: Optional[timedelta] = None) 
     if world is None or _gyre.is_initialized():
         return False
     rank, size = world
-    if not starts_from_pmi():
-        raise StateError(
-            f"gyre.init(): this process was not started by an MPI launcher (none of "
-            f"{'/'.join(MPI_LAUNCH_VARS)} is set; torchrun or similar: WORLD_SIZE={size}), and gyre is "
-            f"built against {_gyre.mpi_library_version().splitlines()[0].strip()}, which starts "
-            f"only from its own launcher. Either launch with mpirun (e.g. `mpirun -np {size} "
-            f"python train.py`), or build gyre against MPICH from the package registry "
-            f"(`pip install mpich` then `pip install .`: docs/launch.md), which torchrun can start")
+    refuse_if_cannot_start()
     if "PMI_PORT" in os.environ:  # prepared already (an earlier call)
         return True
     timeout = timeout or timedelta(seconds=float(os.environ.get("GYRE_START_TIMEOUT_S", "300")))

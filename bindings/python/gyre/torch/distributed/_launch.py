@@ -89,9 +89,12 @@ def wrap_init_process_group(original: Any) -> Any:
         a = bound.arguments
         # Under torchrun (or a launcher with its environment) torch's own
         # env:// rendezvous gives the store gyre starts MPI through.
-        if is_gyre_backend(a.get("backend")) and a.get("store") is None \
-                and a.get("init_method") is None and bootstrap.launcher_world() is None:
-            a["init_method"] = "gyre://"
+        if is_gyre_backend(a.get("backend")):
+            # Before torch's rendezvous, which would wait for peers first.
+            bootstrap.refuse_if_cannot_start()
+            if a.get("store") is None and a.get("init_method") is None \
+                    and bootstrap.launcher_world() is None:
+                a["init_method"] = "gyre://"
         return original(*bound.args, **bound.kwargs)
 
     init_process_group._gyre_wrapped = True  # type: ignore[attr-defined]

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Launching without mpirun (docs/launch.md): gyre built against MPICH from the
+# Python package registry (`pip install mpich`, in a virtual environment of
+# its own, with no system MPI in the build), then started by torchrun.
+#   1. DDP with init_process_group("gyre") under torchrun, 2 and 3 ranks:
+#      parameters equal to the same script on gloo (bit for bit at 2 ranks;
+#      at 3, sums in another order: within float32 rounding)
+#   2. gyre.torch (Horovod's API) under torchrun and under MPICH's mpiexec:
+#      equal
+#   3. two torchrun agents on two simulated hosts (scripts/hosts.sh each),
+#      2 ranks each, static rendezvous on host 0: equal to the same job on
+#      one host within rounding (another reduction order across hosts)
+#   4. the README's main job (examples/train_cnn.py) under that MPI's mpiexec
+#
+# Usage: scripts/launch.sh
+#   GYRE_MPICH_VENV  the virtual environment (default: .venv-mpich in the tree)
+#   GYRE_MPICH_BUILD the build directory (default: build-mpich in the tree)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+GYRE_BUILD=${GYRE_MPICH_BUILD:-$(cd "$here/.." && pwd)/build-mpich}
+source "$here/env.sh"
+venv=${GYRE_MPICH_VENV:-$GYRE_ROOT/.venv-mpich}
+py=$venv/bin/python
+
+if [ ! -x "$venv/bin/mpicc" ]; then
+  echo "== MPICH into $venv: pip install mpich"
+  python3 -m venv --system-site-packages "$venv"
+  "$venv/bin/pip" install -q mpich
+fi
+# That MPI alone: its bin/ first, no library path from outside, and no
+# launcher variables of an enclosing mpirun.
+export PATH="$venv/bin:$PATH"
+unset LD_LIBRARY_PATH PYTHONPATH
+for v in $(env | sed -n 's/^\(\(OMPI\|PMIX\|PMI\|HYDRA\)_[A-Za-z0-9_]*\)=.*/\1/p'); do unset "$v"; done
+
+echo "== pip install gyre into $venv (against $("$venv/bin/mpichversion" | head -1 | tr -s ' \t' ' '))"
+# As a user would: `pip install .` with that MPI's bin/ first on PATH (the
+# build finds its mpicc there), in a build directory of its own.
+"$venv/bin/pip" install -q --no-build-isolation --no-deps \
+  -C build-dir="$GYRE_BUILD/python" "$GYRE_ROOT"
+ext=$("$py" -c "import gyre._gyre as m; print(m.__file__)")
+libs=$(ldd "$ext")
+grep -q "$venv/lib/libmpi.so" <<<"$libs" || {
+  echo "launch.sh: $ext does not link $venv/lib/libmpi.so" >&2; exit 1; }
+
+out=$(mktemp -d /tmp/gyre-launch.XXXXXX)
+trap 'rm -rf "$out"' EXIT
+cd "$out"
+status=0
+# torchrun of this environment's Python (the one on PATH may be another's).
+torchrun=("$py" -m torch.distributed.run)
+compare() { "$py" "$GYRE_ROOT/tests/launch/compare.py" "$@" || status=1; }
+run() {  # run NAME TIMEOUT_S CMD...: fails the script (not at once) on failure
+  local name=$1 limit=$2; shift 2
+  echo "-- $name"
+  timeout "$limit" "$@" || { echo "launch.sh: FAILED: $name" >&2; status=1; }
+}
+
+for n in 2 3; do
+  mode=close; [ "$n" = 2 ] && mode=exact
+  for backend in gloo gyre; do
+    run "torchrun --standalone --nproc_per_node=$n train_ddp.py $backend" 300 \
+      "${torchrun[@]}" --standalone --nproc_per_node=$n "$GYRE_ROOT/tests/launch/train_ddp.py" \
+      $backend ddp_${backend}_$n.pt
+  done
+  compare ddp_gloo_$n.pt ddp_gyre_$n.pt $mode
+done
+
+run "torchrun --standalone --nproc_per_node=2 train_hvd.py" 300 \
+  "${torchrun[@]}" --standalone --nproc_per_node=2 "$GYRE_ROOT/tests/launch/train_hvd.py" hvd_torchrun.pt
+run "mpiexec -n 2 train_hvd.py" 300 \
+  "$venv/bin/mpiexec" -n 2 "$py" "$GYRE_ROOT/tests/launch/train_hvd.py" hvd_mpiexec.pt
+compare hvd_torchrun.pt hvd_mpiexec.pt exact params
+
+if why=$(bash "$here/hosts.sh" check 2>&1); then
+  cat > node.sh <<EOF
+#!/usr/bin/env bash
+exec "$py" -m torch.distributed.run --nnodes=2 --node_rank=\$GYRE_HOST_INDEX \
+  --nproc_per_node=2 --master_addr=10.213.0.1 --master_port=29500 "\$@"
+EOF
+  run "two hosts x 2 ranks: torchrun --nnodes=2 train_hvd.py" 300 \
+    bash "$here/hosts.sh" each 2 bash "$out/node.sh" "$GYRE_ROOT/tests/launch/train_hvd.py" \
+    "$out/hvd_2x2.pt"
+  run "one host, 4 ranks: torchrun train_hvd.py" 300 \
+    "${torchrun[@]}" --standalone --nproc_per_node=4 "$GYRE_ROOT/tests/launch/train_hvd.py" hvd_1x4.pt
+  compare hvd_2x2.pt hvd_1x4.pt close params
+  "$py" -c "
+import torch, sys
+a = torch.load('hvd_2x2.pt')
+print(f'two hosts: size {a[\"size\"]}, local size {a[\"local_size\"]}')
+sys.exit(0 if (a['size'], a['local_size']) == (4, 2) else 1)" || status=1
+else
+  echo "-- two simulated hosts: skipped ($why)"
+fi
+
+cd "$GYRE_ROOT"
+run "the main job under MPICH's mpiexec: examples/train_cnn.py" 300 \
+  "$venv/bin/mpiexec" -n 2 "$py" examples/train_cnn.py --epochs 1
+exit "$status"

@@ -1,0 +1,39 @@
+"""A small DDP training run for the launcher tests (scripts/launch.sh):
+
+    torchrun --nproc_per_node=N tests/launch/train_ddp.py BACKEND OUT
+
+`init_process_group(BACKEND)` with torchrun's environment and nothing else,
+20 steps of SGD on a two-layer model (each rank its own data), then rank 0
+saves the parameters to OUT; the test compares gyre's with gloo's.
+"""
+import sys
+
+import torch
+import torch.distributed as dist
+
+backend, out = sys.argv[1], sys.argv[2]
+if backend == "gyre":
+    import gyre.torch.distributed  # noqa: F401 (registers the backend)
+
+dist.init_process_group(backend)
+rank, size = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+gen = torch.Generator().manual_seed(1000 + rank)
+for _ in range(20):
+    x = torch.randn(16, 32, generator=gen)
+    y = torch.randn(16, 4, generator=gen)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(ddp(x), y).backward()
+    opt.step()
+# Every rank holds the same parameters (DDP's promise): checked here too.
+flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+gathered = [torch.empty_like(flat) for _ in range(size)]
+dist.all_gather(gathered, flat)
+assert all(torch.equal(g, flat) for g in gathered), "ranks hold different parameters"
+if rank == 0:
+    torch.save(flat, out)
+    print(f"{backend}: {size} ranks, |w| = {flat.norm():.6f}", flush=True)
+dist.destroy_process_group()
