@@ -5,6 +5,8 @@
 #   1. DDP with init_process_group("gyre") under torchrun, 2 and 3 ranks:
 #      parameters equal to the same script on gloo (bit for bit at 2 ranks;
 #      at 3, sums in another order: within float32 rounding)
+#   1b. PyTorch Lightning's default environment under torchrun (no mpi4py),
+#      DDPStrategy(process_group_backend="gyre"), 2 ranks: equal to gloo
 #   2. gyre.torch (Horovod's API) under torchrun and under MPICH's mpiexec:
 #      equal
 #   3. two torchrun agents on two simulated hosts (scripts/hosts.sh each),
@@ -22,10 +24,10 @@ source "$here/env.sh"
 venv=${GYRE_MPICH_VENV:-$GYRE_ROOT/.venv-mpich}
 py=$venv/bin/python
 
-if [ ! -x "$venv/bin/mpicc" ]; then
-  echo "== MPICH into $venv: pip install mpich"
-  python3 -m venv --system-site-packages "$venv"
-  "$venv/bin/pip" install -q mpich
+if [ ! -x "$venv/bin/mpicc" ] || ! "$venv/bin/python" -c "import lightning" 2>/dev/null; then
+  echo "== MPICH and Lightning into $venv: pip install mpich lightning"
+  [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
+  "$venv/bin/pip" install -q mpich lightning
 fi
 # That MPI alone: its bin/ first, no library path from outside, and no
 # launcher variables of an enclosing mpirun.
@@ -65,6 +67,13 @@ for n in 2 3; do
   done
   compare ddp_gloo_$n.pt ddp_gyre_$n.pt $mode
 done
+
+for backend in gloo gyre; do
+  run "torchrun --standalone --nproc_per_node=2 train_lightning.py $backend" 300 \
+    "${torchrun[@]}" --standalone --nproc_per_node=2 "$GYRE_ROOT/tests/launch/train_lightning.py" \
+    $backend lightning_$backend.pt
+done
+compare lightning_gloo.pt lightning_gyre.pt exact
 
 run "torchrun --standalone --nproc_per_node=2 train_hvd.py" 300 \
   "${torchrun[@]}" --standalone --nproc_per_node=2 "$GYRE_ROOT/tests/launch/train_hvd.py" hvd_torchrun.pt
