@@ -1,5 +1,6 @@
 // What the MPI files of the transport layer share (mpi_transport.cc,
-// mpi_elastic.cc): error text, the checks of return codes, and the
+// mpi_elastic.cc, mpi_p2p.cc, mpi_store_channel.cc...): error text, the
+// checks of return codes and counts, communicators of some ranks, and the
 // communicator gyre's world is made of. Internal to collectives/transport/:
 // it includes mpi.h, which no header outside this directory does.
 //
@@ -9,7 +10,9 @@
 
 #include <mpi.h>
 
+#include <cstddef>
 #include <string>
+#include <vector>
 
 namespace gyre::transport::detail {
 
@@ -17,6 +20,20 @@ std::string mpi_error_string(int code);
 
 // Throws TransportError naming `call` unless `code` is MPI_SUCCESS.
 void check_mpi(int code, const char* call);
+
+// Throws for a failed call with one peer, naming `who` (the part of gyre:
+// "point-to-point", "parameter store"), the call and the peer:
+// RankFailedError when the peer died (process_failure), else TransportError.
+void check_peer_call(int code, MPI_Comm comm, const char* who, const char* call, int peer);
+
+// `bytes` as an MPI count of MPI_BYTE; InvalidArgument, naming `who`, over
+// INT_MAX.
+int byte_count(std::size_t bytes, const char* who);
+
+// A communicator of `ranks` (ranks of `parent`, in that order), collective
+// over those ranks alone (MPI_Comm_create_group); `tag` keeps concurrent
+// creations on one parent apart.
+MPI_Comm comm_of_ranks(MPI_Comm parent, const std::vector<int>& ranks, int tag);
 
 // MPI_COMM_WORLD until MpiWorld::rebuild() replaces it by the survivors'
 // communicator, or MpiWorld::instance(ranks) by the listed ranks' (until

@@ -31,11 +31,7 @@ struct MpiP2pChannel::Impl {
 
   // Throws for a failed MPI call: RankFailedError when a peer died (ULFM).
   void check(int code, const char* call, int peer) {
-    if (code == MPI_SUCCESS) return;
-    std::string what = fmt::format("point-to-point: {} with rank {} failed: {}", call, peer,
-                                   detail::mpi_error_string(code));
-    if (detail::process_failure(code, comm)) throw RankFailedError(what);
-    throw TransportError(what);
+    detail::check_peer_call(code, comm, "point-to-point", call, peer);
   }
 
   Request take(MPI_Request req, int peer, bool is_send) {
@@ -98,26 +94,18 @@ MpiP2pChannel::~MpiP2pChannel() {
 }
 
 MpiP2pChannel::Request MpiP2pChannel::isend(int peer, int tag, std::span<const std::byte> data) {
-  if (data.size() > static_cast<std::size_t>(INT_MAX)) {
-    throw InvalidArgument(fmt::format("point-to-point: a message of {} bytes is over INT_MAX",
-                                      data.size()));
-  }
   MPI_Request req;
-  impl_->check(MPI_Isend(data.data(), static_cast<int>(data.size()), MPI_BYTE, peer, tag,
-                         impl_->comm, &req),
-               "MPI_Isend", peer);
+  const int count = detail::byte_count(data.size(), "point-to-point");
+  impl_->check(MPI_Isend(data.data(), count, MPI_BYTE, peer, tag, impl_->comm, &req), "MPI_Isend",
+               peer);
   return impl_->take(req, peer, true);
 }
 
 MpiP2pChannel::Request MpiP2pChannel::irecv(int peer, int tag, std::span<std::byte> data) {
-  if (data.size() > static_cast<std::size_t>(INT_MAX)) {
-    throw InvalidArgument(fmt::format("point-to-point: a message of {} bytes is over INT_MAX",
-                                      data.size()));
-  }
   MPI_Request req;
-  impl_->check(MPI_Irecv(data.data(), static_cast<int>(data.size()), MPI_BYTE, peer, tag,
-                         impl_->comm, &req),
-               "MPI_Irecv", peer);
+  const int count = detail::byte_count(data.size(), "point-to-point");
+  impl_->check(MPI_Irecv(data.data(), count, MPI_BYTE, peer, tag, impl_->comm, &req), "MPI_Irecv",
+               peer);
   return impl_->take(req, peer, false);
 }
 

@@ -20,22 +20,13 @@ namespace gyre::transport {
 
 namespace {
 
-// Throws for a failed MPI call: RankFailedError when a peer died (ULFM).
+constexpr const char* kWho = "parameter store";
+
 void check(int code, MPI_Comm comm, const char* call, int peer) {
-  if (code == MPI_SUCCESS) return;
-  std::string what = fmt::format("parameter store: {} with rank {} failed: {}", call, peer,
-                                 detail::mpi_error_string(code));
-  if (detail::process_failure(code, comm)) throw RankFailedError(what);
-  throw TransportError(what);
+  detail::check_peer_call(code, comm, kWho, call, peer);
 }
 
-int checked_count(std::size_t bytes) {
-  if (bytes > static_cast<std::size_t>(INT_MAX)) {
-    throw InvalidArgument(
-        fmt::format("parameter store: a message of {} bytes is over INT_MAX", bytes));
-  }
-  return static_cast<int>(bytes);
-}
+int checked_count(std::size_t bytes) { return detail::byte_count(bytes, kWho); }
 
 // Polls `req` until it completes or `deadline` passes: without sleeping for
 // the first 200 us (a reply within microseconds is the common case, and a
@@ -115,16 +106,7 @@ std::unique_ptr<MpiStoreChannel> MpiStoreChannel::create(const std::vector<int>&
         "beside the runtime's); this MPI offers less");
   }
   auto impl = std::make_unique<Impl>();
-  MPI_Group parent_group, group;
-  const MPI_Comm parent = detail::world_comm();
-  detail::check_mpi(MPI_Comm_group(parent, &parent_group), "MPI_Comm_group");
-  const int rc = MPI_Group_incl(parent_group, static_cast<int>(world_ranks.size()),
-                                world_ranks.data(), &group);
-  MPI_Group_free(&parent_group);
-  detail::check_mpi(rc, "MPI_Group_incl");
-  const int rc2 = MPI_Comm_create_group(parent, group, tag, &impl->comm);
-  MPI_Group_free(&group);
-  detail::check_mpi(rc2, "MPI_Comm_create_group");
+  impl->comm = detail::comm_of_ranks(detail::world_comm(), world_ranks, tag);
   detail::check_mpi(MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN),
                     "MPI_Comm_set_errhandler");
   return std::unique_ptr<MpiStoreChannel>(new MpiStoreChannel(std::move(impl)));

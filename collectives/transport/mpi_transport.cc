@@ -41,6 +41,34 @@ void check_mpi(int code, const char* call) {
   }
 }
 
+void check_peer_call(int code, MPI_Comm comm, const char* who, const char* call, int peer) {
+  if (code == MPI_SUCCESS) return;
+  std::string what =
+      fmt::format("{}: {} with rank {} failed: {}", who, call, peer, mpi_error_string(code));
+  if (process_failure(code, comm)) throw RankFailedError(what);
+  throw TransportError(what);
+}
+
+int byte_count(std::size_t bytes, const char* who) {
+  if (bytes > static_cast<std::size_t>(INT_MAX)) {
+    throw InvalidArgument(fmt::format("{}: a message of {} bytes is over INT_MAX", who, bytes));
+  }
+  return static_cast<int>(bytes);
+}
+
+MPI_Comm comm_of_ranks(MPI_Comm parent, const std::vector<int>& ranks, int tag) {
+  MPI_Group parent_group, group;
+  check_mpi(MPI_Comm_group(parent, &parent_group), "MPI_Comm_group");
+  const int rc = MPI_Group_incl(parent_group, static_cast<int>(ranks.size()), ranks.data(), &group);
+  MPI_Group_free(&parent_group);
+  check_mpi(rc, "MPI_Group_incl");
+  MPI_Comm comm = MPI_COMM_NULL;
+  const int rc2 = MPI_Comm_create_group(parent, group, tag, &comm);
+  MPI_Group_free(&group);
+  check_mpi(rc2, "MPI_Comm_create_group");
+  return comm;
+}
+
 MPI_Comm& world_comm() {
   static MPI_Comm comm = MPI_COMM_WORLD;
   return comm;
@@ -440,23 +468,6 @@ MpiWorld& MpiWorld::instance(const std::vector<int>& ranks) {
   return *world;
 }
 
-namespace {
-// A communicator of `ranks` (ranks of `parent`, in that order), collective
-// over those ranks alone (MPI_Comm_create_group); `tag` keeps concurrent
-// creations on one parent apart.
-MPI_Comm comm_of_ranks(MPI_Comm parent, const std::vector<int>& ranks, int tag) {
-  MPI_Group parent_group, group;
-  check_mpi(MPI_Comm_group(parent, &parent_group), "MPI_Comm_group");
-  const int rc = MPI_Group_incl(parent_group, static_cast<int>(ranks.size()), ranks.data(), &group);
-  MPI_Group_free(&parent_group);
-  check_mpi(rc, "MPI_Group_incl");
-  MPI_Comm comm = MPI_COMM_NULL;
-  const int rc2 = MPI_Comm_create_group(parent, group, tag, &comm);
-  MPI_Group_free(&group);
-  check_mpi(rc2, "MPI_Comm_create_group");
-  return comm;
-}
-}  // namespace
 
 MpiWorld::Layout MpiWorld::layout() const {
   return Layout{rank_, size_, local_rank_, local_size_, cross_rank_, cross_size_, uniform_hosts_,
@@ -535,7 +546,7 @@ void MpiWorld::use_ranks(const std::vector<int>& requested) {
     world_layout_ = layout();
     world_layout_saved_ = true;
   }
-  detail::world_comm() = comm_of_ranks(MPI_COMM_WORLD, ranks, kRestrictTag);
+  detail::world_comm() = detail::comm_of_ranks(MPI_COMM_WORLD, ranks, kRestrictTag);
   restricted_to_ = ranks;
   derive_layout();  // collective over the listed ranks
 }
@@ -655,7 +666,7 @@ std::unique_ptr<Transport> MpiWorld::make_group_transport(const std::vector<int>
                                                          int tag) {
   if (finalized_) throw StateError("MpiWorld::make_group_transport after finalize()");
   if (!std::binary_search(ranks.begin(), ranks.end(), rank_)) return nullptr;
-  MPI_Comm comm = comm_of_ranks(detail::world_comm(), ranks, tag);
+  MPI_Comm comm = detail::comm_of_ranks(detail::world_comm(), ranks, tag);
   check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   return std::make_unique<MpiTransport>(comm, collectives::oversubscribed(local_size_),
                                         kDefaultPieceBytes);
