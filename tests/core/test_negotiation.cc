@@ -207,6 +207,68 @@ TEST_CASE("queue: a pending name is refused first and never announced", "[queue]
   CHECK(fresh[1].name == "y");
 }
 
+TEST_CASE("queue: the latest push keeps its names until its completion is taken or another "
+          "push follows", "[queue]") {
+  TensorQueue q;
+  auto push = [&q](std::vector<std::string> names) {
+    auto state = std::make_shared<OpState>(static_cast<int>(names.size()));
+    std::vector<LocalEntry> v;
+    for (auto& n : names) {
+      LocalEntry e;
+      e.request = named(n, 4);
+      e.state = state;
+      v.push_back(std::move(e));
+    }
+    q.push(std::move(v));
+    return state;
+  };
+  // Takes `name`'s entry out as its agreed response does.
+  auto take = [&q](const std::string& name) {
+    Response resp;
+    resp.name = name;
+    resp.per_rank.resize(1);
+    resp.per_rank[0] = named(name, 4);
+    resp.per_rank[0]->seq = 1;
+    auto e = q.take_for(resp, 0);
+    REQUIRE(e);
+    e->state->complete_one();
+  };
+  auto x = push({"x"});
+  take("x");
+  REQUIRE(q.size() == 0);
+  // Completed, not taken, nothing pushed since: still refused, and a failure
+  // of the name is not announced.
+  CHECK_THROWS_WITH(q.check_not_pending(named("x", 4)), Catch::Contains("already pending"));
+  CHECK_THROWS_AS(push({"x"}), InvalidArgument);
+  Request failed = named("x", 4);
+  failed.error_kind = ErrorKind::kInvalidArgument;
+  CHECK_FALSE(q.announce_failure(failed));
+  // Taken (poll() returned true): free.
+  CHECK(Handle(x).poll());
+  CHECK_NOTHROW(q.check_not_pending(named("x", 4)));
+
+  // Never taken, but another push follows: free once completed.
+  push({"y"});
+  auto z = push({"z"});
+  CHECK_THROWS(q.check_not_pending(named("y", 4)));  // still pending
+  take("y");
+  CHECK_NOTHROW(q.check_not_pending(named("y", 4)));
+  take("z");
+  CHECK_THROWS(q.check_not_pending(named("z", 4)));
+  Handle(z).wait();  // taken by a wait
+  CHECK_NOTHROW(q.check_not_pending(named("z", 4)));
+
+  // A group keeps every member's name; forget_latest() (a join) frees them.
+  push({"g.0", "g.1"});
+  take("g.0");
+  take("g.1");
+  CHECK_THROWS(q.check_not_pending(named("g.0", 4)));
+  CHECK_THROWS(q.check_not_pending(named("g.1", 4)));
+  q.forget_latest();
+  CHECK_NOTHROW(q.check_not_pending(named("g.0", 4)));
+  CHECK_NOTHROW(q.check_not_pending(named("g.1", 4)));
+}
+
 TEST_CASE("coordinator: the resync policy is a field of its own, compared", "[coordinator]") {
   ResponseCache cache(16);
   Coordinator c(2, 0, 0);

@@ -40,6 +40,40 @@ TEST_CASE("local: a refused call of a pending name leaves the pending operation 
   });
 }
 
+TEST_CASE("local: a completed name stays reserved until its handle is waited or another "
+          "operation is enqueued", "[runtime][errors]") {
+  // Outside the ranks: on a failure the calls not refused are in flight
+  // until the job stops.
+  std::vector<std::vector<float>> cs(3, std::vector<float>(4, 1.0f)), ds = cs;
+  LocalJob::run(3, fast_options(), [&](int r, Runtime& rt) {
+    auto& c = cs[static_cast<std::size_t>(r)];
+    auto& d = ds[static_cast<std::size_t>(r)];
+    auto done = std::make_shared<std::promise<void>>();
+    auto completed = done->get_future();
+    {
+      // Dropped without a wait: the call a script makes and forgets.
+      Handle h = core::allreduce_async(rt, "x", view(c), view(c), ReduceOp::kSum);
+      h.on_complete([done](std::exception_ptr) { done->set_value(); });
+    }
+    GYRE_EXPECT(r, completed.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+    GYRE_EXPECT(r, c == std::vector<float>(4, 3.0f));
+    // Completed, but nothing waited and nothing enqueued since: the second
+    // call is refused as if the first were still pending (however fast the
+    // first completed), on this rank alone.
+    auto msg = expect_throw<InvalidArgument>(r, [&] {
+      core::allreduce_async(rt, "x", view(d), view(d), ReduceOp::kSum);
+    });
+    GYRE_EXPECT(r, contains(msg, "'x'") && contains(msg, "already pending"));
+    // Another operation releases it; the refused call consumed no number.
+    wait_for(core::allreduce_async(rt, "y", view(d), view(d), ReduceOp::kSum));
+    Handle again = core::allreduce_async(rt, "x", view(d), view(d), ReduceOp::kSum);
+    // Waited: reusable at once.
+    wait_for(again);
+    wait_for(core::allreduce_async(rt, "x", view(d), view(d), ReduceOp::kSum));
+    GYRE_EXPECT(r, d == std::vector<float>(4, 27.0f));
+  });
+}
+
 TEST_CASE("local: a rank one iteration behind on a reused name is a MismatchError everywhere",
           "[runtime][errors][sequence]") {
   Options opt = fast_options();

@@ -5,6 +5,7 @@ errors surface as gyre exceptions."""
 
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -129,6 +130,65 @@ def test_duplicate_pending_name_is_refused(size, rank, multi_rank):
         gyre.barrier()
         h = gyre.allreduce_async_(t1, name="dup", op=gyre.Sum)
     assert gyre.synchronize(h).tolist() == [size, size]
+
+
+def test_completed_name_stays_reserved_until_waited(size, rank, multi_rank):
+    """The first call's operation has completed (its done callback ran)
+    before the second call of its name: still refused, since nothing waited
+    for it and nothing was enqueued since; on this rank alone, so the
+    operation that follows pairs as usual."""
+    done = threading.Event()
+    h = gyre.allreduce_async_(torch.ones(2), name="completed.dup", op=gyre.Sum)
+    h._op.add_done_callback(done.set)
+    assert done.wait(60)
+    with pytest.raises(gyre.InvalidArgumentError, match="'completed.dup'.*already pending"):
+        gyre.allreduce_async_(torch.ones(2), name="completed.dup", op=gyre.Sum)
+    assert gyre.synchronize(h).tolist() == [size, size]
+    # Waited: the name is free at once.
+    assert gyre.allreduce(torch.ones(2), name="completed.dup", op=gyre.Sum).tolist() == [size] * 2
+
+
+_DUPLICATE_CALLS = {
+    "allreduce": lambda t, name: gyre.allreduce_async(t, name=name),
+    "allgather": lambda t, name: gyre.allgather_async(t, name=name),
+    "broadcast": lambda t, name: gyre.broadcast_async(t, 0, name=name),
+    "alltoall": lambda t, name: gyre.alltoall_async(t, name=name),
+    "reducescatter": lambda t, name: gyre.reducescatter_async(t, name=name),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_DUPLICATE_CALLS))
+def test_second_call_without_a_wait_is_refused_every_time(size, rank, multi_rank, kind):
+    """Horovod's test_horovod_*_duplicate_name_error, repeated: rank 0 calls
+    twice with its handles dropped, then the others. On the others the first
+    call pairs with rank 0's pending one and may complete before their second
+    call; the second must be refused all the same. The refusals stay local
+    (the barriers and the last call pair), and the names do not stay
+    reserved past the barrier: the last one serves another kind of call."""
+    call = _DUPLICATE_CALLS[kind]
+    t = torch.ones(2 * size)
+    accepted = []
+    for i in range(20):
+        name = f"dup.{kind}.{i}"
+        for turn in range(2):
+            if (rank == 0) == (turn == 0):
+                call(t, name)
+                try:
+                    call(t, name)
+                    accepted.append(name)
+                except ValueError:
+                    pass
+            gyre.barrier()
+    try:
+        reuse = gyre.allgather_async(torch.full((1,), float(rank)), name=name)
+    except ValueError:
+        reuse = None
+    # Every rank's outcome on every rank, so that a failure fails them all
+    # at once instead of leaving the others waiting.
+    outcome = gyre.allgather(torch.tensor([len(accepted), int(reuse is None)]),
+                             name=f"dup.{kind}.outcome").view(size, 2).tolist()
+    assert outcome == [[0, 0]] * size, "per rank: [second calls accepted, last name refused]"
+    assert gyre.synchronize(reuse).tolist() == [float(r) for r in range(size)]
 
 
 def test_calls_before_init_raise_state_error():

@@ -18,6 +18,12 @@ counter per operation kind ("allreduce.noname.0", ...), so ranks match as
 long as they issue unnamed operations of a kind in the same order. A call
 consumes its generated name even when it is refused, so a call refused on one
 rank only does not shift that rank's later names against the other ranks'.
+A name is in use on a rank from the call until its operation has completed
+and either its handle has seen that (``synchronize``, ``wait``, a ``poll``
+that returned True) or the rank has enqueued another operation since; a call
+of a name in use raises InvalidArgumentError (a ValueError) on that rank
+alone, so two calls of a name with nothing waited and nothing else enqueued
+between them are refused every time, however soon the first completed.
 """
 
 import enum

@@ -7,6 +7,16 @@
 //
 // Buffers: the caller owns every buffer passed in a TensorView and must keep
 // it alive and unchanged until the operation's handle completes.
+//
+// Names: every rank calls an operation under the same name (scoped by
+// process set). On one rank a name is in use from the call until the
+// operation has completed and either its Handle has seen that (wait()
+// returned, or poll() returned true) or this rank has enqueued another
+// operation on the set since. A call of a name in use throws
+// InvalidArgument on this rank alone; it is not announced, so the
+// operation holding the name stays valid everywhere. Two calls of a name
+// with neither a wait nor another operation between them are therefore
+// refused every time, however soon the first one completed.
 #pragma once
 
 #include <cstdint>
@@ -59,8 +69,10 @@ class Handle {
   explicit Handle(std::shared_ptr<core::OpState> s) : state_(std::move(s)) {}
 
   // Blocks until the operation completes; rethrows its error if it failed.
+  // Either way its name is free again (see Names above).
   void wait() const;
-  // True once the operation has completed (successfully or not).
+  // True once the operation has completed (successfully or not); its name
+  // is then free again.
   bool poll() const;
   // Registers `fn`, called once on completion with nullptr on success or the
   // operation's exception. Called on the background thread, or at once on

@@ -9,8 +9,9 @@
 // the caller's thread; the failed request is also announced to the other
 // ranks (with the reason) so that their matching operation fails with this
 // rank's reason within one negotiation round instead of stalling. A
-// refused call of a name already pending on this rank (a duplicate, or any
-// other refusal) is not announced: the pending operation is still valid.
+// refused call of a name in use on this rank (tensor_queue.h: a duplicate,
+// or any other refusal) is not announced: the operation holding the name is
+// still valid.
 #include "api/operations.h"
 
 #include <algorithm>
@@ -145,11 +146,11 @@ Request base_request(Runtime& rt, const std::string& name, Collective c,
 // to match) nor a reserved one (gyre's own operations are never refused).
 void announce(Runtime& rt, Request req, std::string why) {
   if (req.name.empty() || req.name.rfind(kReserved, 0) == 0) return;
-  // An operation of this name is pending here and still valid: announcing
-  // would replace its request at negotiation and leave it waiting forever.
-  // The refused call is this rank's alone (as a duplicate name would be).
-  const auto pending = rt.queue().pending_names();
-  if (std::binary_search(pending.begin(), pending.end(), req.name)) return;
+  // The name is in use here by an operation still valid: announcing would
+  // replace its request at negotiation and leave it waiting forever (or,
+  // completed, fail the other ranks' next operation of the name). The
+  // refused call is this rank's alone (as a duplicate name would be).
+  if (rt.queue().in_use(req.name)) return;
   // A failed request's fields are not compared, and the receivers' decoder
   // refuses out-of-range values (an unknown enum, a NaN scale, a negative
   // dimension) as a malformed message: the value that caused the refusal

@@ -59,10 +59,16 @@ void Handle::wait() const {
     std::lock_guard<std::mutex> lock(s.mu);
     err = s.error;
   }
+  s.taken->store(true, std::memory_order_release);
   if (err) std::rethrow_exception(err);
 }
 
-bool Handle::poll() const { return checked(state_).done.load(std::memory_order_acquire); }
+bool Handle::poll() const {
+  auto& s = checked(state_);
+  if (!s.done.load(std::memory_order_acquire)) return false;
+  s.taken->store(true, std::memory_order_release);
+  return true;
+}
 
 void Handle::on_complete(std::function<void(std::exception_ptr)> fn) const {
   auto& s = checked(state_);

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -36,6 +37,13 @@ struct OpState {
   int remaining;
   std::exception_ptr error;
   std::vector<std::function<void(std::exception_ptr)>> callbacks;
+
+  // Set once the caller has taken the completion: Handle::wait() returned
+  // or Handle::poll() returned true. A flag of its own, shared with the
+  // TensorQueue, which keeps the name of this rank's latest operation
+  // reserved until then (tensor_queue.h) without keeping the OpState, and
+  // its output, alive.
+  std::shared_ptr<std::atomic<bool>> taken = std::make_shared<std::atomic<bool>>(false);
 
   // Results, written by the background thread before completion.
   OwnedTensor output;

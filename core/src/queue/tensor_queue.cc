@@ -18,24 +18,43 @@ constexpr std::string_view kInternalPrefix = "__gyre.";
 
 [[noreturn]] void throw_duplicate(const Request& r) {
   throw InvalidArgument(fmt::format(
-      "{} '{}': an operation with this name is already pending on this rank; wait for it "
-      "before enqueueing the name again",
+      "{} '{}': an operation with this name is already pending on this rank (its handle not "
+      "waited yet); wait for it before enqueueing the name again",
       collective_name(r.collective), r.name));
 }
+
+bool is_internal(const std::string& name) { return name.rfind(kInternalPrefix, 0) == 0; }
 
 }  // namespace
 
 void TensorQueue::number(Request& r) {
-  if (r.name.rfind(kInternalPrefix, 0) == 0) {
+  if (is_internal(r.name)) {
     r.seq = 1;
     return;
   }
   r.seq = ++submitted_[r.name];
 }
 
+bool TensorQueue::in_use_locked(const std::string& name) const {
+  if (table_.count(name)) return true;
+  return latest_taken_ && !latest_taken_->load(std::memory_order_acquire) &&
+         latest_names_.count(name);
+}
+
+bool TensorQueue::in_use(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_use_locked(name);
+}
+
 void TensorQueue::check_not_pending(const Request& r) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (table_.count(r.name)) throw_duplicate(r);
+  if (in_use_locked(r.name)) throw_duplicate(r);
+}
+
+void TensorQueue::forget_latest() {
+  std::lock_guard<std::mutex> lock(mu_);
+  latest_names_.clear();
+  latest_taken_.reset();
 }
 
 void TensorQueue::push(std::vector<LocalEntry> entries) {
@@ -43,17 +62,21 @@ void TensorQueue::push(std::vector<LocalEntry> entries) {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_reason_) std::rethrow_exception(make_error(closed_kind_, *closed_reason_));
     if (entries.size() == 1) {  // the common case: no set of names to build
-      if (table_.count(entries[0].request.name)) throw_duplicate(entries[0].request);
+      if (in_use_locked(entries[0].request.name)) throw_duplicate(entries[0].request);
     } else {
       std::unordered_set<std::string> seen;
       for (const auto& e : entries) {
-        if (table_.count(e.request.name) || !seen.insert(e.request.name).second) {
+        if (in_use_locked(e.request.name) || !seen.insert(e.request.name).second) {
           throw_duplicate(e.request);
         }
       }
     }
+    latest_names_.clear();
+    latest_taken_.reset();
+    if (!entries.empty() && entries[0].state) latest_taken_ = entries[0].state->taken;
     auto now = Clock::now();
     for (auto& e : entries) {
+      if (latest_taken_ && !is_internal(e.request.name)) latest_names_.insert(e.request.name);
       e.enqueued = now;
       number(e.request);
       fresh_.push_back(e.request);
@@ -68,7 +91,7 @@ void TensorQueue::push(std::vector<LocalEntry> entries) {
 bool TensorQueue::announce_failure(Request r) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_reason_ || table_.count(r.name)) return false;
+    if (closed_reason_ || in_use_locked(r.name)) return false;
     number(r);
     fresh_.push_back(std::move(r));
     has_work_.store(true, std::memory_order_release);
@@ -101,7 +124,7 @@ std::optional<LocalEntry> TensorQueue::take_for(const Response& resp, int rank) 
       if (q) seq = std::max(seq, q->seq);
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (resp.name.rfind(kInternalPrefix, 0) != 0) {
+    if (!is_internal(resp.name)) {
       auto& count = submitted_[resp.name];
       count = std::max(count, seq);
     }
@@ -132,6 +155,8 @@ std::vector<LocalEntry> TensorQueue::close(const std::string& reason, ErrorKind 
   for (auto& [name, e] : table_) out.push_back(std::move(e));
   table_.clear();
   fresh_.clear();
+  latest_names_.clear();
+  latest_taken_.reset();
   return out;
 }
 

@@ -5,10 +5,21 @@
 // requests enqueued since the previous round into its negotiation message.
 // The queue is the one owner of a pending entry until its response is
 // agreed; take_for() then moves the entry into the response, and from there
-// the executor completes it. An entry stays in the table until then, which
-// is what makes a second enqueue of the same name an error. The background
-// thread sleeps in wait_for_work() until an enqueue, a wake() or the cycle
-// time.
+// the executor completes it. The background thread sleeps in
+// wait_for_work() until an enqueue, a wake() or the cycle time.
+//
+// Names in use: a second enqueue of a name in use on this rank is refused
+// (InvalidArgument; never announced). A name is in use while its entry is
+// in the table, and also after, while it belongs to this rank's latest
+// push() whose completion the caller has not taken (OpState::taken: a
+// wait() or a poll() that saw it). Without the second rule a second call
+// right after the first would be refused only when the first had not been
+// agreed yet: on the last rank to enqueue a name, the first call completes
+// the operation, which the background thread may take out of the table
+// before the caller's next line runs. The latest push only: a caller who
+// has gone on to another operation has moved past the first, so a name
+// whose handle is dropped without a wait is held until the next push (or
+// forget_latest(): a join), never for ever.
 //
 // Sequence numbers: push() and announce_failure() number each request with
 // this rank's count of submissions of its name (1, 2, ...), so that the
@@ -27,6 +38,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "gyre/gyre.h"
@@ -53,20 +65,26 @@ struct LocalEntry {
 class TensorQueue {
  public:
   // Adds entries atomically (a grouped operation goes into one round).
-  // Throws InvalidArgument if a name is already pending on this rank, or is
-  // repeated in `entries`, and once closed the error of close()'s kind
-  // (StateError after a shutdown, RankFailedError after a rank died).
+  // Throws InvalidArgument if a name is in use on this rank (see above), or
+  // is repeated in `entries`, and once closed the error of close()'s kind
+  // (StateError after a shutdown, RankFailedError after a rank died). The
+  // entries become the latest push; they share one OpState (a group).
   void push(std::vector<LocalEntry> entries);
-  // Throws the InvalidArgument of push() if `r.name` is pending on this
+  // Throws the InvalidArgument of push() if `r.name` is in use on this
   // rank. Called before a call's arguments are checked: a second call of a
-  // pending name is refused as a duplicate, whatever else is wrong with it,
+  // name in use is refused as a duplicate, whatever else is wrong with it,
   // and never announced.
   void check_not_pending(const Request& r) const;
+  // Whether `name` is in use on this rank (see above).
+  bool in_use(const std::string& name) const;
   // Queues a request that failed on this rank so the other ranks fail it
-  // too; it has no local entry. Not queued (returns false) while an
-  // operation of that name is pending on this rank: that operation is
-  // valid, and the announcement would fail it on the other ranks.
+  // too; it has no local entry. Not queued (returns false) while the name
+  // is in use on this rank: that operation is valid, and the announcement
+  // would fail it on the other ranks (or their next one of that name).
   bool announce_failure(Request r);
+  // This rank has enqueued another operation that is no push (a join): the
+  // latest push's names are no longer held once completed.
+  void forget_latest();
 
   // Background thread: the requests enqueued since the last call.
   std::vector<Request> drain_new();
@@ -102,11 +120,17 @@ class TensorQueue {
  private:
   // Stamps r.seq with the next submission number of r.name. Caller holds mu_.
   void number(Request& r);
+  // in_use() with mu_ held.
+  bool in_use_locked(const std::string& name) const;
 
-  // Guards table_, fresh_, submitted_, woken_ and closed_reason_.
+  // Guards table_, latest_, fresh_, submitted_, woken_ and closed_reason_.
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::unordered_map<std::string, LocalEntry> table_;
+  // The names of the latest push() (internal names left out: never
+  // enqueued twice) and the taken flag of their OpState.
+  std::unordered_set<std::string> latest_names_;
+  std::shared_ptr<const std::atomic<bool>> latest_taken_;
   std::vector<Request> fresh_;  // enqueued since the last drain
   std::unordered_map<std::string, std::uint64_t> submitted_;  // name -> submissions
   bool woken_ = false;

@@ -227,7 +227,9 @@ std::shared_ptr<OpState> Runtime::request_join() {
     join_state_ = state = std::make_shared<OpState>();
     join_requested_ = true;
   }
-  queue_.wake();  // outside mu_: no lock is taken while holding another
+  // Outside mu_: no lock is taken while holding another.
+  queue_.forget_latest();  // a join is another operation: see tensor_queue.h
+  queue_.wake();
   return state;
 }
 

@@ -36,12 +36,6 @@ _FP16_AT_3 = ("at 3 ranks its float16 case expects 3 * fp16(x * f) exactly (comp
               "which a float16 result cannot hold: fails for any implementation at 3 ranks (the "
               "correctly rounded float16 sum differs by up to half a float16 ulp); passes at 2; "
               "deterministic (seeded inputs)")
-_DUPLICATE_NAME = (
-    "races by construction: the second enqueue of a name must find the first still pending, but "
-    "the first completes as soon as the last rank enqueues it, and gyre can complete it before "
-    "that rank's next Python call (measured: 2-3 in 100 tries, at 2 and at 3 ranks); the rank "
-    "that then sees no error fails alone, skips the test's barrier and leaves the ranks in "
-    "different tests")
 
 # file -> {test name: (reason, the world sizes where it is expected to fail; None: all)}
 EXPECTED_FAILURES = {
@@ -60,10 +54,6 @@ _FP16_AT_3_DESYNC = (
 # Not run (same form): a failure of these desynchronises the rest of the file.
 DESELECTED = {
     "test_torch.py": {
-        "test_horovod_allreduce_duplicate_name_error": (_DUPLICATE_NAME, None),
-        "test_horovod_allgather_duplicate_name_error": (_DUPLICATE_NAME, None),
-        "test_horovod_broadcast_duplicate_name_error": (_DUPLICATE_NAME, None),
-        "test_horovod_reducescatter_duplicate_name_error": (_DUPLICATE_NAME, None),
         "test_horovod_reducescatter_prescale": (_FP16_AT_3_DESYNC, {3}),
     },
     "test_torch_elastic.py": {},
