@@ -5,6 +5,15 @@ GYRE_BUILD=${GYRE_BUILD:-$GYRE_ROOT/build}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 jobs=$(nproc 2>/dev/null || echo 2)
+# ccache where installed (scripts/setup.sh installs it): the suite's build
+# trees (build/python, build/, build-ulfm/ and its python/, build-mpich/)
+# compile mostly the same sources with the same flags; only files whose
+# preprocessed text differs (mpi.h's users, another MPI) are compiled again.
+# CMake reads these when it configures a new tree.
+if command -v ccache >/dev/null 2>&1; then
+  export CMAKE_C_COMPILER_LAUNCHER=${CMAKE_C_COMPILER_LAUNCHER:-ccache}
+  export CMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER:-ccache}
+fi
 
 gyre_build() {
   cmake -S "$GYRE_ROOT" -B "$GYRE_BUILD" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null

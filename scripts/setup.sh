@@ -4,8 +4,9 @@
 set -euo pipefail
 
 # clang and its runtime (libFuzzer): the fuzz targets of tests/fuzz.
+# ccache: the suite builds the same sources in several trees (scripts/env.sh).
 apt_packages=(build-essential cmake libopenmpi-dev openmpi-bin catch2 libfmt-dev libdlpack-dev iproute2
-              clang-14 libclang-rt-14-dev)
+              clang-14 libclang-rt-14-dev ccache)
 # A Python with pip and headers, unless one is already on PATH (pyenv, venv).
 if ! python3 -m pip --version >/dev/null 2>&1; then
   apt_packages+=(python3-dev python3-pip python3-venv)
@@ -34,4 +35,5 @@ python3 -m pip install -q "torch==2.13.0" numpy pytest pytest-timeout mock cloud
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   python3 -m pip install -q nvidia-nccl-cu12
 fi
+source "$root/scripts/env.sh"  # the compiler cache for the extension's build
 python3 -m pip install -q --no-build-isolation --no-deps "$root"
