@@ -10,6 +10,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from common import flat_parameters, make_model, train
 
 backend, out = sys.argv[1], sys.argv[2]
 if backend == "gyre":
@@ -17,19 +18,11 @@ if backend == "gyre":
 
 dist.init_process_group(backend)
 rank, size = dist.get_rank(), dist.get_world_size()
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+model = make_model()
 ddp = torch.nn.parallel.DistributedDataParallel(model)
-opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-gen = torch.Generator().manual_seed(1000 + rank)
-for _ in range(20):
-    x = torch.randn(16, 32, generator=gen)
-    y = torch.randn(16, 4, generator=gen)
-    opt.zero_grad()
-    torch.nn.functional.mse_loss(ddp(x), y).backward()
-    opt.step()
+train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9), rank)
 # Every rank holds the same parameters (DDP's promise): checked here too.
-flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+flat = flat_parameters(model)
 gathered = [torch.empty_like(flat) for _ in range(size)]
 dist.all_gather(gathered, flat)
 assert all(torch.equal(g, flat) for g in gathered), "ranks hold different parameters"

@@ -18,13 +18,13 @@ if backend == "gyre":
 import lightning as L  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
 
+from common import flat_parameters, make_model  # noqa: E402
+
 
 class Model(L.LightningModule):
     def __init__(self):
         super().__init__()
-        torch.manual_seed(0)
-        self.net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
-                                       torch.nn.Linear(64, 4))
+        self.net = make_model()
 
     def training_step(self, batch, _):
         x, y = batch
@@ -48,7 +48,7 @@ trainer = L.Trainer(accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"
                     enable_progress_bar=False, enable_model_summary=False)
 trainer.fit(model, loader)
 if trainer.global_rank == 0:
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    flat = flat_parameters(model)
     torch.save(flat, out)
     print(f"lightning on {backend}: {trainer.world_size} ranks, |w| = {flat.norm():.6f}",
           flush=True)
