@@ -7,8 +7,8 @@
 #      at 3, sums in another order: within float32 rounding)
 #   1b. PyTorch Lightning's default environment under torchrun (no mpi4py),
 #      DDPStrategy(process_group_backend="gyre"), 2 ranks: equal to gloo
-#   2. gyre.torch (Horovod's API) under torchrun and under MPICH's mpiexec:
-#      equal
+#   2. gyre.torch (Horovod's API) under torchrun, under MPICH's mpiexec and
+#      under `python -m gyre.run`: equal
 #   3. two torchrun agents on two simulated hosts (scripts/hosts.sh each),
 #      2 ranks each, static rendezvous on host 0: equal to the same job on
 #      one host within rounding (another reduction order across hosts)
@@ -80,6 +80,9 @@ run "torchrun --standalone --nproc_per_node=2 train_hvd.py" 300 \
 run "mpiexec -n 2 train_hvd.py" 300 \
   "$venv/bin/mpiexec" -n 2 "$py" "$GYRE_ROOT/tests/launch/train_hvd.py" hvd_mpiexec.pt
 compare hvd_torchrun.pt hvd_mpiexec.pt exact params
+run "python -m gyre.run -np 2 train_hvd.py (this MPICH's mpiexec)" 300 \
+  "$py" -m gyre.run -np 2 "$GYRE_ROOT/tests/launch/train_hvd.py" hvd_gyrerun.pt
+compare hvd_gyrerun.pt hvd_mpiexec.pt exact params
 
 if why=$(bash "$here/hosts.sh" check 2>&1); then
   cat > node.sh <<EOF
