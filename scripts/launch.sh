@@ -13,6 +13,8 @@
 #      2 ranks each, static rendezvous on host 0: equal to the same job on
 #      one host within rounding (another reduction order across hosts)
 #   4. the README's main job (examples/train_cnn.py) under that MPI's mpiexec
+# The build and step 4 run where Debian's Open MPI is hidden (a mount
+# namespace), as on a machine without a system MPI.
 #
 # Usage: scripts/launch.sh
 #   GYRE_MPICH_VENV  the virtual environment (default: .venv-mpich in the tree)
@@ -36,9 +38,36 @@ unset LD_LIBRARY_PATH PYTHONPATH
 for v in $(env | sed -n 's/^\(\(OMPI\|PMIX\|PMI\|HYDRA\)_[A-Za-z0-9_]*\)=.*/\1/p'); do unset "$v"; done
 
 echo "== pip install gyre into $venv (against $("$venv/bin/mpichversion" | head -1 | tr -s ' \t' ' '))"
-# As a user would: `pip install .` with that MPI's bin/ first on PATH (the
-# build finds its mpicc there), in a build directory of its own.
-"$venv/bin/pip" install -q --no-build-isolation --no-deps \
+# hide_system_mpi CMD...: runs CMD where Debian's Open MPI cannot be seen (a
+# private mount namespace: its directories empty, its wrappers, launchers and
+# libraries /dev/null), as on a machine with no MPI from the system; without
+# the privileges for that, runs CMD as it is and says so. A script, so that
+# `timeout` can run it.
+hide_system_mpi=$(mktemp /tmp/gyre-hide-mpi.XXXXXX)
+trap 'rm -f "$hide_system_mpi"' EXIT
+cat > "$hide_system_mpi" <<'HIDE'
+#!/usr/bin/env bash
+set -eu
+if ! unshare -m true 2>/dev/null; then
+  echo "launch.sh: cannot make a mount namespace here: the system MPI stays visible" >&2
+  exec "$@"
+fi
+exec unshare -m bash -euc '
+  for d in /usr/lib/x86_64-linux-gnu/openmpi /usr/include/x86_64-linux-gnu/openmpi; do
+    if [ -d "$d" ]; then mount -t tmpfs -o size=1m none "$d"; fi
+  done
+  for f in /usr/bin/mpicc /usr/bin/mpicxx /usr/bin/mpic++ /usr/bin/mpiCC /usr/bin/mpirun \
+           /usr/bin/mpiexec /usr/bin/ompi_info /usr/lib/x86_64-linux-gnu/libmpi*.so* \
+           /usr/lib/x86_64-linux-gnu/libopen-*.so*; do
+    if [ -e "$f" ]; then mount --bind /dev/null "$f"; fi
+  done
+  exec "$@"' hide_system_mpi "$@"
+HIDE
+
+# As a user on a machine without a system MPI would: `pip install .` with
+# that MPI's bin/ first on PATH (the build finds its mpicc there), in a build
+# directory of its own.
+bash "$hide_system_mpi" "$venv/bin/pip" install -q --no-build-isolation --no-deps \
   -C build-dir="$GYRE_BUILD/python" "$GYRE_ROOT"
 ext=$("$py" -c "import gyre._gyre as m; print(m.__file__)")
 libs=$(ldd "$ext")
@@ -46,7 +75,7 @@ grep -q "$venv/lib/libmpi.so" <<<"$libs" || {
   echo "launch.sh: $ext does not link $venv/lib/libmpi.so" >&2; exit 1; }
 
 out=$(mktemp -d /tmp/gyre-launch.XXXXXX)
-trap 'rm -rf "$out"' EXIT
+trap 'rm -rf "$out" "$hide_system_mpi"' EXIT
 cd "$out"
 status=0
 # torchrun of this environment's Python (the one on PATH may be another's).
@@ -106,6 +135,6 @@ else
 fi
 
 cd "$GYRE_ROOT"
-run "the main job under MPICH's mpiexec: examples/train_cnn.py" 300 \
-  "$venv/bin/mpiexec" -n 2 "$py" examples/train_cnn.py --epochs 1
+run "the main job under MPICH's mpiexec, the system MPI hidden: examples/train_cnn.py" 300 \
+  bash "$hide_system_mpi" "$venv/bin/mpiexec" -n 2 "$py" examples/train_cnn.py --epochs 1
 exit "$status"
