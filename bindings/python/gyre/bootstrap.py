@@ -105,6 +105,8 @@ def refuse_if_cannot_start() -> None:
 def start_from_launcher(store: Any = None, timeout: Optional[timedelta] = None) -> bool:
     """Prepares this process's MPI_Init when a launcher other than MPI's
     started it as one of several (launcher_world()); returns whether it did.
+    Once done, PMI_SIZE is set, so launcher_world() and later calls see an
+    MPI launch and do nothing.
 
     `store`: a torch.distributed Store shared by the processes (what
     init_process_group hands a backend); without one, the launcher's, from
@@ -115,8 +117,6 @@ def start_from_launcher(store: Any = None, timeout: Optional[timedelta] = None) 
         return False
     rank, size = world
     refuse_if_cannot_start()
-    if "PMI_PORT" in os.environ:  # prepared already (an earlier call)
-        return True
     timeout = timeout or timedelta(seconds=float(os.environ.get("GYRE_START_TIMEOUT_S", "300")))
     if store is None:
         store = _store_from_environment(rank, size, timeout)

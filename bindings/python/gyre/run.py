@@ -21,9 +21,8 @@ from typing import List, Optional
 
 
 def _family() -> str:
-    from . import _gyre
-    version = _gyre.mpi_library_version()
-    return "mpich" if ("MPICH" in version or "Intel(R) MPI" in version) else "openmpi"
+    from .bootstrap import starts_from_pmi
+    return "mpich" if starts_from_pmi() else "openmpi"
 
 
 def _launcher(family: str) -> str:
