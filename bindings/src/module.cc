@@ -408,6 +408,11 @@ PYBIND11_MODULE(_gyre, m) {
           return blocking([&] { return gyre::add_process_set(ranks); });
         },
         py::arg("ranks"));
+  m.def("add_process_set_of_members",
+        [](const std::vector<int>& ranks, double timeout_s) {
+          return blocking([&] { return gyre::add_process_set_of_members(ranks, timeout_s); });
+        },
+        py::arg("ranks"), py::arg("timeout_s") = 0.0);
   m.def("remove_process_set",
         [](int ps) { blocking([ps] { gyre::remove_process_set(ps); }); }, py::arg("process_set"));
   m.def("process_set_ids", [] { return gyre::process_set_ids(); });

@@ -172,6 +172,14 @@ constexpr int kGlobalProcessSet = 0;
 // it (so a member waiting on the set is released to call it too); the
 // global set cannot be removed.
 int add_process_set(const std::vector<int>& ranks);
+// The same made by the set's members alone (ranks outside never call it),
+// in the same order on every member: torch's new_group on a subgroup's
+// members. A member that does not call it within `timeout_s` (<= 0: 300 s),
+// or calls it for other ranks, makes it fail on every member that did
+// (TimeoutError / InvalidArgument naming them). Only the members know the
+// set: remove_process_set on it is theirs alone too. Two such sets of the
+// same ranks are two sets.
+int add_process_set_of_members(const std::vector<int>& ranks, double timeout_s = 0);
 void remove_process_set(int process_set);
 std::vector<int> process_set_ids();              // 0 first, then the added sets
 std::vector<int> process_set_ranks(int process_set);

@@ -562,6 +562,11 @@ int add_process_set(const std::vector<int>& ranks) {
   std::lock_guard<std::mutex> lock(g_sets_change_mu);
   return core::add_process_set(*world, g_sets, ranks);
 }
+int add_process_set_of_members(const std::vector<int>& ranks, double timeout_s) {
+  auto world = runtime("add_process_set");
+  std::lock_guard<std::mutex> lock(g_sets_change_mu);
+  return core::add_process_set_of_members(*world, g_sets, ranks, timeout_s);
+}
 void remove_process_set(int process_set) {
   auto world = runtime("remove_process_set");
   std::lock_guard<std::mutex> lock(g_sets_change_mu);
