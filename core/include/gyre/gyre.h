@@ -332,10 +332,22 @@ void stop_timeline();
 // Each valid request this rank negotiates is sent either in full or, when it
 // repeats the previous request of its name unchanged, as one response-cache
 // bit: the hit rate is cache_hits_sent / (requests_sent + cache_hits_sent).
+//
+// The version vector (the global set's) and, per rank, how many committed
+// steps it is behind the most advanced one; and the parameter stores' push
+// outcomes, summed over every store this process made (gyre/store.h; each
+// store's own are its stats()).
 struct RuntimeStats {
   std::uint64_t rounds = 0;           // negotiation rounds run
   std::uint64_t requests_sent = 0;    // requests sent in full
   std::uint64_t cache_hits_sent = 0;  // requests sent as a cache bit
+  std::vector<std::uint64_t> versions;  // version_vector()
+  std::vector<std::uint64_t> behind;    // max(versions) - versions[r]
+  std::int64_t store_pushes = 0;        // shard pushes by this process
+  std::int64_t store_pushes_applied = 0;
+  std::int64_t store_pushes_rejected = 0;
+  std::int64_t store_pushes_scaled = 0;  // applied with a factor below 1
+  std::int64_t store_max_lag = 0;        // largest lag among them
 };
 RuntimeStats runtime_stats();
 

@@ -28,6 +28,7 @@
 #include "gyre/collectives/mpi_store_channel.h"
 #include "runtime/logging.h"
 #include "store/placement.h"
+#include "store/store_totals.h"
 #include "store/shard.h"
 
 namespace gyre {
@@ -146,6 +147,7 @@ struct ParameterStore::Impl {
   }
 
   void note_push(const PushOutcome& o) {
+    core::store_totals().note(o.applied, o.applied && o.factor != 1.0, o.lag);
     ++pushes;
     if (o.applied) {
       ++applied;
