@@ -26,7 +26,8 @@ System make_bare_system(const PerfOptions& o) {
   collectives::AllreduceOptions opt;
   opt.chunk_bytes = o.chunk_bytes;
   opt.small_bytes = o.small_bytes;
-  return {"gyre bare", [t, opt](const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) {
+  opt.large = o.large;
+  return {o.large == collectives::LargeAllreduce::kRing ? "gyre bare" : "gyre bare rabenseifner", [t, opt](const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) {
             collectives::allreduce(*t, in, out, count, dt, op, opt);
           }};
 }
@@ -95,6 +96,10 @@ Sweep options (nccl-tests style):
   --small SIZE          largest buffer reduced by recursive doubling rather
                         than the ring (default 64K, 0: ring only; the runtime
                         reads GYRE_ALLREDUCE_SMALL_BYTES instead)
+  --large ALGO          the bare system's algorithm above --small: ring
+                        (default) or rabenseifner (reduce-scatter by recursive
+                        halving, allgather by recursive doubling; the runtime
+                        reads GYRE_RABENSEIFNER_ALLREDUCE instead)
   --hugepages           sweep, gradients: allocate every system's buffers on
                         transparent huge pages (2 MiB, MADV_HUGEPAGE), as
                         PyTorch does under THP_MEM_ALLOC_ENABLE=1
@@ -135,6 +140,12 @@ PerfOptions parse_args(int argc, char** argv, bool* help) {
     else if (a == "--bound") o.bound = true;
     else if (a == "--chunk") o.chunk_bytes = parse_size(a, value());
     else if (a == "--small") o.small_bytes = parse_size(a, value());
+    else if (a == "--large") {
+      const std::string_view v = value();
+      if (v == "ring") o.large = gyre::collectives::LargeAllreduce::kRing;
+      else if (v == "rabenseifner") o.large = gyre::collectives::LargeAllreduce::kRabenseifner;
+      else throw InvalidArgument(fmt::format("--large '{}': ring or rabenseifner", v));
+    }
     else if (a == "--hugepages") o.huge_pages = true;
     else if (a == "--gradients") o.gradients_path = std::string(value());
     else if (a == "--latency") o.latency = true;

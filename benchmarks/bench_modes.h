@@ -45,6 +45,9 @@ struct PerfOptions {
   bool bound = false;
   std::size_t chunk_bytes = collectives::kDefaultChunkBytes;
   std::size_t small_bytes = collectives::kDefaultSmallBytes;
+  // Sweep and gradient sets: the bare system's algorithm above small_bytes
+  // (--large ring|rabenseifner).
+  collectives::LargeAllreduce large = collectives::LargeAllreduce::kRing;
   // Sweep and gradient sets: the buffers of every system on transparent huge
   // pages (HostBuffer in bench_common.h).
   bool huge_pages = false;
@@ -64,7 +67,7 @@ struct System {
 };
 
 // collectives::allreduce (recursive doubling up to o.small_bytes, the ring
-// above; no runtime) over a transport of its own (MpiWorld's duplicated
+// or Rabenseifner's algorithm above as o.large says; no runtime) over a transport of its own (MpiWorld's duplicated
 // communicator), on the calling thread: "gyre bare".
 System make_bare_system(const PerfOptions& o);
 // gyre::allreduce_async(name, ...) then Handle::wait(); gyre::init() must

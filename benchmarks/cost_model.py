@@ -59,6 +59,18 @@ def recursive_doubling(n_bytes, ranks, alpha, beta):
     return log2c(ranks) * (alpha + n_bytes * beta)
 
 
+def rabenseifner(n_bytes, ranks, alpha, beta, share=1):
+    """Reduce-scatter by recursive halving + allgather by recursive doubling
+    over P = 2^floor(log2 N) ranks, plus the folded pairs' two whole-buffer
+    transfers when N is not a power of two; `share` allreduces on each link
+    (core/src/backends/hierarchical/cost_model.h, rabenseifner_allreduce_s)."""
+    if ranks <= 1:
+        return 0.0
+    pw = 1 << (ranks.bit_length() - 1)
+    fold = 2 * (alpha + share * n_bytes * beta) if pw < ranks else 0.0
+    return fold + 2 * math.log2(pw) * alpha + 2 * (pw - 1) / pw * share * n_bytes * beta
+
+
 def flat_allreduce(n_bytes, hosts, per_host, p):
     """gyre's flat allreduce (recursive doubling up to SMALL_BYTES, the ring
     above) over hosts*per_host ranks; the slowest link is the network's
@@ -81,6 +93,21 @@ def hierarchical_allreduce(n_bytes, hosts, per_host, p):
     else:
         cross = 2 * (hosts - 1) * (p["alpha_net"] + n_bytes / hosts * p["beta_net"])
     return shm + cross
+
+
+def hierarchical_rabenseifner(n_bytes, hosts, per_host, p):
+    """The hierarchical allreduce with its network phase by recursive
+    doubling, the ring or Rabenseifner's algorithm, whichever the model
+    predicts fastest (what GYRE_RABENSEIFNER_ALLREDUCE=-1 does)."""
+    shm = 2 * (p["alpha_shm"] + n_bytes * p["beta_shm"]) if per_host > 1 else 0.0
+    if hosts <= 1:
+        return shm
+    shard = n_bytes / per_host
+    if shard <= SMALL_BYTES:
+        return shm + log2c(hosts) * (p["alpha_net"] + n_bytes * p["beta_net"])
+    ring = 2 * (hosts - 1) * (p["alpha_net"] + n_bytes / hosts * p["beta_net"])
+    rab = rabenseifner(shard, hosts, p["alpha_net"], p["beta_net"], share=per_host)
+    return shm + min(ring, rab)
 
 
 def tree_allreduce(n_bytes, hosts, per_host, p):
@@ -307,20 +334,21 @@ def scale(d):
             total = sum(sizes)
             print(f"#### {model}: {total / 1e6:.0f} MB of float32 gradients, {gbit} Gbit/s per host\n")
             print("| hosts | ranks | round (allgather) | round (log-depth AND) | flat ring | hierarchical "
-                  "| -1 picks | busbw today | tree + log-depth round | busbw with both |")
-            print("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+                  "| -1 picks | busbw today | hier. + Rabenseifner | best + log-depth round | busbw with both |")
+            print("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
             for hosts in (8, 32, 128, 512, 1024, 4096):
                 n = hosts * per_host
                 neg, flat = step_time(sizes, hosts, per_host, p, flat_allreduce)
                 _, hier = step_time(sizes, hosts, per_host, p, hierarchical_allreduce)
                 _, tree = step_time(sizes, hosts, per_host, p, tree_allreduce)
+                _, hier_rab = step_time(sizes, hosts, per_host, p, hierarchical_rabenseifner)
                 neg_fix = negotiation_log_depth(n, p)
                 pick = "hier" if hier <= flat else "flat"
                 today = neg + min(flat, hier)
-                fixed = neg_fix + min(flat, hier, tree)
+                fixed = neg_fix + min(flat, hier, hier_rab, tree)
                 print(f"| {hosts} | {n} | {neg * 1e3:.2f} | {neg_fix * 1e3:.2f} | {flat * 1e3:.1f} | "
-                      f"{hier * 1e3:.1f} | {pick} | {busbw(total, today, n):.1f} | {fixed * 1e3:.1f} | "
-                      f"{busbw(total, fixed, n):.1f} |")
+                      f"{hier * 1e3:.1f} | {pick} | {busbw(total, today, n):.1f} | {hier_rab * 1e3:.1f} | "
+                      f"{fixed * 1e3:.1f} | {busbw(total, fixed, n):.1f} |")
             print()
 
 

@@ -131,8 +131,9 @@ int run_sweep(const PerfOptions& o) {
                  format_size(o.chunk_bytes));
     } else {
       fmt::print("# gyre: bare collectives::allreduce over MpiWorld's transport, no runtime: recursive "
-                 "doubling up to {}, ring above in chunks of {}\n",
-                 format_size(o.small_bytes), format_size(o.chunk_bytes));
+                 "doubling up to {}, {} above in chunks of {}\n",
+                 format_size(o.small_bytes), collectives::large_allreduce_name(o.large),
+                 format_size(o.chunk_bytes));
     }
     fmt::print("# peer: MPI_Allreduce on MPI_COMM_WORLD{}\n",
                o.op == ReduceOp::kAverage ? " (MPI_SUM, then a 1/n scaling pass, timed)" : "");

@@ -12,10 +12,11 @@ namespace gyre::collectives {
 
 namespace {
 
-enum class Algorithm { kBySize, kRing, kRecursiveDoubling };
+enum class Algorithm { kBySize, kRing, kRecursiveDoubling, kRabenseifner };
 
-// Every entry point's options as allreduce()'s; `small_bytes` decides only
-// for Algorithm::kBySize, `chunk_bytes` matters only to the ring.
+// Every entry point's options as allreduce()'s; `small_bytes` and `large`
+// decide only for Algorithm::kBySize, `chunk_bytes` matters to the ring and
+// Rabenseifner's algorithm.
 void allreduce_with(Algorithm algo, const char* name, Transport& t, const void* in, void* out,
                     std::size_t count, DataType dt, ReduceOp op, const AllreduceOptions& opt) {
   detail::check_world(t, name);
@@ -48,12 +49,23 @@ void allreduce_with(Algorithm algo, const char* name, Transport& t, const void* 
   if (algo == Algorithm::kRecursiveDoubling ||
       (algo == Algorithm::kBySize && bytes <= opt.small_bytes)) {
     detail::run_recursive_doubling(t, src, dst, count, dt, op, postscale, opt.tag);
+  } else if (algo == Algorithm::kRabenseifner ||
+             (algo == Algorithm::kBySize && opt.large == LargeAllreduce::kRabenseifner)) {
+    detail::run_rabenseifner(t, src, dst, count, dt, op, postscale, opt.chunk_bytes, opt.tag);
   } else {
     detail::run_ring_allreduce(t, src, dst, count, dt, op, postscale, opt.chunk_bytes, opt.tag);
   }
 }
 
 }  // namespace
+
+const char* large_allreduce_name(LargeAllreduce a) {
+  switch (a) {
+    case LargeAllreduce::kRing: return "ring";
+    case LargeAllreduce::kRabenseifner: return "rabenseifner";
+  }
+  return "?";
+}
 
 void allreduce(Transport& t, const void* in, void* out, std::size_t count, DataType dt,
                ReduceOp op, const AllreduceOptions& opt) {
@@ -78,6 +90,16 @@ void recursive_doubling_allreduce(Transport& t, const void* in, void* out, std::
   o.postscale = opt.postscale;
   allreduce_with(Algorithm::kRecursiveDoubling, "recursive_doubling_allreduce", t, in, out, count,
                  dt, op, o);
+}
+
+void rabenseifner_allreduce(Transport& t, const void* in, void* out, std::size_t count,
+                            DataType dt, ReduceOp op, const RabenseifnerOptions& opt) {
+  AllreduceOptions o;
+  o.chunk_bytes = opt.chunk_bytes;
+  o.tag = opt.tag;
+  o.prescale = opt.prescale;
+  o.postscale = opt.postscale;
+  allreduce_with(Algorithm::kRabenseifner, "rabenseifner_allreduce", t, in, out, count, dt, op, o);
 }
 
 }  // namespace gyre::collectives

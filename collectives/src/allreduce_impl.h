@@ -10,12 +10,15 @@
 
 namespace gyre::collectives::detail {
 
-// Both require t.size() >= 2 and count >= 1; `src` is `out` or disjoint
+// Each requires t.size() >= 2 and count >= 1; `src` is `out` or disjoint
 // from it.
 void run_ring_allreduce(Transport& t, const std::byte* src, std::byte* out, std::size_t count,
                         DataType dt, ReduceOp op, double postscale, std::size_t chunk_bytes,
                         int tag);
 void run_recursive_doubling(Transport& t, const std::byte* src, std::byte* out, std::size_t count,
                             DataType dt, ReduceOp op, double postscale, int tag);
+void run_rabenseifner(Transport& t, const std::byte* src, std::byte* out, std::size_t count,
+                      DataType dt, ReduceOp op, double postscale, std::size_t chunk_bytes,
+                      int tag);
 
 }  // namespace gyre::collectives::detail

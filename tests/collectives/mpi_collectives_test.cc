@@ -1,7 +1,8 @@
-// The ring algorithms over MpiTransport, checked element by element against
-// MPI's own collectives on the same data: MPI_Allreduce, MPI_Allgatherv,
-// MPI_Bcast, MPI_Reduce_scatter and MPI_Alltoallv. Run under mpirun with 2,
-// 3 and 4 ranks (tests/collectives/CMakeLists.txt).
+// The ring algorithms, recursive doubling and Rabenseifner's allreduce over
+// MpiTransport, checked element by element against MPI's own collectives on
+// the same data: MPI_Allreduce, MPI_Allgatherv, MPI_Bcast,
+// MPI_Reduce_scatter and MPI_Alltoallv. Run under mpirun with 2, 3 and 4
+// ranks (tests/collectives/CMakeLists.txt).
 //
 // Integers must match exactly. Floating results may differ from MPI's by
 // the order of additions: |ring - mpi| <= tol * sum_r |x_r| per element, with
@@ -97,7 +98,8 @@ void compare(const std::vector<T>& got, const std::vector<T>& want, const std::v
 
 template <class T>
 void check_allreduce(transport::Transport& t, std::size_t count, ReduceOp op, bool in_place,
-                     std::size_t chunk_bytes, std::size_t small_bytes = kDefaultSmallBytes) {
+                     std::size_t chunk_bytes, std::size_t small_bytes = kDefaultSmallBytes,
+                     LargeAllreduce large = LargeAllreduce::kRing) {
   const std::vector<T> in = make_data<T>(count, static_cast<unsigned>(count) + static_cast<unsigned>(op));
   std::vector<T> want(count), abs_in(count), abs_sum(count);
   MPI_Allreduce(in.data(), want.data(), static_cast<int>(count), mpi_type<T>(), mpi_op(op), MPI_COMM_WORLD);
@@ -122,11 +124,13 @@ void check_allreduce(transport::Transport& t, std::size_t count, ReduceOp op, bo
   AllreduceOptions opt;
   opt.chunk_bytes = chunk_bytes;
   opt.small_bytes = small_bytes;
+  opt.large = large;
   allreduce(t, in_place ? got.data() : in.data(), got.data(), count, gyre_type<T>(), op, opt);
   compare(got, want, abs_sum, tol,
           "allreduce " + std::string(dtype_name(gyre_type<T>())) + " " + std::string(op_name(op)) +
               " count " + std::to_string(count) + (in_place ? " in-place" : "") + " chunk " +
-              std::to_string(chunk_bytes) + " small_bytes " + std::to_string(small_bytes));
+              std::to_string(chunk_bytes) + " small_bytes " + std::to_string(small_bytes) + " " +
+              large_allreduce_name(large));
 }
 
 template <class T>
@@ -144,6 +148,15 @@ void allreduce_suite(transport::Transport& t) {
     check_allreduce<T>(t, 4099, op, false, 40, 0);
     check_allreduce<T>(t, 4099, op, true, 40, 0);
     check_allreduce<T>(t, n + 1, op, false, kDefaultChunkBytes, 0);
+    // Rabenseifner's algorithm instead of the ring: one chunk per exchange,
+    // many chunks, and fewer elements than ranks.
+    for (bool in_place : {false, true}) {
+      for (std::size_t count : {std::size_t{1009}, std::size_t{300007}}) {
+        check_allreduce<T>(t, count, op, in_place, kDefaultChunkBytes, 0, LargeAllreduce::kRabenseifner);
+      }
+      check_allreduce<T>(t, 4099, op, in_place, 40, 0, LargeAllreduce::kRabenseifner);
+      check_allreduce<T>(t, n - 1, op, in_place, kDefaultChunkBytes, 0, LargeAllreduce::kRabenseifner);
+    }
   }
 }
 

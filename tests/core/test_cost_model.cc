@@ -1,7 +1,10 @@
 // The cost model that picks flat or hierarchical under
-// GYRE_HIERARCHICAL_ALLREDUCE/_ALLGATHER=-1 (backends/hierarchical/cost_model.h):
+// GYRE_HIERARCHICAL_ALLREDUCE/_ALLGATHER=-1 and ring or Rabenseifner under
+// GYRE_RABENSEIFNER_ALLREDUCE=-1 (backends/hierarchical/cost_model.h):
 // its formulas at hand-computed points, and the choices it makes.
 #include <catch2/catch.hpp>
+
+#include <algorithm>
 
 #include "backends/hierarchical/cost_model.h"
 
@@ -59,4 +62,58 @@ TEST_CASE("cost model: a network faster than shared memory, or many ranks per ho
   // ... while on 512 hosts the ring's 2(N-1) latency terms make it slower.
   const LayoutCost big = layout(512, 8, 12.5, 20.0);
   CHECK(hierarchical_allreduce_s(big, 64e6) < flat_allreduce_s(big, 64e6));
+}
+
+TEST_CASE("cost model: Rabenseifner's algorithm against the ring, at hand-computed points",
+          "[cost_model][rabenseifner]") {
+  const LinkCost l{10e-6, 1e-9};  // 10 us, 1 GB/s
+  // 8 ranks, 1 MB: ring 14 steps of (10 us + 125 KB); Rabenseifner 6 steps,
+  // 2 * 7/8 of the buffer.
+  CHECK(ring_allreduce_s(l, 8, 1e6) == Approx(14 * (10e-6 + 125e3 * 1e-9)));
+  CHECK(rabenseifner_allreduce_s(l, 8, 1e6) == Approx(6 * 10e-6 + 1.75e6 * 1e-9));
+  // 6 ranks: p = 4, plus the fold (two whole-buffer transfers).
+  CHECK(rabenseifner_allreduce_s(l, 6, 1e6) ==
+        Approx(2 * (10e-6 + 1e6 * 1e-9) + 4 * 10e-6 + 1.5e6 * 1e-9));
+  // Two allreduces sharing the link: twice the bytes per step.
+  CHECK(rabenseifner_allreduce_s(l, 4, 1e6, 2) == Approx(4 * 10e-6 + 2 * 1.5e6 * 1e-9));
+  CHECK(ring_allreduce_s(l, 1, 1e6) == 0);
+  CHECK(rabenseifner_allreduce_s(l, 1, 1e6) == 0);
+}
+
+TEST_CASE("cost model: which large allreduce the defaults choose, and the forced choices",
+          "[cost_model][rabenseifner]") {
+  // One rank per host (the flat allreduce of CpuRingBackend).
+  for (int n = 2; n <= 64; ++n) {
+    const LayoutCost c = default_layout_cost(n, 1, 64 << 10);
+    const bool pow2 = (n & (n - 1)) == 0;
+    for (double bytes : {70e3, 1e6, 64e6, 1e9}) {
+      INFO("n=" << n << " bytes=" << bytes);
+      const double ring = ring_allreduce_s(c.net, n, bytes);
+      const double rab = rabenseifner_allreduce_s(c.net, n, bytes);
+      CHECK(flat_uses_rabenseifner(c, bytes) == (rab < ring));
+      CHECK(flat_allreduce_s(c, bytes) == Approx(std::min(ring, rab)));
+      // Powers of two from 4 on: same bandwidth term, fewer latency terms.
+      if (pow2) CHECK(flat_uses_rabenseifner(c, bytes) == (n >= 4));
+    }
+    // At or below the small size: recursive doubling, never Rabenseifner.
+    CHECK_FALSE(flat_uses_rabenseifner(c, 64 << 10));
+  }
+  // Not a power of two: the fold's two whole-buffer transfers cost more than
+  // the latency saved at 3 ranks always, at 12 ranks above ~105 KB
+  // (14 alpha against 1.92 bytes * beta) but not just above 64 KiB.
+  CHECK_FALSE(flat_uses_rabenseifner(default_layout_cost(3, 1, 64 << 10), 1e5));
+  CHECK(flat_uses_rabenseifner(default_layout_cost(12, 1, 64 << 10), 80e3));
+  CHECK_FALSE(flat_uses_rabenseifner(default_layout_cost(12, 1, 64 << 10), 128e3));
+  // GYRE_RABENSEIFNER_ALLREDUCE = 1 / 0 force it either way above the small size.
+  CHECK(flat_uses_rabenseifner(default_layout_cost(3, 1, 64 << 10, 1), 1e6));
+  CHECK_FALSE(flat_uses_rabenseifner(default_layout_cost(3, 1, 64 << 10, 1), 1e3));
+  CHECK_FALSE(flat_uses_rabenseifner(default_layout_cost(8, 1, 64 << 10, 0), 1e6));
+  // The hierarchical allreduce's network phase: 8 hosts x 2 ranks, shards of
+  // half the buffer, both local ranks on the host's link.
+  const LayoutCost h = default_layout_cost(8, 2, 64 << 10);
+  CHECK(cross_uses_rabenseifner(h, 64e6));
+  CHECK_FALSE(cross_uses_rabenseifner(h, 100e3));  // a 50 KB shard: recursive doubling
+  CHECK(hierarchical_allreduce_s(h, 64e6) ==
+        Approx(2 * h.shm.t(64e6) + rabenseifner_allreduce_s(h.net, 8, 32e6, 2)));
+  CHECK_FALSE(cross_uses_rabenseifner(default_layout_cost(8, 2, 64 << 10, 0), 64e6));
 }

@@ -7,6 +7,8 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "backends/cpu/cpu_ring_backend.h"
@@ -80,5 +82,80 @@ TEST_CASE("cpu backend: a rank without an entry contributes zeros and discards r
   for (int r = 0; r < 2; ++r) {
     CHECK(gathered[r] == std::vector<float>{0.0f, 10.0f, 10.0f});
     CHECK(scattered[r] == std::vector<float>(r == 0 ? 2 : 1, 2.0f));
+  }
+}
+
+namespace {
+
+// Counts the messages a rank sends, forwarding to the transport it wraps.
+class CountingTransport final : public transport::Transport {
+ public:
+  explicit CountingTransport(transport::Transport& inner) : inner_(inner) {
+    set_timeout(inner.timeout());
+  }
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  transport::Transfer isend(int peer, int tag, std::span<const std::byte> data) override {
+    ++messages;
+    return inner_.isend(peer, tag, data);
+  }
+  transport::Transfer irecv(int peer, int tag, std::span<std::byte> data) override {
+    return inner_.irecv(peer, tag, data);
+  }
+  bool test(transport::Transfer& req) override { return inner_.test(req); }
+  void wait(transport::Transfer& req) override { inner_.wait(req); }
+  std::string name() const override { return "counting"; }
+  std::size_t messages = 0;
+
+ private:
+  transport::Transport& inner_;
+};
+
+}  // namespace
+
+TEST_CASE("cpu backend: GYRE_RABENSEIFNER_ALLREDUCE picks the large allreduce, -1 by the cost "
+          "model",
+          "[backend][rabenseifner]") {
+  // 1 MB of float32 (above the 64 KiB small size) in one chunk per message,
+  // so the algorithms show by their message counts: the ring 2(n-1) per
+  // rank; Rabenseifner 2 log2 p for the p ranks of the power of two, one
+  // more for a folded pair's even rank (the result it sends back), one in
+  // all for the odd rank (its input).
+  const std::size_t count = 1 << 18;
+  for (int n : {3, 4, 8}) {
+    for (long setting : {-1L, 0L, 1L}) {
+      Options opt;
+      opt.ring_chunk_bytes = 64u << 20;
+      opt.rabenseifner_allreduce = setting;
+      // The model: Rabenseifner at powers of two from 4 on, the ring at 3.
+      const bool rab = setting == 1 || (setting == -1 && n != 3);
+      std::vector<std::size_t> messages(n);
+      std::vector<std::vector<float>> out(n);
+      transport::run_local_world(n, [&](transport::Transport& inner) {
+        CountingTransport t(inner);
+        CpuRingBackend be(t, opt);
+        const int r = t.rank();
+        std::vector<float> x(count);
+        for (std::size_t i = 0; i < count; ++i) x[i] = static_cast<float>(r + i % 3);
+        out[r].resize(count);
+        be.allreduce(x.data(), out[r].data(), count, DataType::kFloat32, Reduction{}, kWhat);
+        messages[r] = t.messages;
+      }, kTimeout);
+      INFO("n=" << n << " GYRE_RABENSEIFNER_ALLREDUCE=" << setting);
+      const int p = n == 3 ? 2 : n, extra = n - p, log_p = n == 8 ? 3 : n == 4 ? 2 : 1;
+      for (int r = 0; r < n; ++r) {
+        std::size_t want = 2 * static_cast<std::size_t>(n - 1);
+        if (rab) {
+          want = r < 2 * extra && r % 2 == 1 ? 1
+                                             : 2 * static_cast<std::size_t>(log_p) + (r < 2 * extra);
+        }
+        CHECK(messages[r] == want);
+        bool right = true;
+        for (std::size_t i = 0; i < count && right; ++i) {
+          right = out[r][i] == static_cast<float>(n * (i % 3) + n * (n - 1) / 2);
+        }
+        CHECK(right);
+      }
+    }
   }
 }

@@ -36,6 +36,12 @@ struct Options {
   // of at most this many bytes use recursive doubling, larger ones the ring;
   // 0: always the ring.
   std::size_t allreduce_small_bytes = 64u << 10;
+  // GYRE_RABENSEIFNER_ALLREDUCE: above allreduce_small_bytes, 1 always runs
+  // Rabenseifner's algorithm (reduce-scatter by recursive halving, allgather
+  // by recursive doubling), 0 always the ring; -1 (default) chooses per call
+  // by the alpha-beta cost model (backends/hierarchical/cost_model.h), for
+  // the flat allreduce and the hierarchical one's network phase.
+  long rabenseifner_allreduce = -1;
   // GYRE_SHM: 1 runs the collectives of CPU tensors over shared memory when
   // every rank of the job is on one host; 0 keeps the ring over MPI.
   long shared_memory = 1;

@@ -65,6 +65,10 @@ const OptionSpec kTable[] = {
    SizeOption{&O::allreduce_small_bytes, 0, kMaxBytes}, "64K", true,
    "An allreduce (one tensor, or one fused bucket) of at most this many bytes uses recursive "
    "doubling, a larger one the ring."},
+  {"GYRE_RABENSEIFNER_ALLREDUCE", "rabenseifner_allreduce",
+   IntegerOption{&O::rabenseifner_allreduce, -1, 1}, "-1", true,
+   "Above `GYRE_ALLREDUCE_SMALL_BYTES`: 1 reduces host tensors with Rabenseifner's algorithm, 0 "
+   "with the ring, -1 chooses."},
   {"GYRE_SHM", "shared_memory",
    IntegerOption{&O::shared_memory, 0, 1}, "1", true,
    "1 runs the collectives of CPU tensors over shared memory when every rank of the job is on "

@@ -66,10 +66,18 @@ inline constexpr std::size_t kDefaultSmallBytes = 64 * 1024;
 // postscale_factor do; average applies its 1/n on top of postscale, once, at
 // the end. `tag` is the message tag of the call: the ring algorithms
 // (allreduce, reduce-scatter, allgather) use `tag` and `tag + 1`; broadcast,
-// alltoall, barrier and recursive doubling use `tag` only.
+// alltoall, barrier, recursive doubling and Rabenseifner use `tag` only.
+
+// The algorithm allreduce() runs above small_bytes.
+enum class LargeAllreduce {
+  kRing,          // ring_allreduce
+  kRabenseifner,  // rabenseifner_allreduce
+};
+// "ring", "rabenseifner".
+const char* large_allreduce_name(LargeAllreduce a);
 
 // allreduce(): the ring's options plus the size below which recursive
-// doubling runs instead.
+// doubling runs instead, and which algorithm runs above it.
 struct AllreduceOptions {
   std::size_t chunk_bytes = kDefaultChunkBytes;
   int tag = 0;
@@ -78,6 +86,10 @@ struct AllreduceOptions {
   // A buffer of at most this many bytes is reduced by recursive doubling,
   // larger ones by the ring; 0: always the ring.
   std::size_t small_bytes = kDefaultSmallBytes;
+  // Above small_bytes: the ring or Rabenseifner's algorithm (the runtime
+  // picks per call by its cost model, core/src/backends/hierarchical/
+  // cost_model.h). Every rank must pass the same value.
+  LargeAllreduce large = LargeAllreduce::kRing;
 };
 
 struct RingAllreduceOptions {
@@ -89,6 +101,14 @@ struct RingAllreduceOptions {
 
 // Recursive doubling moves whole buffers: no chunking.
 struct RecursiveDoublingOptions {
+  int tag = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+};
+
+// Rabenseifner's allreduce: each exchange is cut in chunks of chunk_bytes.
+struct RabenseifnerOptions {
+  std::size_t chunk_bytes = kDefaultChunkBytes;
   int tag = 0;
   double prescale = 1.0;
   double postscale = 1.0;
@@ -135,9 +155,10 @@ struct TensorExtent {
 
 
 // Allreduce, the algorithm chosen by size: recursive_doubling_allreduce for
-// buffers of at most opt.small_bytes, ring_allreduce above. Arguments and
-// results as for ring_allreduce. Every rank must pass the same small_bytes
-// (the choice must agree, like the count).
+// buffers of at most opt.small_bytes, ring_allreduce or
+// rabenseifner_allreduce (opt.large) above. Arguments and results as for
+// ring_allreduce. Every rank must pass the same small_bytes and large (the
+// choice must agree, like the count).
 void allreduce(Transport& t, const void* in, void* out, std::size_t count, DataType dt,
                ReduceOp op, const AllreduceOptions& opt = {});
 
@@ -161,6 +182,23 @@ void ring_allreduce(Transport& t, const void* in, void* out, std::size_t count,
 void recursive_doubling_allreduce(Transport& t, const void* in, void* out, std::size_t count,
                                   DataType dt, ReduceOp op,
                                   const RecursiveDoublingOptions& opt = {});
+
+// Rabenseifner's allreduce: a reduce-scatter by recursive halving, then an
+// allgather by recursive doubling, over p = the largest power of two <= n
+// ranks: 2 log2(p) steps against the ring's 2(n-1), moving the same
+// 2(p-1)/p of the buffer per rank as a ring over p ranks. When n is not a
+// power of two, the first 2(n-p) ranks fold in pairs first: each odd one
+// sends its whole input to the even one below it, which combines it and
+// takes part; the odd one gets the whole result back at the end (two more
+// steps and two more buffers' worth of traffic on those pairs). Each step's
+// exchange is pipelined in chunks of chunk_bytes. Arguments and results as
+// for ring_allreduce; every element is combined by one rank per step (the
+// lower rank's operand first) and copied to the others, so every rank gets
+// bit-identical results. float16/bfloat16 are combined in float32 and
+// rounded once per step. kAverage divides by n once, at the end, with
+// postscale. See collectives/src/rabenseifner.cc.
+void rabenseifner_allreduce(Transport& t, const void* in, void* out, std::size_t count,
+                            DataType dt, ReduceOp op, const RabenseifnerOptions& opt = {});
 
 // Ring allgather of rank-contributed byte blocks, which may differ in size.
 // `block_bytes[r]` is rank r's contribution; `out` receives the blocks in

@@ -38,9 +38,22 @@ collectives::AllreduceOptions CpuRingBackend::allreduce_options(const Reduction&
   return o;
 }
 
+LayoutCost CpuRingBackend::layout_cost() const {
+  return default_layout_cost(t_.size(), 1, opt_.allreduce_small_bytes,
+                             opt_.rabenseifner_allreduce);
+}
+
+collectives::LargeAllreduce CpuRingBackend::flat_large_allreduce(std::size_t bytes) const {
+  return flat_uses_rabenseifner(layout_cost(), static_cast<double>(bytes))
+             ? collectives::LargeAllreduce::kRabenseifner
+             : collectives::LargeAllreduce::kRing;
+}
+
 void CpuRingBackend::allreduce(const void* in, void* out, std::size_t count, DataType dt,
                                const Reduction& red, const OpLabel&) {
-  collectives::allreduce(t_, in, out, count, dt, red.op, allreduce_options(red));
+  collectives::AllreduceOptions o = allreduce_options(red);
+  o.large = flat_large_allreduce(count * dtype_size(dt));
+  collectives::allreduce(t_, in, out, count, dt, red.op, o);
 }
 
 void CpuRingBackend::adasum(const void* in, void* out, std::size_t count, DataType dt,

@@ -1,6 +1,8 @@
 // CpuRingBackend: the Backend for host memory. Each collective is one call
-// of its algorithm in collectives/ (ring allreduce or recursive doubling by
-// size, ring allgather, broadcast and reduce-scatter, pairwise alltoall)
+// of its algorithm in collectives/ (allreduce: recursive doubling up to
+// GYRE_ALLREDUCE_SMALL_BYTES, above it the ring or Rabenseifner's algorithm
+// as GYRE_RABENSEIFNER_ALLREDUCE and the cost model say; ring allgather,
+// broadcast and reduce-scatter, pairwise alltoall)
 // over the runtime's Transport, on the data tag. Owns the host fusion
 // buffer and the scratch memory of joined ranks.
 //
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/hierarchical/cost_model.h"
 #include "fusion/fusion.h"
 #include "gyre/collectives/algorithms.h"
 #include "gyre/collectives/transport.h"
@@ -61,6 +64,13 @@ class CpuRingBackend : public Backend {
   // The ring/recursive-doubling allreduce's options: the runtime's chunk
   // size and small-buffer threshold, the data tag, `red`'s scale factors.
   collectives::AllreduceOptions allreduce_options(const Reduction& red) const;
+  // The layout the allreduce's cost model sees: every rank of the world on
+  // a host of its own, so that every step of a flat allreduce may cross the
+  // network (HierarchicalBackend: its hosts and ranks per host).
+  virtual LayoutCost layout_cost() const;
+  // The algorithm of a flat allreduce of `bytes` above the small size
+  // (flat_uses_rabenseifner on layout_cost()); the same on every rank.
+  collectives::LargeAllreduce flat_large_allreduce(std::size_t bytes) const;
   // Where a discarded result goes (a rank with no entry).
   std::byte* discard(std::size_t bytes);
 

@@ -1,6 +1,8 @@
 // The alpha-beta cost model that chooses, under GYRE_HIERARCHICAL_ALLREDUCE
 // (or _ALLGATHER) = -1, between the flat ring over all ranks and the
-// hierarchical form, per call. A transfer of b bytes over a link costs
+// hierarchical form, per call, and under GYRE_RABENSEIFNER_ALLREDUCE = -1
+// between the ring and Rabenseifner's algorithm above the recursive-doubling
+// size (for the flat allreduce and for the hierarchical one's network phase). A transfer of b bytes over a link costs
 // alpha + b * beta; the algorithms' times are sums of such steps. The same
 // model, with the derivations and the measurements of its parameters, is
 // benchmarks/cost_model.py (docs/scaling.md).
@@ -9,6 +11,7 @@
 // on every rank, so every rank takes the same branch.
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
 
@@ -26,14 +29,19 @@ struct LayoutCost {
   LinkCost net;               // between hosts (one host's NIC)
   LinkCost shm;               // a pass over shared memory within a host
   std::size_t small_bytes = 64u << 10;  // recursive doubling at or below
+  // Above small_bytes: 0 the ring, 1 Rabenseifner's algorithm, -1 whichever
+  // the model predicts faster (GYRE_RABENSEIFNER_ALLREDUCE).
+  long rabenseifner = -1;
 };
 
 // Defaults measured on the simulated hosts of scripts/hosts.sh (10 Gbit/s
 // tbf-shaped veth links) and this machine's shared memory; see
 // docs/scaling.md for how. They only steer the choice: a real cluster's
 // network is slower than its shared memory too, which is what decides.
-inline LayoutCost default_layout_cost(int hosts, int per_host, std::size_t small_bytes) {
+inline LayoutCost default_layout_cost(int hosts, int per_host, std::size_t small_bytes,
+                                      long rabenseifner = -1) {
   LayoutCost c;
+  c.rabenseifner = rabenseifner;
   c.hosts = hosts;
   c.per_host = per_host;
   c.net = {12e-6, 1.0 / 1.2e9};
@@ -44,20 +52,70 @@ inline LayoutCost default_layout_cost(int hosts, int per_host, std::size_t small
 
 inline double ceil_log2(int n) { return n <= 1 ? 0.0 : std::ceil(std::log2(n)); }
 
-// Flat allreduce of `bytes` over all H*p ranks, ranks host-major (the ring
+// The two large-buffer allreduces among n ranks, each step over `link`,
+// which `share` such allreduces cross at once (each moving its own bytes).
+// Ring: 2(n-1) steps of bytes/n. Rabenseifner with p = the largest power of
+// two <= n: 2 log2 p steps moving 2(p-1)/p of the buffer in all, plus, when
+// n is not a power of two, the folded pairs' two whole-buffer transfers
+// (the odd rank's input, the result back).
+inline double ring_allreduce_s(const LinkCost& l, int n, double bytes, int share = 1) {
+  if (n <= 1) return 0;
+  return 2.0 * (n - 1) * (l.alpha_s + share * (bytes / n) * l.beta_s_per_b);
+}
+inline double rabenseifner_allreduce_s(const LinkCost& l, int n, double bytes, int share = 1) {
+  if (n <= 1) return 0;
+  const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n)));
+  const double fold = p < n ? 2.0 * (l.alpha_s + share * bytes * l.beta_s_per_b) : 0.0;
+  return fold + 2.0 * std::log2(p) * l.alpha_s +
+         2.0 * (p - 1) / p * share * bytes * l.beta_s_per_b;
+}
+
+// Whether Rabenseifner's algorithm runs for an allreduce of `bytes` above
+// small_bytes among n ranks (link shared by `share`): forced by
+// c.rabenseifner = 0 or 1, else where the model predicts it strictly faster
+// than the ring (a tie, as at n = 2, keeps the ring).
+inline bool use_rabenseifner(const LayoutCost& c, int n, double bytes, int share = 1) {
+  if (c.rabenseifner >= 0) return c.rabenseifner == 1;
+  return rabenseifner_allreduce_s(c.net, n, bytes, share) < ring_allreduce_s(c.net, n, bytes, share);
+}
+
+// The large-buffer allreduce among n ranks as chosen by use_rabenseifner.
+inline double large_allreduce_s(const LayoutCost& c, int n, double bytes, int share = 1) {
+  return use_rabenseifner(c, n, bytes, share) ? rabenseifner_allreduce_s(c.net, n, bytes, share)
+                                              : ring_allreduce_s(c.net, n, bytes, share);
+}
+
+// Flat allreduce of `bytes` over all H*p ranks, ranks host-major:
+// recursive doubling at or below small_bytes, above it the ring (which
 // crosses each host boundary once, so each step's slowest link is one
-// network hop carrying one chunk): recursive doubling at or below
-// small_bytes, the ring above.
+// network hop carrying one chunk) or Rabenseifner's algorithm, counted as if
+// all p ranks of a host crossed its link at every step (its steps between
+// partners on one host are cheaper: an upper bound when p > 1, exact at
+// p = 1).
+inline bool flat_uses_rabenseifner(const LayoutCost& c, double bytes) {
+  const int n = c.hosts * c.per_host;
+  if (n <= 1 || bytes <= static_cast<double>(c.small_bytes)) return false;
+  if (c.rabenseifner >= 0) return c.rabenseifner == 1;
+  return rabenseifner_allreduce_s(c.net, n, bytes, c.per_host) < ring_allreduce_s(c.net, n, bytes);
+}
 inline double flat_allreduce_s(const LayoutCost& c, double bytes) {
   const int n = c.hosts * c.per_host;
   if (n <= 1) return 0;
   if (bytes <= static_cast<double>(c.small_bytes)) return ceil_log2(n) * c.net.t(bytes);
-  return 2.0 * (n - 1) * c.net.t(bytes / n);
+  return flat_uses_rabenseifner(c, bytes) ? rabenseifner_allreduce_s(c.net, n, bytes, c.per_host)
+                                          : ring_allreduce_s(c.net, n, bytes);
 }
 
 // Hierarchical: a shared-memory reduce-scatter and allgather (one pass over
 // the buffer each), and p concurrent allreduces of bytes/p across the H
-// hosts that share each host's link (so each step moves p chunks over it).
+// hosts that share each host's link (so each step moves p chunks over it),
+// by recursive doubling, the ring or Rabenseifner's algorithm
+// (cross_uses_rabenseifner).
+inline bool cross_uses_rabenseifner(const LayoutCost& c, double bytes) {
+  const double shard = bytes / c.per_host;
+  if (c.hosts <= 1 || shard <= static_cast<double>(c.small_bytes)) return false;
+  return use_rabenseifner(c, c.hosts, shard, c.per_host);
+}
 inline double hierarchical_allreduce_s(const LayoutCost& c, double bytes) {
   const int h = c.hosts, p = c.per_host;
   const double shm = p > 1 ? 2.0 * c.shm.t(bytes) : 0.0;
@@ -65,7 +123,7 @@ inline double hierarchical_allreduce_s(const LayoutCost& c, double bytes) {
   const double shard = bytes / p;
   const double cross = shard <= static_cast<double>(c.small_bytes)
                            ? ceil_log2(h) * (c.net.alpha_s + p * shard * c.net.beta_s_per_b)
-                           : 2.0 * (h - 1) * (c.net.alpha_s + p * (shard / h) * c.net.beta_s_per_b);
+                           : large_allreduce_s(c, h, shard, p);
   return shm + cross;
 }
 

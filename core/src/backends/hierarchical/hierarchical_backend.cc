@@ -10,13 +10,17 @@
 
 namespace gyre::core {
 
+LayoutCost HierarchicalBackend::layout_cost() const {
+  return default_layout_cost(cross_->size(), host_->group().size(), opt_.allreduce_small_bytes,
+                             opt_.rabenseifner_allreduce);
+}
+
 void HierarchicalBackend::allreduce(const void* in, void* out, std::size_t count, DataType dt,
                                     const Reduction& red, const OpLabel& what) {
+  const LayoutCost c = layout_cost();
+  const double bytes = static_cast<double>(count * dtype_size(dt));
   bool hierarchical = opt_.hierarchical_allreduce == 1;
   if (opt_.hierarchical_allreduce == -1) {
-    const LayoutCost c =
-        default_layout_cost(cross_->size(), host_->group().size(), opt_.allreduce_small_bytes);
-    const double bytes = static_cast<double>(count * dtype_size(dt));
     hierarchical = hierarchical_allreduce_s(c, bytes) <= flat_allreduce_s(c, bytes);
   }
   if (!hierarchical) {
@@ -24,9 +28,14 @@ void HierarchicalBackend::allreduce(const void* in, void* out, std::size_t count
     return;
   }
   // The cross-host allreduce takes no scale factors of its own (see
-  // hierarchical_allreduce): those of `red` are passed separately.
+  // hierarchical_allreduce): those of `red` are passed separately. Its
+  // algorithm above the small size follows from the whole buffer's size,
+  // the same on every rank.
+  collectives::AllreduceOptions cross_opt = allreduce_options(Reduction{});
+  cross_opt.large = cross_uses_rabenseifner(c, bytes) ? collectives::LargeAllreduce::kRabenseifner
+                                                      : collectives::LargeAllreduce::kRing;
   collectives::hierarchical_allreduce(host_->group(), *cross_, in, out, count, dt, red.op,
-                                      red.prescale, red.postscale, allreduce_options(Reduction{}));
+                                      red.prescale, red.postscale, cross_opt);
 }
 
 const std::vector<int>& HierarchicalBackend::placement() {

@@ -5,7 +5,9 @@
 // local rank across hosts, an allgather within the host), so each byte
 // crosses the network once per host instead of once per rank. Allgather is
 // hierarchical too (a ring among the ranks with the same local rank across
-// hosts, then an allgather within the host). GYRE_HIERARCHICAL_ALLREDUCE and
+// hosts, then an allgather within the host). The network phase of the
+// allreduce runs recursive doubling, the ring or Rabenseifner's algorithm
+// (GYRE_RABENSEIFNER_ALLREDUCE, cost_model.h). GYRE_HIERARCHICAL_ALLREDUCE and
 // GYRE_HIERARCHICAL_ALLGATHER: 1 always, 0 never (the CPU backend's flat
 // ring over the world's transport), -1 per call by the cost model
 // (cost_model.h). The other collectives are the CPU backend's rings.
@@ -42,6 +44,8 @@ class HierarchicalBackend final : public CpuRingBackend {
   // world_rank_of_[h * p + l]: the world rank of local rank l on host h,
   // learnt with one small allgather at the first hierarchical allgather.
   const std::vector<int>& placement();
+  // hosts x ranks per host, for the cost model (also of the flat allreduce).
+  LayoutCost layout_cost() const override;
 
   std::shared_ptr<transport::ShmHost> host_;
   std::shared_ptr<transport::Transport> cross_;
