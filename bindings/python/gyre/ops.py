@@ -33,10 +33,10 @@ from . import _gyre
 from . import _tensors as _t
 from .basics import *  # noqa: F401,F403 (lifecycle and build information, re-exported)
 from .basics import __all__ as _basics_all
-from .basics import _forget_process_sets, check_process_set, global_process_set
+from .basics import check_process_set, global_process_set
 from .compression import Compression, Compressor
 from .exceptions import InvalidArgumentError, InvalidTypeError
-from .handles import Handle, PendingGroup, forget_all, poll, synchronize
+from .handles import Handle, PendingGroup, poll, synchronize
 from .handles import _name_counters  # noqa: F401 (read by tests: names consumed)
 from .handles import op_name as _op_name
 
@@ -107,18 +107,7 @@ def _scales(c: _t.Conversion, prescale_factor: Any, postscale_factor: Any) -> Tu
                                                                   "postscale_factor")
 
 
-# Lifecycle beyond basics -------------------------------------------------------
-
-
-def shutdown() -> None:
-    """Fails pending operations (on every rank) and stops the background
-    thread; does nothing if gyre is not running. MPI stays initialised, so
-    init() may follow; gyre finalises MPI at process exit if it initialised
-    it. Also run at interpreter exit."""
-    if _gyre.is_initialized():
-        _gyre.shutdown()
-    forget_all()
-    _forget_process_sets()
+# Lifecycle beyond basics (init and shutdown are basics') ------------------------
 
 
 def barrier(process_set: Any = global_process_set) -> None:
@@ -518,7 +507,7 @@ def grouped_reducescatter(tensors: Sequence[Tensor], name: Optional[str] = None,
 
 __all__ = list(_basics_all) + [
     "ReduceOp", "Sum", "Average", "Min", "Max", "Product", "Adasum", "Handle", "poll", "synchronize",
-    "shutdown", "barrier", "join", "commit_step", "committed_steps", "version_vector",
+    "barrier", "join", "commit_step", "committed_steps", "version_vector",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "allgather", "allgather_async", "grouped_allgather",
