@@ -232,6 +232,21 @@ void bind_divergence(py::module_& m) {
   m.def("commit_step", [] { blocking([] { commit_step(); }); });
   m.def("committed_steps", [] { return blocking([] { return committed_steps(); }); });
   m.def("version_vector", [] { return blocking([] { return version_vector(); }); });
+  m.def("runtime_stats", [] {
+    const RuntimeStats st = blocking([] { return runtime_stats(); });
+    py::dict d;
+    d["rounds"] = st.rounds;
+    d["requests_sent"] = st.requests_sent;
+    d["cache_hits_sent"] = st.cache_hits_sent;
+    d["versions"] = st.versions;
+    d["behind"] = st.behind;
+    d["store_pushes"] = st.store_pushes;
+    d["store_pushes_applied"] = st.store_pushes_applied;
+    d["store_pushes_rejected"] = st.store_pushes_rejected;
+    d["store_pushes_scaled"] = st.store_pushes_scaled;
+    d["store_max_lag"] = st.store_max_lag;
+    return d;
+  });
   m.def(
       "fingerprint_check",
       [](const std::vector<std::pair<std::string, py::object>>& items) {
@@ -408,6 +423,11 @@ PYBIND11_MODULE(_gyre, m) {
           return blocking([&] { return gyre::add_process_set(ranks); });
         },
         py::arg("ranks"));
+  m.def("add_process_set_of_members",
+        [](const std::vector<int>& ranks, double timeout_s) {
+          return blocking([&] { return gyre::add_process_set_of_members(ranks, timeout_s); });
+        },
+        py::arg("ranks"), py::arg("timeout_s") = 0.0);
   m.def("remove_process_set",
         [](int ps) { blocking([ps] { gyre::remove_process_set(ps); }); }, py::arg("process_set"));
   m.def("process_set_ids", [] { return gyre::process_set_ids(); });

@@ -2,6 +2,8 @@
 signature, sparse gradients, broadcast_optimizer_state for every torch
 optimizer, and SyncBatchNorm against one process on the union batch."""
 
+import time
+
 import pytest
 import torch
 
@@ -82,6 +84,45 @@ def test_sparse_gradients(size, rank, sparse_as_dense):
         dense[r % 6] += 1.0
         dense[5] += 1.0
     torch.testing.assert_close(emb.weight.detach(), before - dense / size)
+
+
+def test_sparse_gradient_unused_on_a_rank(size, rank, multi_rank):
+    """An embedding (sparse gradients, kept sparse) used by every rank in the
+    first step, then by rank 0 alone: the others send an empty sparse
+    gradient, so every step completes with the right values. Used by rank 0
+    alone from the start: every rank fails at once (MismatchError: rank 0
+    gathers it sparse, the others reduce a dense zero), not at the stall
+    timeout."""
+    torch.manual_seed(3)
+    emb = torch.nn.Embedding(6, 3, sparse=True)
+    lin = torch.nn.Linear(3, 1)
+    named = [("unused_emb.weight", emb.weight)] + list(lin.named_parameters(prefix="unused_lin"))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([p for _, p in named], lr=1.0),
+                                   named_parameters=named)
+    for step in range(3):
+        opt.zero_grad()
+        before = emb.weight.detach().clone()
+        w = lin.weight.detach()[0].clone()  # the same on every rank
+        used = rank == 0 or step == 0
+        x = emb(torch.tensor([1, 4])) if used else torch.ones(2, 3)
+        lin(x).sum().backward()
+        opt.step()
+        assert emb.weight.grad.is_sparse
+        # Rows 1 and 4 got w from each rank that used the embedding, averaged
+        # over every rank (lr 1); the other rows are untouched.
+        users = size if step == 0 else 1
+        expected = before.clone()
+        expected[[1, 4]] -= w * users / size
+        torch.testing.assert_close(emb.weight.detach(), expected)
+    emb2 = torch.nn.Embedding(6, 3, sparse=True)
+    opt2 = hvd.DistributedOptimizer(torch.optim.SGD(emb2.parameters(), lr=1.0),
+                                    named_parameters=[("unused_emb2.weight", emb2.weight)])
+    if rank == 0:
+        emb2(torch.tensor([2])).sum().backward()
+    start = time.monotonic()
+    with pytest.raises(hvd.MismatchError, match="unused_emb2.weight.*allgather"):
+        opt2.step()
+    assert time.monotonic() - start < 30
 
 
 def test_sparse_allreduce_async(size, rank):

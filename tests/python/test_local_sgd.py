@@ -2,7 +2,12 @@
 averaging equals synchronous gradient averaging for SGD; between rounds the
 ranks' parameters differ and right after one they are identical; DiLoCo's
 Nesterov outer step against a reference computed in one process from every
-rank's local parameters; buffers averaged; the round counted as a commit."""
+rank's local parameters; buffers averaged; the round counted as a commit.
+Streaming: one fragment without delay is the unfragmented round bit for bit;
+each fragment is identical on every rank right after its own round; staggered
+rounds with a sync delay (both merge rules) against every rank's training
+simulated in one process; 8-bit pseudo-gradients within half a quantisation
+step of the exact average."""
 
 import functools
 
@@ -122,3 +127,175 @@ def test_refusals():
         hvd.LocalSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, period=0)
     with pytest.raises(gyre.InvalidArgumentError, match="compression"):
         hvd.LocalSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, period=2, compression="fp16")
+
+
+# -- streaming DiLoCo: fragments and a sync delay -------------------------------
+
+def _fragment_flat(opt, f):
+    return torch.cat([p.detach().reshape(-1) for p in opt.fragment_parameters(f)])
+
+
+def test_fragment_split_is_contiguous_and_balanced():
+    from gyre.torch.local_sgd import _fragment_bounds
+    assert _fragment_bounds([10, 10, 10, 10], 2) == [0, 2, 4]
+    assert _fragment_bounds([100, 1, 1, 1], 2) == [0, 1, 4]
+    assert _fragment_bounds([1, 1, 1, 100], 2) == [0, 3, 4]
+    assert _fragment_bounds([5, 5, 5], 3) == [0, 1, 2, 3]
+    assert _fragment_bounds([48, 8, 16, 2], 2) == [0, 1, 4]  # _net's parameters
+    assert _fragment_bounds([1, 1, 1, 1, 1, 1], 3) == [0, 2, 4, 6]
+
+
+def test_one_fragment_no_delay_is_the_unfragmented_round_bit_for_bit(rank, size):
+    a, b = _net(), _net()
+    opt = hvd.LocalSGD(torch.optim.SGD(a.parameters(), lr=0.05), a, period=3,
+                       outer_optimizer=hvd.LocalSGD.diloco_outer, fragments=1, sync_delay=0)
+    inner = torch.optim.SGD(b.parameters(), lr=0.05)
+    synced = [torch.nn.Parameter(p.detach().clone()) for p in b.parameters()]
+    outer = torch.optim.SGD(synced, lr=0.7, momentum=0.9, nesterov=True)
+    for step in range(7):
+        x, y = _batch(rank, step)
+        for model, o in ((a, opt), (b, inner)):
+            o.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            o.step()
+        if (step + 1) % 3 == 0:  # the round as one grouped allreduce, by hand
+            with torch.no_grad():
+                avg = gyre.grouped_allreduce([s - p for s, p in zip(synced, b.parameters())],
+                                             op=gyre.Average)
+                for s, g in zip(synced, avg):
+                    s.grad = g
+                outer.step()
+                for p, s in zip(b.parameters(), synced):
+                    p.copy_(s)
+        for p, q in zip(a.parameters(), b.parameters()):
+            assert torch.equal(p, q), f"step {step}"
+    assert opt.fragment_rounds() == [2] and opt.rounds == 2
+
+
+def test_each_fragment_agrees_right_after_its_own_round(rank, size):
+    model = _net()
+    opt = hvd.LocalSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, period=4,
+                       outer_optimizer=hvd.LocalSGD.diloco_outer, fragments=2)
+    assert [len(opt.fragment_parameters(f)) for f in range(2)] == [1, 3]
+    offsets = {0: 2, 1: 0}  # fragment 0 at steps 2, 6; fragment 1 at 4, 8
+    for step in range(1, 9):
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        for f in range(2):
+            if step % 4 == offsets[f]:
+                assert _all_equal(_fragment_flat(opt, f)), f"fragment {f} after step {step}"
+                assert opt.fragment_versions()[f] == gyre.committed_steps()
+            elif size > 1:
+                assert not _all_equal(_fragment_flat(opt, f)), f"fragment {f} after step {step}"
+    assert opt.fragment_rounds() == [2, 2]
+    v = opt.fragment_versions()
+    assert v[1] == gyre.committed_steps() and v[0] == v[1] - 1
+    # The outer optimizer's state is the same on every rank.
+    assert len(opt.outer_optimizer.state) == 4
+    for s in opt.outer_optimizer.state.values():
+        assert _all_equal(s["momentum_buffer"].reshape(-1))
+
+
+@pytest.mark.parametrize("mixing", [None, 0.5])
+def test_staggered_delayed_rounds_match_a_single_process_reference(rank, size, mixing):
+    period, delay, steps, lr = 4, 2, 13, 0.05
+    model = _net()
+    opt = hvd.LocalSGD(torch.optim.SGD(model.parameters(), lr=lr), model, period=period,
+                       outer_optimizer=hvd.LocalSGD.diloco_outer, fragments=2, sync_delay=delay,
+                       mixing=mixing)
+    # Every rank's training simulated in this process.
+    refs = [_net() for _ in range(size)]
+    inners = [torch.optim.SGD(m.parameters(), lr=lr) for m in refs]
+    synced = [torch.nn.Parameter(p.detach().clone()) for p in refs[0].parameters()]
+    outer = torch.optim.SGD(synced, lr=0.7, momentum=0.9, nesterov=True)
+    frags, offsets = [[0], [1, 2, 3]], [2, 0]
+    in_flight = {}  # fragment -> (due, averaged pseudo-gradients, every rank's values at start)
+    for step in range(1, steps + 1):
+        for r in range(size):
+            x, y = _batch(r, step)
+            inners[r].zero_grad()
+            torch.nn.functional.mse_loss(refs[r](x), y).backward()
+            inners[r].step()
+        with torch.no_grad():
+            for f in sorted(in_flight):
+                due, avg, at_start = in_flight[f]
+                if due != step:
+                    continue
+                del in_flight[f]
+                for i, g in zip(frags[f], avg):
+                    synced[i].grad = g
+                outer.step()
+                for i in frags[f]:
+                    synced[i].grad = None
+                for r in range(size):
+                    params = list(refs[r].parameters())
+                    for k, i in enumerate(frags[f]):
+                        if mixing is None:
+                            params[i].copy_(synced[i] + (params[i] - at_start[r][k]))
+                        else:
+                            params[i].copy_(mixing * params[i] + (1 - mixing) * synced[i])
+            for f in range(2):
+                if step % period == offsets[f]:
+                    every = [[list(m.parameters())[i].detach().clone() for i in frags[f]]
+                             for m in refs]
+                    avg = [torch.stack([synced[i] - every[r][k] for r in range(size)]).mean(0)
+                           for k, i in enumerate(frags[f])]
+                    in_flight[f] = (step + delay, avg, every)
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        for p, q in zip(model.parameters(), refs[rank].parameters()):
+            torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"step {step}: {m}")
+    # Rounds of fragment 0 started at 2, 6, 10 (done at 4, 8, 12); of fragment 1
+    # at 4, 8, 12 (done at 6, 10; the last one in flight).
+    assert opt.fragment_rounds() == [3, 2]
+    with pytest.raises(gyre.StateError, match="in flight"):
+        opt.state_dict()
+    opt.sync()  # completes it, then one round of each fragment
+    assert opt.fragment_rounds() == [4, 4]
+    assert _all_equal(_flat(model))
+
+
+def test_int8_pseudo_gradients(rank, size):
+    model = _net(bn=True)
+    opt = hvd.LocalSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, period=2,
+                       compression=hvd.LocalSGD.int8)
+    synced = [p.detach().clone() for p in model.parameters()]
+    for step in range(2):
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        if step == 1:
+            opt.optimizer.step()
+            local = [hvd.allgather(p.detach().unsqueeze(0)) for p in model.parameters()]
+            mean_before = hvd.allreduce(model[1].running_mean.detach().clone(), op=gyre.Average)
+            opt.local_step += 1
+            opt.sync()
+        else:
+            opt.step()
+    assert _all_equal(_flat(model)) and _all_equal(model[1].running_mean)
+    torch.testing.assert_close(model[1].running_mean, mean_before, rtol=1e-5, atol=1e-6)
+    pseudo = torch.cat([(s.unsqueeze(0) - every).reshape(size, -1) for s, every in zip(synced, local)],
+                       dim=1)
+    bound = pseudo.abs().max().item() / 254 + 1e-7  # half a quantisation step at most
+    exact = torch.cat([s.reshape(-1) for s in synced]) - pseudo.mean(dim=0)
+    err = (_flat(model) - exact).abs().max().item()
+    assert err <= bound, (err, bound)
+    assert err > 0 or pseudo.abs().max() == 0  # it was quantised, not sent in float32
+
+
+def test_streaming_refusals():
+    model = _net()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(gyre.InvalidArgumentError, match="fragments"):
+        hvd.LocalSGD(sgd, model, period=2, fragments=3)
+    with pytest.raises(gyre.InvalidArgumentError, match="fragments"):
+        hvd.LocalSGD(sgd, model, period=8, fragments=5)  # 4 parameters
+    with pytest.raises(gyre.InvalidArgumentError, match="sync_delay"):
+        hvd.LocalSGD(sgd, model, period=4, sync_delay=4)
+    with pytest.raises(gyre.InvalidArgumentError, match="mixing"):
+        hvd.LocalSGD(sgd, model, period=4, mixing=1.5)

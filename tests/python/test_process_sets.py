@@ -211,3 +211,56 @@ def test_removing_a_set_drops_its_name_counters(size, rank, multi_rank):
     hvd.remove_process_set(ps)
     assert counted(sid) == []
     assert "allreduce" in _name_counters
+
+
+def test_sets_made_by_their_members_alone(size, rank, multi_rank):
+    """add_process_set(members_only=True): ranks outside never call it; the
+    members agree on one id, and a set of the job added afterwards still has
+    the same id on every rank (the larger of the ranks' next ids)."""
+    mine = [r for r in range(size) if r % 2 == rank % 2]
+    if len(mine) == size:
+        pytest.skip("needs ranks of both parities")
+    ps = hvd.add_process_set(mine, members_only=True, timeout=30)
+    ids = hvd.allgather_object(ps.process_set_id)
+    assert ids[rank] == ps.process_set_id
+    assert len({ids[r] for r in mine}) == 1
+    assert ps.rank() == mine.index(rank) and ps.size() == len(mine)
+    out = hvd.allreduce(torch.full((3,), float(rank)), op=hvd.Sum, process_set=ps)
+    assert out.tolist() == [float(sum(mine))] * 3
+    job_set = hvd.add_process_set([0])
+    assert len(set(hvd.allgather_object(job_set.process_set_id))) == 1
+    assert job_set.process_set_id > max(ids)
+    assert hvd.remove_process_set(job_set) is True
+    assert hvd.remove_process_set(ps) is True  # its members alone
+    assert ps.process_set_id is None
+
+
+def test_a_member_that_never_makes_the_set_fails_the_others(size, rank):
+    """Of the members [0, 1], rank 1 never calls: rank 0 gets TimeoutError
+    naming it after the timeout (no wait in MPI_Comm_create_group), and the
+    job goes on."""
+    if size < 3:
+        pytest.skip("needs 3 ranks (a set of 2 of them)")
+    if rank == 0:
+        with pytest.raises(TimeoutError, match=r"rank\(s\) 1 did not make it within 1.5 s"):
+            hvd.add_process_set([0, 1], members_only=True, timeout=1.5)
+    hvd.barrier()
+    # Made again by both members: the failed attempt leaves nothing behind.
+    if rank in (0, 1):
+        ps = hvd.add_process_set([0, 1], members_only=True, timeout=30)
+        assert hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=ps).item() == 2
+        hvd.remove_process_set(ps)
+    hvd.barrier()
+
+
+def test_members_asking_for_other_ranks_all_fail(size, rank):
+    """Three members, one asking for another set with the same lowest rank:
+    InvalidArgumentError on all three, naming what that rank asked for
+    (np 4: the set may not be every rank)."""
+    if size < 4:
+        pytest.skip("needs 4 ranks")
+    if rank <= 2:
+        asked = [0, 1] if rank == 1 else [0, 1, 2]
+        with pytest.raises(ValueError, match=r"rank.* 1 asked for"):
+            hvd.add_process_set(asked, members_only=True, timeout=30)
+    hvd.barrier()

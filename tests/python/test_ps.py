@@ -128,3 +128,61 @@ def test_a_process_set(rank, size):
                 gyre.ps.ParameterStore(process_set=ps)
     finally:
         hvd.remove_process_set(ps)
+
+
+def test_runtime_stats_report_versions_and_push_outcomes(rank, size, tmp_path_factory):
+    """runtime_stats(): the version vector with each rank's lag behind the
+    most advanced rank, and the stores' push outcomes of this process; the
+    timeline records the lags as a VERSION_LAG counter when they change."""
+    import json
+    import os
+    import time
+
+    before = gyre.runtime_stats()
+    path = f"/tmp/gyre-vv-timeline-{os.getppid()}-{{rank}}.json"
+    mine = path.replace("{rank}", str(rank))
+    gyre.barrier()
+    gyre.start_timeline(path)
+    # Rank 0 commits two steps more than the others; the background
+    # rounds carry its count to every rank (no collective: at
+    # GYRE_MAX_VERSION_LAG 0 one would refuse the difference).
+    base = gyre.committed_steps()
+    for _ in range(2 if rank == 0 else 0):
+        gyre.commit_step()
+    deadline = time.monotonic() + 30
+    while gyre.version_vector()[0] < base + 2:
+        assert time.monotonic() < deadline, gyre.version_vector()
+        time.sleep(0.001)
+    seen = gyre.runtime_stats()["rounds"]  # two rounds more: one recorded the change
+    while gyre.runtime_stats()["rounds"] < seen + 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    stats = gyre.runtime_stats()
+    assert stats["versions"] == gyre.version_vector()
+    top = max(stats["versions"])
+    assert stats["behind"] == [top - v for v in stats["versions"]]
+    assert stats["behind"][0] == 0 and all(b >= 2 for b in stats["behind"][1:])
+    gyre.stop_timeline()
+    with open(mine) as f:
+        events = json.load(f)["traceEvents"]
+    os.unlink(mine)
+    lags = [e["args"] for e in events if e.get("name") == "VERSION_LAG" and e.get("ph") == "C"]
+    assert lags and lags[-1]["rank 0"] == 0 and lags[-1]["rank 1"] >= 2
+    # The others catch up, so that later tests see equal counts.
+    for _ in range(0 if rank == 0 else 2):
+        gyre.commit_step()
+    gyre.barrier()
+
+    # Push outcomes: every rank pushes on version 0 once; one is applied.
+    with gyre.ps.ParameterStore() as store:
+        store.register("counted", torch.zeros(4))
+        _, version = store.pull("counted")
+        gyre.barrier()
+        ok, _ = store.push("counted", torch.ones(4), version)
+        gyre.barrier()
+    after = gyre.runtime_stats()
+    assert after["store_pushes"] - before["store_pushes"] == 1
+    assert after["store_pushes_applied"] - before["store_pushes_applied"] == int(ok)
+    assert after["store_pushes_rejected"] - before["store_pushes_rejected"] == int(not ok)
+    assert _sum_over_ranks(after["store_pushes_applied"] - before["store_pushes_applied"]) == 1
+    assert after["rounds"] > before["rounds"]

@@ -73,3 +73,33 @@ def test_ddp_on_a_subgroup_averages_over_it(world):
     # d(sum(w.x))/dw = sum of rows of x: 2 * (rank + 1) per entry, averaged.
     expected = sum(2.0 * (r + 1) for r in ranks) / len(ranks)
     assert torch.allclose(model.weight.grad, torch.full((1, 4), expected))
+
+
+def test_subgroups_of_a_subgroup_made_on_its_members_only(world):
+    """torch's new_subgroups(group=parent) calls new_group on the parent's
+    members only (torch's own test_new_subgroups_with_group_param at 4
+    ranks): the gyre sets are made by their members alone."""
+    rank, size = world
+    if size < 2:
+        pytest.skip("needs 2 ranks")
+    ranks = _sub(size)
+    parent = dist.new_group(ranks)
+    if rank in ranks:
+        mine, groups = dist.new_subgroups(group_size=1, group=parent)
+        assert len(groups) == len(ranks) and mine.size() == 1
+        t = torch.full((2,), float(rank))
+        dist.all_reduce(t, group=mine)
+        assert t.tolist() == [float(rank)] * 2
+        # And a pair made by its members alone (use_local_synchronization).
+        if len(ranks) > 1:
+            pair = dist.new_group(ranks, use_local_synchronization=True)
+            t = torch.ones(1)
+            dist.all_reduce(t, group=pair)
+            assert t.item() == len(ranks)
+            dist.destroy_process_group(pair)
+        for g in groups:
+            dist.destroy_process_group(g)
+        dist.destroy_process_group(parent)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == size

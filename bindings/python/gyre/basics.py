@@ -90,17 +90,29 @@ def _sync_global_ranks() -> None:
     global_process_set.ranks = list(range(_gyre.size()))
 
 
-def add_process_set(process_set: Any) -> ProcessSet:
+def add_process_set(process_set: Any, members_only: bool = False,
+                    timeout: Optional[float] = None) -> ProcessSet:
     """Registers a set (a ProcessSet or a list of ranks) and returns it with
     its id. Collective over every rank: all ranks add the same sets in the
     same order (checked: InvalidArgumentError on every rank otherwise).
-    Unlike Horovod, gyre needs no ``init(process_sets="dynamic")`` first."""
+    Unlike Horovod, gyre needs no ``init(process_sets="dynamic")`` first.
+
+    ``members_only=True``: made by the set's members alone, ranks outside
+    never call it (torch's ``new_group`` on a subgroup's members). A member
+    that does not call it within ``timeout`` seconds (default 300), or calls
+    it for other ranks, makes it fail on every member that did
+    (TimeoutError / InvalidArgumentError naming them). Only the members know
+    such a set, and only they remove it."""
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.process_set_id is not None and ps.process_set_id in _gyre.process_set_ids():
         raise InvalidArgumentError(f"add_process_set: {ps} is already registered")
     # (An id no longer registered is one a rebuild dropped: the set may be
     # added again, under a new id.)
-    ps.process_set_id = int(_gyre.add_process_set(list(ps.ranks)))
+    if members_only:
+        ps.process_set_id = int(_gyre.add_process_set_of_members(
+            list(ps.ranks), float(timeout) if timeout is not None else 0.0))
+    else:
+        ps.process_set_id = int(_gyre.add_process_set(list(ps.ranks)))
     _registered.setdefault(ps.process_set_id, []).append(ps)
     return ps
 

@@ -113,6 +113,15 @@ def version_vector() -> List[int]:
     return list(_gyre.version_vector())
 
 
+def runtime_stats() -> dict:
+    """This rank's runtime counters: negotiation rounds, requests sent in
+    full and as cache bits; the version vector (``versions``) and how many
+    committed steps each rank is behind the most advanced one (``behind``);
+    the parameter stores' shard pushes made by this process, applied,
+    rejected and scaled, and the largest lag among them (``store_*``)."""
+    return dict(_gyre.runtime_stats())
+
+
 # Allreduce ---------------------------------------------------------------------
 # Horovod's positional order everywhere: a script passing arguments by
 # position means the same here. process_set= takes a registered ProcessSet
@@ -448,6 +457,7 @@ def grouped_reducescatter(tensors: Sequence[Tensor], name: Optional[str] = None,
 __all__ = list(_basics_all) + [
     "ReduceOp", "Sum", "Average", "Min", "Max", "Product", "Adasum", "Handle", "poll", "synchronize",
     "barrier", "join", "commit_step", "committed_steps", "version_vector",
+    "runtime_stats",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "allgather", "allgather_async", "grouped_allgather",

@@ -172,6 +172,14 @@ constexpr int kGlobalProcessSet = 0;
 // it (so a member waiting on the set is released to call it too); the
 // global set cannot be removed.
 int add_process_set(const std::vector<int>& ranks);
+// The same made by the set's members alone (ranks outside never call it),
+// in the same order on every member: torch's new_group on a subgroup's
+// members. A member that does not call it within `timeout_s` (<= 0: 300 s),
+// or calls it for other ranks, makes it fail on every member that did
+// (TimeoutError / InvalidArgument naming them). Only the members know the
+// set: remove_process_set on it is theirs alone too. Two such sets of the
+// same ranks are two sets.
+int add_process_set_of_members(const std::vector<int>& ranks, double timeout_s = 0);
 void remove_process_set(int process_set);
 std::vector<int> process_set_ids();              // 0 first, then the added sets
 std::vector<int> process_set_ranks(int process_set);
@@ -324,10 +332,22 @@ void stop_timeline();
 // Each valid request this rank negotiates is sent either in full or, when it
 // repeats the previous request of its name unchanged, as one response-cache
 // bit: the hit rate is cache_hits_sent / (requests_sent + cache_hits_sent).
+//
+// The version vector (the global set's) and, per rank, how many committed
+// steps it is behind the most advanced one; and the parameter stores' push
+// outcomes, summed over every store this process made (gyre/store.h; each
+// store's own are its stats()).
 struct RuntimeStats {
   std::uint64_t rounds = 0;           // negotiation rounds run
   std::uint64_t requests_sent = 0;    // requests sent in full
   std::uint64_t cache_hits_sent = 0;  // requests sent as a cache bit
+  std::vector<std::uint64_t> versions;  // version_vector()
+  std::vector<std::uint64_t> behind;    // max(versions) - versions[r]
+  std::int64_t store_pushes = 0;        // shard pushes by this process
+  std::int64_t store_pushes_applied = 0;
+  std::int64_t store_pushes_rejected = 0;
+  std::int64_t store_pushes_scaled = 0;  // applied with a factor below 1
+  std::int64_t store_max_lag = 0;        // largest lag among them
 };
 RuntimeStats runtime_stats();
 

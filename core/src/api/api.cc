@@ -11,6 +11,7 @@
 #include "api/point_to_point.h"
 #include "api/process_sets.h"
 #include "gyre/gyre.h"
+#include "store/store_totals.h"
 
 namespace gyre {
 
@@ -103,6 +104,11 @@ int add_process_set(const std::vector<int>& ranks) {
   std::lock_guard<std::mutex> lock(g_sets_change_mu);
   return core::add_process_set(*world, g_sets, ranks);
 }
+int add_process_set_of_members(const std::vector<int>& ranks, double timeout_s) {
+  auto world = runtime("add_process_set");
+  std::lock_guard<std::mutex> lock(g_sets_change_mu);
+  return core::add_process_set_of_members(*world, g_sets, ranks, timeout_s);
+}
 void remove_process_set(int process_set) {
   auto world = runtime("remove_process_set");
   std::lock_guard<std::mutex> lock(g_sets_change_mu);
@@ -138,7 +144,21 @@ void stop_timeline() { runtime("stop_timeline")->stop_timeline(); }
 
 RuntimeStats runtime_stats() {
   auto rt = runtime("runtime_stats");
-  return RuntimeStats{rt->rounds(), rt->requests_sent(), rt->cache_hits_sent()};
+  RuntimeStats st;
+  st.rounds = rt->rounds();
+  st.requests_sent = rt->requests_sent();
+  st.cache_hits_sent = rt->cache_hits_sent();
+  st.versions = rt->versions().snapshot();
+  const std::uint64_t top =
+      st.versions.empty() ? 0 : *std::max_element(st.versions.begin(), st.versions.end());
+  for (std::uint64_t v : st.versions) st.behind.push_back(top - v);
+  const core::StoreTotals& totals = core::store_totals();
+  st.store_pushes = totals.pushes.load();
+  st.store_pushes_applied = totals.applied.load();
+  st.store_pushes_rejected = totals.rejected.load();
+  st.store_pushes_scaled = totals.scaled.load();
+  st.store_max_lag = totals.max_lag.load();
+  return st;
 }
 
 void commit_step() { runtime("commit_step")->versions().commit(); }

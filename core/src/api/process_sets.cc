@@ -34,8 +34,10 @@ std::string describe(const std::int64_t* row, int n) {
 // Allgathers every rank's proposal [kind, id, membership of each rank] over
 // the world runtime and throws InvalidArgument on every rank when they are
 // not all the same, or any rank refused its own arguments (that rank throws
-// its own reason).
-void agree(Runtime& world, const char* call, Proposal kind, std::int64_t id,
+// its own reason). For an add, `id` is this rank's proposal for the new
+// set's id and may differ between ranks (a set of its members alone took
+// ids on some ranks only): the largest is returned, the same everywhere.
+std::int64_t agree(Runtime& world, const char* call, Proposal kind, std::int64_t id,
            const std::vector<int>& ranks, const std::string& local_error) {
   const int n = world.size();
   const std::size_t words = static_cast<std::size_t>(n) + 2;
@@ -58,6 +60,11 @@ void agree(Runtime& world, const char* call, Proposal kind, std::int64_t id,
   Handle h = submit(world, std::move(req), view, view);
   h.wait();
   if (!local_error.empty()) throw InvalidArgument(local_error);
+  // The column compared: all of a row but an add's proposed id.
+  auto same = [&](const std::int64_t* a, const std::int64_t* b) {
+    return a[0] == b[0] && (kind == kAdd || a[1] == b[1]) &&
+           std::equal(a + 2, a + words, b + 2);
+  };
 
   const auto* all = reinterpret_cast<const std::int64_t*>(h.output().data.data());
   if (h.output().data.size() != words * static_cast<std::size_t>(n) * sizeof(std::int64_t)) {
@@ -65,11 +72,13 @@ void agree(Runtime& world, const char* call, Proposal kind, std::int64_t id,
   }
   std::vector<std::string> lines;
   bool differ = false;
+  std::int64_t largest = id;
   for (int r = 0; r < n; ++r) {
     const std::int64_t* row = all + static_cast<std::size_t>(r) * words;
-    if (row[0] == kRefused || !std::equal(row, row + words, all)) differ = true;
+    if (row[0] == kRefused || !same(row, all)) differ = true;
+    largest = std::max(largest, row[1]);
   }
-  if (!differ) return;
+  if (!differ) return largest;
   for (int r = 0; r < n; ++r) {
     const std::int64_t* row = all + static_cast<std::size_t>(r) * words;
     lines.push_back(fmt::format("rank {} {}", r, describe(row, n)));
@@ -80,24 +89,45 @@ void agree(Runtime& world, const char* call, Proposal kind, std::int64_t id,
       call, fmt::join(lines, "; ")));
 }
 
+// Why `ranks` (sorted) cannot make a set of a job of `n` ranks; empty if
+// they can.
+std::string check_ranks(const char* call, const std::vector<int>& ranks, int n) {
+  if (ranks.empty()) return fmt::format("{}: the set has no ranks", call);
+  if (ranks.front() < 0 || ranks.back() >= n) {
+    return fmt::format("{}: ranks [{}] are not all ranks of this job (0 to {})", call,
+                       fmt::join(ranks, ", "), n - 1);
+  }
+  if (std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end()) {
+    return fmt::format("{}: ranks [{}] repeat a rank", call, fmt::join(ranks, ", "));
+  }
+  if (!transport::MpiWorld::instance().thread_multiple()) {
+    return fmt::format(
+        "{}: process sets need MPI at MPI_THREAD_MULTIPLE (each set's background thread calls "
+        "MPI beside the global one); this MPI offers less", call);
+  }
+  return {};
+}
+
+// The runtime of set `id` over `t`, with the world's options.
+std::shared_ptr<Runtime> set_runtime(Runtime& world, std::unique_ptr<transport::Transport> t,
+                                     int id) {
+  Options opt = world.options();
+  opt.timeline_path.clear();  // the world runtime owns the timeline file
+  RuntimeInfo info;
+  info.local_rank = world.local_rank();
+  info.process_set = id;
+  info.abort = [](int code) { transport::MpiWorld::instance().abort(code); };
+  return std::make_shared<Runtime>(opt, std::move(t), std::move(info));
+}
+
 }  // namespace
 
 int add_process_set(Runtime& world, ProcessSetTable& table, std::vector<int> ranks) {
   const int n = world.size();
   std::sort(ranks.begin(), ranks.end());
-  std::string error;
-  if (ranks.empty()) {
-    error = "add_process_set: the set has no ranks";
-  } else if (ranks.front() < 0 || ranks.back() >= n) {
-    error = fmt::format("add_process_set: ranks [{}] are not all ranks of this job (0 to {})",
-                        fmt::join(ranks, ", "), n - 1);
-  } else if (std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end()) {
-    error = fmt::format("add_process_set: ranks [{}] repeat a rank", fmt::join(ranks, ", "));
-  } else if (!transport::MpiWorld::instance().thread_multiple()) {
-    error = "add_process_set: process sets need MPI at MPI_THREAD_MULTIPLE (each set's "
-            "background thread calls MPI beside the global one); this MPI offers less";
-  }
-  agree(world, "add_process_set", kAdd, 0, ranks, error);
+  std::string error = check_ranks("add_process_set", ranks, n);
+  const std::int64_t id =
+      agree(world, "add_process_set", kAdd, table.next_id(), ranks, error);
   if (static_cast<int>(ranks.size()) == n) {
     throw InvalidArgument(fmt::format(
         "add_process_set: ranks [{}] are every rank: that is the global process set (id 0)",
@@ -108,19 +138,39 @@ int add_process_set(Runtime& world, ProcessSetTable& table, std::vector<int> ran
         "add_process_set: ranks [{}] are already process set {}", fmt::join(ranks, ", "),
         *existing));
   }
-  const int id = table.next_id();
   std::shared_ptr<Runtime> rt;
   auto& mpi = transport::MpiWorld::instance();
-  if (auto t = mpi.make_group_transport(ranks, group_tag(id))) {
-    Options opt = world.options();
-    opt.timeline_path.clear();  // the world runtime owns the timeline file
-    RuntimeInfo info;
-    info.local_rank = world.local_rank();
-    info.process_set = id;
-    info.abort = [](int code) { transport::MpiWorld::instance().abort(code); };
-    rt = std::make_shared<Runtime>(opt, std::move(t), std::move(info));
+  if (auto t = mpi.make_group_transport(ranks, group_tag(static_cast<int>(id)))) {
+    rt = set_runtime(world, std::move(t), static_cast<int>(id));
   }
-  return table.insert(std::move(ranks), std::move(rt));
+  return table.insert(static_cast<int>(id), std::move(ranks), std::move(rt));
+}
+
+int add_process_set_of_members(Runtime& world, ProcessSetTable& table, std::vector<int> ranks,
+                               double timeout_s) {
+  const int n = world.size();
+  std::sort(ranks.begin(), ranks.end());
+  // Checked here alone: a member with bad arguments never reaches the
+  // agreement, and the others fail it (TimeoutError naming this rank).
+  if (std::string error = check_ranks("add_process_set", ranks, n); !error.empty()) {
+    throw InvalidArgument(error);
+  }
+  if (!std::binary_search(ranks.begin(), ranks.end(), world.rank())) {
+    throw InvalidArgument(fmt::format(
+        "add_process_set(members only): rank {} is not in ranks [{}]; ranks outside the set "
+        "do not call it", world.rank(), fmt::join(ranks, ", ")));
+  }
+  if (static_cast<int>(ranks.size()) == n) {
+    throw InvalidArgument(fmt::format(
+        "add_process_set: ranks [{}] are every rank: that is the global process set (id 0)",
+        fmt::join(ranks, ", ")));
+  }
+  int id = table.next_id();
+  auto t = transport::MpiWorld::instance().make_members_transport(ranks, id, timeout_s);
+  // (A members-only set with the same ranks may exist: like torch's groups,
+  // two sets of the same ranks are two sets.)
+  auto rt = set_runtime(world, std::move(t), id);
+  return table.insert(id, std::move(ranks), std::move(rt), /*members_only=*/true);
 }
 
 void remove_process_set(Runtime& world, ProcessSetTable& table, int id) {
@@ -139,7 +189,14 @@ void remove_process_set(Runtime& world, ProcessSetTable& table, int id) {
   // rank waiting for that member in the agreement while the member waited
   // for this rank on the set, for ever.
   if (error.empty()) {
-    if (auto e = table.find(id); e && e->runtime) e->runtime->shutdown();
+    auto e = table.find(id);
+    if (e && e->runtime) e->runtime->shutdown();
+    if (e && e->members_only) {
+      // Known to its members alone: no agreement over the world. The
+      // shutdown above stops the set on every member in its next round.
+      if (auto rt = table.erase(id)) rt->shutdown();
+      return;
+    }
   }
   agree(world, "remove_process_set", kRemove, id, {}, error);
   if (auto rt = table.erase(id)) rt->shutdown();  // stopped already: joins nothing

@@ -21,7 +21,16 @@ namespace gyre::core {
 // when MPI does not run at MPI_THREAD_MULTIPLE (a set's background thread
 // calls MPI beside the world's).
 int add_process_set(Runtime& world, ProcessSetTable& table, std::vector<int> ranks);
-// Removes set `id`: its runtime stops on its members (pending operations
+// Registers the set of world `ranks` on its members alone (ranks outside
+// never call it; torch's new_group on a subgroup's members): the members
+// agree point to point first, bounded by `timeout_s` (<= 0: 300 s), so a
+// member that never calls, or calls for other ranks, fails the call on every
+// member that did. Returns the id the members agreed. InvalidArgument here
+// alone for bad ranks, this rank not among them, or every rank.
+int add_process_set_of_members(Runtime& world, ProcessSetTable& table, std::vector<int> ranks,
+                               double timeout_s);
+// Removes set `id` (a set of its members: on its members alone, with no
+// agreement over the world): its runtime stops on its members (pending operations
 // fail with StateError), on all of them as soon as one member calls this,
 // so a member still waiting on the set is released to call it too. Then
 // the agreement: InvalidArgument on every rank for id 0, an unknown id, or

@@ -42,10 +42,11 @@ std::optional<ProcessSetEntry> ProcessSetTable::find(int id) const {
   return it->second;
 }
 
-std::optional<int> ProcessSetTable::find_ranks(const std::vector<int>& ranks) const {
+std::optional<int> ProcessSetTable::find_ranks(const std::vector<int>& ranks,
+                                               bool members_only) const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [id, e] : sets_) {
-    if (e.ranks == ranks) return id;
+    if (e.ranks == ranks && e.members_only == members_only) return id;
   }
   return std::nullopt;
 }
@@ -62,10 +63,14 @@ int ProcessSetTable::next_id() const {
   return next_id_;
 }
 
-int ProcessSetTable::insert(std::vector<int> ranks, std::shared_ptr<Runtime> runtime) {
+int ProcessSetTable::insert(int id, std::vector<int> ranks, std::shared_ptr<Runtime> runtime,
+                            bool members_only) {
   std::lock_guard<std::mutex> lock(mu_);
-  const int id = next_id_++;
-  sets_[id] = ProcessSetEntry{id, std::move(ranks), std::move(runtime)};
+  if (id < next_id_ || sets_.count(id)) {
+    throw StateError(fmt::format("process set id {} is taken here (next free: {})", id, next_id_));
+  }
+  next_id_ = id + 1;
+  sets_[id] = ProcessSetEntry{id, std::move(ranks), std::move(runtime), members_only};
   return id;
 }
 

@@ -8,10 +8,14 @@
 // collectives on different sets never wait for each other. Id 0, the global
 // set, is the world runtime and is not in the table.
 //
-// Every rank holds the same table: sets are added and removed by calls that
-// every rank makes in the same order, agreed over the world runtime first
-// (api/process_sets.cc), and ids are handed out in that order. Ids are never
-// reused within a process.
+// Two kinds of set (api/process_sets.cc). A set of the job is added and
+// removed by calls that every rank makes in the same order, agreed over the
+// world runtime first: every rank holds it (ranks outside with no runtime).
+// A set of its members (torch's new_group on some ranks only) is made and
+// removed by its members alone: only they hold it. Either way the ranks that
+// hold a set agree on its id, the largest of their next_id() proposals, so
+// ids stay the same wherever a set is known. Ids are never reused within a
+// process.
 //
 // Threads: any user thread; mu_ guards everything.
 #pragma once
@@ -31,6 +35,7 @@ struct ProcessSetEntry {
   int id = 0;
   std::vector<int> ranks;            // world ranks, sorted
   std::shared_ptr<Runtime> runtime;  // null on ranks outside the set
+  bool members_only = false;         // made and removed by its members alone
 };
 
 class ProcessSetTable {
@@ -40,12 +45,14 @@ class ProcessSetTable {
   // rank is not in it, StateError when a rebuild dropped the set.
   std::shared_ptr<Runtime> runtime_of(const char* call, int id, int rank) const;
   std::optional<ProcessSetEntry> find(int id) const;
-  // The id of a registered set with exactly these ranks.
-  std::optional<int> find_ranks(const std::vector<int>& ranks) const;
+  // The id of a registered set of the given kind with exactly these ranks.
+  std::optional<int> find_ranks(const std::vector<int>& ranks, bool members_only = false) const;
   std::vector<int> ids() const;
   int next_id() const;
-  // Registers `e` under next_id() (which then advances); returns its id.
-  int insert(std::vector<int> ranks, std::shared_ptr<Runtime> runtime);
+  // Registers a set under `id` (agreed: at least next_id(), which then
+  // passes it); returns `id`.
+  int insert(int id, std::vector<int> ranks, std::shared_ptr<Runtime> runtime,
+             bool members_only = false);
   // Removes set `id`; returns its runtime (null on non-members) for the
   // caller to shut down outside the lock.
   std::shared_ptr<Runtime> erase(int id);

@@ -354,6 +354,18 @@ std::string Runtime::phase() const {
                      phase_.first);
 }
 
+void Runtime::record_versions() {
+  std::vector<std::uint64_t> v = vv_.snapshot();
+  if (v == timeline_versions_) return;
+  const std::uint64_t top = v.empty() ? 0 : *std::max_element(v.begin(), v.end());
+  std::vector<std::pair<std::string, double>> lags;
+  for (std::size_t r = 0; r < v.size(); ++r) {
+    lags.emplace_back(fmt::format("rank {}", r), static_cast<double>(top - v[r]));
+  }
+  timeline_.counter("VERSION_LAG", Clock::now(), lags);
+  timeline_versions_ = std::move(v);
+}
+
 bool Runtime::round() {
   const std::uint64_t round_no = rounds_.load();
   if (timeline_.active()) timeline_.mark_cycle(Clock::now());
@@ -365,6 +377,7 @@ bool Runtime::round() {
   flags.stall_failures.swap(stall_failures_);
   Agreement agreed = negotiator_.round(queue_.drain_new(), std::move(flags));
   rounds_.fetch_add(1);
+  if (timeline_.active()) record_versions();
   last_round_idle_ = agreed.idle && queue_.size() == 0;
   last_round_ran_ = !agreed.responses.empty();
   for (Response& resp : agreed.responses) {

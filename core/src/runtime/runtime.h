@@ -143,6 +143,8 @@ class Runtime {
   // any rank's option is out of range (see runtime.cc and options_table.h).
   void agree_at_start(ErrorKind failure_kind, const std::string& failure);
   bool round();  // false: leave the loop
+  // A VERSION_LAG counter event when the version vector changed (timeline on).
+  void record_versions();
   void fail_all(ErrorKind kind, const std::string& why);
   void fatal(const std::exception& e);
 
@@ -153,6 +155,8 @@ class Runtime {
   Logger log_;
   TensorQueue queue_;
   VersionVector vv_;
+  // The version vector the timeline last recorded (background thread).
+  std::vector<std::uint64_t> timeline_versions_;
   Negotiator negotiator_;
   StallInspector stall_;
   Timeline timeline_;

@@ -189,4 +189,17 @@ void Timeline::mark_cycle(Clock::time_point t) {
                      micros(t), rank_));
 }
 
+void Timeline::counter(std::string_view name, Clock::time_point t,
+                       const std::vector<std::pair<std::string, double>>& series) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!file_ || t < origin_) return;
+  std::string args;
+  for (const auto& [k, v] : series) {
+    if (!args.empty()) args += ',';
+    args += fmt::format(R"("{}":{})", json_escape(k), v);
+  }
+  append(fmt::format(R"({{"name":"{}","cat":"gyre","ph":"C","ts":{},"pid":{},"args":{{{}}}}})",
+                     json_escape(name), micros(t), rank_, args));
+}
+
 }  // namespace gyre::core

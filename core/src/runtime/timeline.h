@@ -10,7 +10,9 @@
 // tid (named by an "M" metadata event), so slices of one tensor never
 // overlap on a track. A slice that began before the recording started is
 // cut at its start; one that ended before it is left out. With mark_cycles,
-// each negotiation round is an instant ("i") event CYCLE_START. The file is
+// each negotiation round is an instant ("i") event CYCLE_START. A round
+// that changes the version vector adds a counter ("C") event VERSION_LAG:
+// per rank, how many committed steps it is behind the most advanced rank. The file is
 // valid JSON after every event: the closing "]}" is written after each
 // event and overwritten by the next one.
 //
@@ -27,6 +29,8 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <vector>
+#include <utility>
 #include <string_view>
 #include <unordered_map>
 
@@ -64,6 +68,10 @@ class Timeline {
              Clock::time_point end, std::string_view args_json = {});
   // An instant CYCLE_START event at `t`, when recording with mark_cycles.
   void mark_cycle(Clock::time_point t);
+  // A counter ("C") event `name` at `t` with one series per value (Perfetto
+  // draws each as a line): the version vector's lags.
+  void counter(std::string_view name, Clock::time_point t,
+               const std::vector<std::pair<std::string, double>>& series);
   // Events written to the current (or last) file.
   int events() const;
   // Bytes of the current (or last) file.

@@ -34,6 +34,7 @@
 #include "runtime/logging.h"
 #include "store/placement.h"
 #include "store/shard.h"
+#include "store/store_totals.h"
 
 namespace gyre {
 
@@ -154,6 +155,7 @@ struct ParameterStore::Impl {
   }
 
   void note_push(const PushOutcome& o) {
+    core::store_totals().note(o.applied, o.applied && o.factor != 1.0, o.lag);
     ++pushes;
     if (o.applied) {
       ++applied;

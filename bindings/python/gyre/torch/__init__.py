@@ -27,6 +27,7 @@ from .functions import broadcast_optimizer_state, broadcast_parameters, sparse_a
 from .optimizer import DistributedOptimizer
 from .async_optimizer import AsyncOptimizer
 from .local_sgd import LocalSGD
+from .partial_local_sgd import PartialLocalSGD
 from .sync_batch_norm import SyncBatchNorm
 from . import elastic  # noqa: E402 (Horovod's hvd.elastic)
 
@@ -42,6 +43,7 @@ def _check_torch_version():
 _check_torch_version()
 
 __all__ = list(_gyre_all) + [
-    "DistributedOptimizer", "AsyncOptimizer", "LocalSGD", "broadcast_parameters", "broadcast_optimizer_state",
+    "DistributedOptimizer", "AsyncOptimizer", "LocalSGD", "PartialLocalSGD",
+    "broadcast_parameters", "broadcast_optimizer_state",
     "sparse_allreduce_async", "SyncBatchNorm", "check_consistency", "resync", "elastic",
 ]

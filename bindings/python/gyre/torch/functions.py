@@ -1,5 +1,7 @@
 """Broadcasting a model's parameters and an optimizer's state from one rank."""
 
+import math
+
 import torch
 
 from gyre import ops
@@ -174,12 +176,15 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=glob
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
-    """Horovod's allreduce of a sparse COO tensor: every rank's indices and
-    values are allgathered ("<name>.indices", "<name>.values"), values
-    divided by the number of ranks for Average. Returns a callable (as
-    Horovod does) that waits and returns the reduced sparse tensor;
-    ``synchronize()`` takes it too. Duplicate indices are left uncoalesced
-    (they add up when used, as in Horovod)."""
+    """Horovod's allreduce of a sparse COO tensor: every rank's non-zeros
+    are allgathered in one operation named `name` (each row: the indices,
+    then the values' bytes), values divided by the number of ranks for
+    Average. Returns a callable (as Horovod does) that waits and returns the
+    reduced sparse tensor; ``synchronize()`` takes it too. Duplicate indices
+    are left uncoalesced (they add up when used, as in Horovod). One
+    operation, so a rank that reduces the same name dense fails with the
+    others in one round (MismatchError) rather than leaving a second
+    operation waiting."""
     check_process_set(process_set, "sparse_allreduce_async")
     if not (isinstance(tensor, torch.Tensor) and tensor.is_sparse):
         raise InvalidTypeError(f"sparse_allreduce_async: '{name}' is not a sparse torch tensor")
@@ -188,16 +193,27 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
         raise InvalidArgumentError(
             f"sparse_allreduce_async: '{name}': op {op.name}: only Sum and Average are defined "
             "for sparse tensors (gathered indices and values)")
-    # Allgather concatenates along the first dimension: indices travel
-    # transposed, one row per non-zero.
-    indices = ops.allgather_async(tensor._indices().t().contiguous(), name=f"{name}.indices",
-                                  process_set=process_set)
-    values = ops.allgather_async(tensor._values().contiguous(), name=f"{name}.values",
-                                 process_set=process_set)
+    # Allgather concatenates along the first dimension: one row per non-zero,
+    # its indices (int64) and its values, as bytes.
+    sd = tensor.sparse_dim()
+    nnz = tensor._nnz()
+    dense_shape = tuple(tensor.shape[sd:])
+    # (Copied into fresh dense tensors: .contiguous() may keep a size-1
+    # dimension's odd stride, which view(torch.uint8) refuses.)
+    idx = torch.empty((nnz, sd), dtype=torch.int64).copy_(tensor._indices().t())
+    width = math.prod(dense_shape)
+    val = torch.empty((nnz, width), dtype=tensor.dtype).copy_(tensor._values().reshape(nnz, width))
+    idx_bytes = idx.view(torch.uint8).reshape(nnz, sd * 8)
+    val_bytes = val.view(torch.uint8).reshape(nnz, width * val.element_size())
+    rows = torch.cat([idx_bytes, val_bytes], dim=1)
+    handle = ops.allgather_async(rows, name=name, process_set=process_set)
+    dtype = tensor.dtype
 
     def wait():
-        vals = ops.synchronize(values)
-        idx = ops.synchronize(indices)
+        out = ops.synchronize(handle)
+        total = out.shape[0]
+        idx = out[:, :sd * 8].contiguous().view(torch.int64).reshape(total, sd)
+        vals = out[:, sd * 8:].contiguous().view(dtype).reshape(total, *dense_shape)
         if op == ops.Average:
             vals = vals / (ops.size() if process_set is None or process_set is global_process_set
                            else process_set.size())

@@ -74,6 +74,10 @@ class _DistributedOptimizerMixin:
         # Gradients reduced by a synchronize() that failed on others: the
         # next synchronize() leaves them alone (see the module doc).
         self._gyre_reduced = set()
+        # Parameters whose gradient was sparse here (kept sparse, not
+        # sparse_as_dense): a step where one has no gradient sends an empty
+        # sparse one, so every rank makes the same allgathers.
+        self._gyre_sparse = {}  # param -> its sparse gradients' sparse_dim
         # The last synchronize() failed and its gradients are not all reduced.
         self._gyre_failed = False
         self._gyre_synchronized = False
@@ -191,7 +195,12 @@ class _DistributedOptimizerMixin:
         if grad.is_sparse:
             if not self._gyre_sparse_as_dense:
                 # Horovod's sparse path: indices and values gathered; the
-                # reduced sparse tensor replaces p.grad in _gyre_finish.
+                # reduced sparse tensor replaces p.grad in _gyre_finish. One
+                # allgather with the dense allreduce's name: a rank that sends
+                # this parameter dense (it never had a sparse gradient for it)
+                # then fails with the others in one round (MismatchError)
+                # instead of each waiting for the other's.
+                self._gyre_sparse[p] = grad.sparse_dim()
                 wait = sparse_allreduce_async(grad, f"DistributedOptimizer.{self._gyre_names[p]}",
                                               self._gyre_op, self._gyre_process_set)
                 self._gyre_handles[p] = (wait, None, _SPARSE)
@@ -263,7 +272,13 @@ class _DistributedOptimizerMixin:
             for p in self._gyre_names:
                 if p in self._gyre_handles or p in self._gyre_reduced or not p.requires_grad:
                     continue
-                if p.grad is None:
+                if p.grad is None and p in self._gyre_sparse:
+                    sd = self._gyre_sparse[p]
+                    p.grad = torch.sparse_coo_tensor(
+                        torch.empty((sd, 0), dtype=torch.int64),
+                        torch.empty((0, *p.shape[sd:]), dtype=p.dtype), p.shape,
+                        check_invariants=True)
+                elif p.grad is None:
                     p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
                 try:
                     self._gyre_enqueue(p)

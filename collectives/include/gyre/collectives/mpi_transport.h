@@ -122,6 +122,16 @@ class MpiWorld {
   // all pass the same ranks and `tag`. nullptr when this rank is not among
   // them (and then nothing is called). A process set's transport.
   std::unique_ptr<Transport> make_group_transport(const std::vector<int>& ranks, int tag);
+  // A transport among `ranks` (world ranks, sorted, without duplicates,
+  // this rank among them) made by those ranks alone: ranks outside never
+  // call it (collectives/transport/mpi_members.cc). The members first agree
+  // point to point, bounded by `timeout_s` (<= 0: 300 s): a member that does
+  // not call within it, or calls for other ranks, makes the call fail on
+  // every member that did (TimeoutError / InvalidArgument naming them). `id`
+  // is this rank's proposal for the set's id and becomes the largest of the
+  // members' proposals, the same on all of them.
+  std::unique_ptr<Transport> make_members_transport(const std::vector<int>& ranks, int& id,
+                                                    double timeout_s);
   // MPI runs at MPI_THREAD_MULTIPLE: several threads may call it at once
   // (a process set's background thread beside the global one).
   bool thread_multiple() const { return thread_multiple_; }

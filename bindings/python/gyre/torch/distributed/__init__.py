@@ -41,25 +41,29 @@ _groups_created = {}
 def _create_process_group(opts: Any, backend_options: Any = None) -> GyreProcessGroup:
     """torch's creator for the gyre backend (the default group and new_group),
     called on the group's members only (torch's extended API, which gives the
-    group's world ranks). A subgroup runs on the gyre process set of its
-    ranks, which new_group (wrapped below) registered on every rank first."""
+    group's world ranks). A subgroup runs on a gyre process set of its ranks
+    made by its members alone (torch calls new_group on a parent group's
+    members only, e.g. new_subgroups(group=...)), shared by the torch groups
+    of the same ranks while they live."""
     del backend_options  # gyre negotiates by itself; the timeout comes in opts
     rank, size = opts.group_rank, opts.group_size
     ranks = sorted(int(r) for r in (opts.global_ranks_in_group or []))
     _launch.check_launch(store=getattr(opts, "store", None))
+    timeout = getattr(opts, "timeout", None)
     process_set = gyre.global_process_set
     if ranks and ranks != list(range(gyre.size())):
-        process_set = _subgroup_sets.get(tuple(ranks))
-        if process_set is None:
-            raise ValueError(
-                f"the gyre backend: no gyre process set for the group of ranks {ranks}: create "
-                f"subgroups with dist.new_group (or new_subgroups) on every rank, after "
-                f"`import gyre.torch.distributed`")
+        key = tuple(ranks)
+        process_set = _subgroup_sets.get(key)
+        if process_set is None or process_set.process_set_id is None:
+            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else None
+            process_set = gyre.add_process_set(list(ranks), members_only=True,
+                                               timeout=seconds if seconds and seconds > 0 else None)
+            _subgroup_sets[key] = process_set
         if size != len(ranks) or rank != process_set.rank():
             raise ValueError(
                 f"the gyre backend: torch gave this process rank {rank} of {size} in the group "
                 f"of ranks {ranks}; gyre has it as rank {process_set.rank()} of {len(ranks)}")
-        _live_groups[tuple(ranks)] = _live_groups.get(tuple(ranks), 0) + 1
+        _live_groups[key] = _live_groups.get(key, 0) + 1
     else:
         why = _launch.default_world(rank, size)
         if why is not None:
@@ -77,45 +81,21 @@ def _create_process_group(opts: Any, backend_options: Any = None) -> GyreProcess
     # member after it, with TimeoutError, decided by the set's rank 0 (a
     # member). Registered on every member; GYRE_STALL_SHUTDOWN_S stays the
     # upper bound.
-    timeout = getattr(opts, "timeout", None)
     if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
         _gyre.set_operation_timeout(sid, f"torch.{tag}.", timeout.total_seconds())
     return GyreProcessGroup(rank, size, tag, process_set, index=seq)
 
 
-# World ranks -> the gyre ProcessSet registered for torch subgroups of them
-# (one per distinct set of ranks), in the order they were registered: the
-# same on every rank.
+# World ranks -> the gyre ProcessSet (of its members) that torch subgroups
+# of those ranks run on, on their members.
 _subgroup_sets = {}
-# World ranks -> how many torch groups of this rank run on that set (members
-# only; destroy_process_group(group) counts down).
+# World ranks -> how many torch groups of this rank run on that set
+# (destroy_process_group(group) counts down; at zero the set goes).
 _live_groups = {}
-_sweeps = [0]
-
-
-def _sweep_released_sets() -> None:
-    """Removes the gyre process sets whose torch groups every member has
-    destroyed. Collective over every rank (gyre removes a set on every rank,
-    while torch's destroy_process_group(group) runs on the group's members
-    only): called where torch's API is collective too, new_group and
-    destroy_process_group() of everything. One allreduce (MIN) of a flag per
-    set agrees on which sets are free everywhere."""
-    keys = list(_subgroup_sets)
-    if not keys or not gyre.is_initialized():
-        return
-    import torch  # noqa: PLC0415 - torch is loaded by now (torch.distributed)
-    from gyre.ops import ReduceOp  # noqa: PLC0415
-    free = torch.tensor([0 if _live_groups.get(k, 0) > 0 else 1 for k in keys],
-                        dtype=torch.int32)
-    _sweeps[0] += 1
-    _gyre.allreduce(f"gyre.torch.distributed.sweep.{_sweeps[0]}", free, None,
-                    int(ReduceOp.MIN), 1.0, 1.0, "", process_set=0).wait()
-    for key, flag in zip(keys, free.tolist()):
-        if flag:
-            _remove_set(key)
 
 
 def _remove_set(key: Any) -> None:
+    """Removes the set of a torch group's ranks, on its members alone."""
     ps = _subgroup_sets.pop(key)
     _live_groups.pop(key, None)
     if ps.process_set_id is not None and gyre.is_initialized():
@@ -124,68 +104,35 @@ def _remove_set(key: Any) -> None:
 
 def _wrap_destroy_process_group(destroy: Any) -> Any:
     """dist.destroy_process_group, releasing gyre's process sets:
-    destroy_process_group(group) on a member counts the group's set down
-    (the set goes at the next new_group or destroy_process_group(), once
-    every member has destroyed its groups on it: a non-member's call passes
-    NON_GROUP_MEMBER, which names no group); destroy_process_group() of
-    everything, collective in torch, removes every set gyre registered for
-    torch groups."""
+    destroy_process_group(group) on a member counts the group's set down and
+    removes it when no torch group of this rank runs on it (the set is its
+    members' alone, so they remove it alone: its runtime stops on every
+    member); destroy_process_group() of everything removes every set made
+    for torch groups."""
     if getattr(destroy, "_gyre_wrapped", False):
         return destroy
 
     def wrapped(group: Any = None) -> Any:
         whole = group is None or group is dist.GroupMember.WORLD
+        key = None
         if not whole and isinstance(group, dist.ProcessGroup):  # NON_GROUP_MEMBER: nothing
             try:
                 key = tuple(sorted(int(r) for r in dist.get_process_group_ranks(group)))
             except (RuntimeError, ValueError):
                 key = None  # not a group torch knows: torch's own call says so
-            if key in _subgroup_sets and _live_groups.get(key, 0) > 0:
-                _live_groups[key] -= 1
         result = destroy(group)
-        if whole:
-            for key in list(_subgroup_sets):
+        if key in _subgroup_sets and _live_groups.get(key, 0) > 0:
+            _live_groups[key] -= 1
+            if _live_groups[key] == 0:
                 _remove_set(key)
+        if whole:
+            for k in list(_subgroup_sets):
+                _remove_set(k)
         return result
 
     wrapped._gyre_wrapped = True  # type: ignore[attr-defined]
     wrapped.__wrapped__ = destroy  # type: ignore[attr-defined]
     wrapped.__doc__ = destroy.__doc__
-    return wrapped
-
-
-def _uses_gyre(backend: Any) -> bool:
-    if backend is None:
-        try:
-            return dist.is_initialized() and str(dist.get_backend()).lower() == "gyre"
-        except (RuntimeError, ValueError):
-            return False
-    return str(backend).lower() == "gyre"
-
-
-def _wrap_new_group(new_group: Any) -> Any:
-    """dist.new_group, registering the gyre process set of `ranks` on every
-    rank first: torch calls the backend's creator on the members only, while
-    registering a process set is collective over every rank (new_group is
-    collective in torch too)."""
-    if getattr(new_group, "_gyre_wrapped", False):
-        return new_group
-
-    def wrapped(ranks: Any = None, *args: Any, **kwargs: Any) -> Any:
-        backend = kwargs.get("backend", args[1] if len(args) > 1 else None)
-        if _uses_gyre(backend) and gyre.is_initialized():
-            _sweep_released_sets()
-        if ranks is not None and _uses_gyre(backend) and gyre.is_initialized():
-            key = tuple(sorted(int(r) for r in ranks))
-            if key and key != tuple(range(gyre.size())):
-                ps = _subgroup_sets.get(key)
-                if ps is None or ps.process_set_id is None:
-                    _subgroup_sets[key] = gyre.add_process_set(list(key))
-        return new_group(ranks, *args, **kwargs)
-
-    wrapped._gyre_wrapped = True  # type: ignore[attr-defined]
-    wrapped.__wrapped__ = new_group  # type: ignore[attr-defined]
-    wrapped.__doc__ = new_group.__doc__
     return wrapped
 
 
@@ -203,9 +150,6 @@ def _register() -> None:
     wrapped = _launch.wrap_init_process_group(_c10d.init_process_group)
     _c10d.init_process_group = wrapped
     dist.init_process_group = wrapped
-    # new_subgroups and friends call the module's new_group: patch it there too.
-    _c10d.new_group = _wrap_new_group(_c10d.new_group)
-    dist.new_group = _c10d.new_group
     _c10d.destroy_process_group = _wrap_destroy_process_group(_c10d.destroy_process_group)
     dist.destroy_process_group = _c10d.destroy_process_group
 

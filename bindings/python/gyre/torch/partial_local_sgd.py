@@ -1,0 +1,403 @@
+"""Local SGD with partial participation: rounds that do not wait for late
+ranks, through the versioned parameter store (gyre.ps).
+
+    opt = gyre.torch.PartialLocalSGD(torch.optim.AdamW(model.parameters()), model, period=16,
+                                     late_after_s=2.0, max_staleness=1)
+    for x, y in data:
+        opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
+    opt.close()                                  # collective: the final model everywhere
+
+The synchronised model (parameters and float buffers, one flat float32
+tensor) lives in a ParameterStore; its version counts the closed rounds. A
+rank's round, every ``period`` steps: it posts its contribution (the
+pseudo-gradient synced - local, its buffers, and the version it started
+from) into a mailbox of its own in the store, waits until a round after
+that version has closed, pulls the model and continues from it. No
+collective: nobody waits for a particular rank.
+
+The first rank of the set runs the aggregator on a thread of its own (so its
+own training pace does not matter): a round closes when every rank still
+training has a contribution posted, or ``late_after_s`` seconds after the
+first contribution made from the current version, whichever comes first.
+Contributions from the current version are on time. One from an older
+version (its rank was late for the round it started for) has a lag: the
+number of rounds closed since its version. Lag <= ``max_staleness``: it is
+merged into the round closing now, with the on-time ones; otherwise it is
+rejected: a warning names the rank and the rounds, the rank's ``rejected``
+counter counts it, and the rank goes on from the current model like every
+other rank (it always pulls after a round). The round's update: the mean of
+the merged pseudo-gradients, stepped by the outer optimizer (default plain
+averaging; any torch optimizer, momentum included: it runs on the
+aggregator only, so its state is one copy), and the mean of their buffers.
+
+``merged_rounds()`` says, for each rank, the round its latest merged
+contribution went into. The model's round is the commit count: adopting
+round k after round j calls ``gyre.commit_step()`` k - j times, so each
+rank's entry in ``gyre.version_vector()`` is the round it holds (plus the
+commits made before construction). Ranks at different rounds therefore
+differ in committed steps: a collective between them during training fails
+with DivergenceError unless ``GYRE_MAX_VERSION_LAG`` allows the difference;
+after close() every rank holds the final round. Waits are bounded by ``timeout_s`` (a TimeoutError
+naming what did not come), and an error on the aggregator's thread is
+raised by every rank's next wait (it is published in the store).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+import gyre
+from gyre.torch._wrapper import OptimizerWrapper
+from gyre.basics import check_process_set
+from gyre.exceptions import InvalidArgumentError
+from gyre.ps import ParameterStore
+
+__all__ = ["PartialLocalSGD"]
+
+log = logging.getLogger("gyre.torch.local_sgd")
+
+_PREFIX = "gyre.partial_local_sgd"
+
+
+class PartialLocalSGD(OptimizerWrapper):
+    """Local SGD whose rounds close without late ranks; see the module
+    docstring. Construction and close() are collective."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, period: int,
+                 late_after_s: float, max_staleness: int = 1,
+                 outer_optimizer: Optional[Callable[[List[torch.Tensor]], torch.optim.Optimizer]] = None,
+                 process_set: Any = None, timeout_s: Optional[float] = None) -> None:
+        if period < 1:
+            raise InvalidArgumentError(f"PartialLocalSGD: period must be >= 1, got {period}")
+        if not late_after_s >= 0:
+            raise InvalidArgumentError(f"PartialLocalSGD: late_after_s must be >= 0, got {late_after_s}")
+        if max_staleness < 0:
+            raise InvalidArgumentError(
+                f"PartialLocalSGD: max_staleness must be >= 0, got {max_staleness}")
+        sid = check_process_set(process_set, "PartialLocalSGD")
+        self.optimizer = optimizer
+        self.model = model
+        self.period = period
+        self.late_after_s = float(late_after_s)
+        self.max_staleness = max_staleness
+        if timeout_s is None:
+            timeout_s = float(os.environ.get("GYRE_STALL_SHUTDOWN_S", "600") or 0) or 600.0
+        self.timeout_s = float(timeout_s)
+        self._ranks = list(process_set.ranks) if sid else list(range(gyre.size()))
+        self._n = len(self._ranks)
+        self._me = self._ranks.index(gyre.rank())
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._buffers = [b for b in model.buffers() if b.dtype.is_floating_point]
+        self._np = sum(p.numel() for p in self._params)
+        self._nb = sum(b.numel() for b in self._buffers)
+        n = self._n
+        self.store = ParameterStore(process_set, timeout_s=timeout_s)
+        self.store.register(f"{_PREFIX}.model", self._flat_local())
+        for i in range(n):
+            self.store.register(f"{_PREFIX}.slot.{i}", torch.zeros(self._np + self._nb + 1))
+        # posted: per rank, contributions posted, the version each was made
+        # from, and 1 once the rank has stopped training.
+        self.store.register(f"{_PREFIX}.posted", torch.zeros(3 * n, dtype=torch.int64))
+        # meta (written by the aggregator only): rounds closed, 1 once it has
+        # finished, 1 if it failed, then per rank: contributions consumed,
+        # the round of its latest merged one, merged late, rejected.
+        self.store.register(f"{_PREFIX}.meta", torch.zeros(3 + 4 * n, dtype=torch.int64))
+        self._posted = torch.zeros(3 * n, dtype=torch.int64)  # this rank's part of it
+        self._shards: Dict[str, int] = {}
+        self._final_meta: Optional[torch.Tensor] = None
+        self.local_step = 0
+        self.version = 0            # the round of the model this rank works from
+        self.rounds_late = 0        # rounds this rank arrived at after they had closed
+        self._seen_rejected = 0
+        self._synced = torch.empty(self._np)
+        self._adopt(self._pull_model())
+        self._aggregator: Optional[_Aggregator] = None
+        if self._me == 0:
+            make = outer_optimizer or functools.partial(torch.optim.SGD, lr=1.0)
+            self._aggregator = _Aggregator(self, make)
+            self._aggregator.start()
+
+    # -- the optimizer's interface ---------------------------------------------
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"inner": self.optimizer.state_dict(), "local_step": self.local_step}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["inner"])
+        self.local_step = state["local_step"]
+
+    def step(self, closure: Any = None) -> Any:
+        loss = self.optimizer.step(closure)
+        self.local_step += 1
+        if self.local_step % self.period == 0:
+            self.round()
+        return loss
+
+    def round(self) -> None:
+        """Posts this rank's contribution, waits for the round after its
+        version to close (at most late_after_s after the first on-time
+        contribution, plus the aggregator's work), and continues from the
+        model it pulls."""
+        me, n = self._me, self._n
+        posted = int(self._posted[me])
+        # The mailbox is free once the aggregator has consumed the last one.
+        self._wait(lambda m: m[3 + me] >= posted, "its previous contribution to be consumed")
+        with torch.no_grad():
+            pseudo = self._synced - torch.cat([p.detach().reshape(-1).float() for p in self._params])
+            contribution = torch.cat([pseudo, self._flat_buffers(), torch.tensor([float(self.version + 1)])])
+        self._add(f"{_PREFIX}.slot.{me}", contribution)  # into an empty mailbox: exact
+        delta = torch.zeros(3 * n, dtype=torch.int64)
+        delta[me] = 1
+        delta[n + me] = self.version - int(self._posted[n + me])
+        self._add(f"{_PREFIX}.posted", delta)
+        self._posted += delta
+        base = self.version
+        meta = self._wait(lambda m: m[0] > base, f"round {base + 1} to close")
+        if meta[3 + n + me] != base + 1:  # round base + 1 closed without this contribution
+            self.rounds_late += 1
+            log.info("PartialLocalSGD: rank %d is late: %d round(s) closed since round %d, which its "
+                     "contribution started from; it goes into a later one or is rejected",
+                     gyre.rank(), int(meta[0]) - base, base)
+        self._adopt(self._pull_model())
+        self._check_rejections(self._meta())
+
+    def close(self) -> None:
+        """Collective: tells the aggregator this rank has stopped, waits for
+        it to finish (it closes a last round with what was posted), takes
+        the final model, and closes the store."""
+        delta = torch.zeros(3 * self._n, dtype=torch.int64)
+        delta[2 * self._n + self._me] = 1
+        self._add(f"{_PREFIX}.posted", delta)
+        try:
+            meta = self._wait(lambda m: m[1] == 1, "the aggregator to finish")
+            self._adopt(self._pull_model())
+            self._check_rejections(meta)
+            self._final_meta = meta
+        finally:
+            if self._aggregator is not None:
+                self._aggregator.join(self.timeout_s)
+            self.store.close()
+
+    # -- what the aggregator has published -----------------------------------------
+
+    def merged_rounds(self) -> List[int]:
+        """Per rank of the set: the round its latest merged contribution
+        went into (0: none yet), as the store holds it now."""
+        m = self._meta()
+        return [int(x) for x in m[3 + self._n:3 + 2 * self._n]]
+
+    def counters(self) -> Dict[str, Any]:
+        """This rank's view: rounds closed, this rank's contributions
+        merged late and rejected, its rounds arrived late; and per rank
+        (lists) the same merged-late and rejected counts."""
+        m, n = self._meta(), self._n
+        late = [int(x) for x in m[3 + 2 * n:3 + 3 * n]]
+        rejected = [int(x) for x in m[3 + 3 * n:3 + 4 * n]]
+        return {"rounds": int(m[0]), "merged_late": late[self._me], "rejected": rejected[self._me],
+                "rounds_late": self.rounds_late, "merged_late_by_rank": late,
+                "rejected_by_rank": rejected}
+
+    def round_history(self) -> List[Dict[str, Any]]:
+        """On the aggregator's rank: every closed round (its number, the
+        ranks merged on time, merged late, rejected); elsewhere empty."""
+        return list(self._aggregator.history) if self._aggregator else []
+
+    # -- internals -----------------------------------------------------------------
+
+    def _flat_local(self) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1).float() for p in self._params] + [self._flat_buffers()])
+
+    def _flat_buffers(self) -> torch.Tensor:
+        if not self._buffers:
+            return torch.zeros(0)
+        return torch.cat([b.detach().reshape(-1).float() for b in self._buffers])
+
+    def _add(self, name: str, delta: torch.Tensor) -> None:
+        """value += delta, whatever the version (the "apply" policy)."""
+        shards = self._shards.get(name)
+        if shards is None:
+            shards = self._shards[name] = len(self.store.shard_owners(name))
+        self.store.push(name, delta, (0,) * shards, staleness=None, policy="apply")
+
+    def _meta(self) -> torch.Tensor:
+        if self._final_meta is not None:  # closed: what the aggregator left
+            return self._final_meta
+        return self.store.pull(f"{_PREFIX}.meta")[0]
+
+    def _wait(self, ready: Callable[[torch.Tensor], bool], what: str) -> torch.Tensor:
+        start = time.monotonic()
+        nap = 0.0
+        while True:
+            m = self._meta()
+            if m[2]:
+                raise gyre.StateError(f"PartialLocalSGD: the aggregator on rank {self._ranks[0]} "
+                                      f"failed (its error is in its log); rank {gyre.rank()} was "
+                                      f"waiting for {what}")
+            if ready(m):
+                return m
+            if time.monotonic() - start > self.timeout_s:
+                raise gyre.TimeoutError(
+                    f"PartialLocalSGD: rank {gyre.rank()} waited {self.timeout_s:g} s for {what} "
+                    f"(the aggregator runs on rank {self._ranks[0]})")
+            nap = min(max(nap * 2, 5e-5), 2e-3)
+            time.sleep(nap)
+
+    def _pull_model(self) -> tuple:
+        # The aggregator pushes every shard once per round: a pull between
+        # two shards' pushes shows two versions; pull again.
+        start = time.monotonic()
+        while True:
+            value, version = self.store.pull(f"{_PREFIX}.model")
+            if len(set(version)) == 1:
+                return value, version[0]
+            if time.monotonic() - start > self.timeout_s:
+                raise gyre.TimeoutError(f"PartialLocalSGD: the model's shards stayed at versions "
+                                        f"{list(version)} for {self.timeout_s:g} s")
+
+    def _adopt(self, pulled: tuple) -> None:
+        value, version = pulled
+        with torch.no_grad():
+            at = 0
+            for t in self._params + self._buffers:
+                t.copy_(value[at:at + t.numel()].reshape(t.shape))
+                at += t.numel()
+            self._synced = value[:self._np].clone()
+        # One commit per round: the version vector's entry of this rank is its
+        # round (plus the commits before construction), so ranks that have
+        # adopted the same round agree, and after close() every rank does.
+        for _ in range(version - self.version):
+            gyre.commit_step()
+        self.version = version
+
+    def _check_rejections(self, meta: torch.Tensor) -> None:
+        rejected = int(meta[3 + 3 * self._n + self._me])
+        if rejected > self._seen_rejected:
+            log.warning("PartialLocalSGD: rank %d: %d contribution(s) rejected as more than %d "
+                        "round(s) stale; it continues from the current model (round %d)",
+                        gyre.rank(), rejected - self._seen_rejected, self.max_staleness,
+                        self.version)
+            self._seen_rejected = rejected
+
+    def __repr__(self) -> str:
+        return (f"PartialLocalSGD({type(self.optimizer).__name__}, period={self.period}, "
+                f"late_after_s={self.late_after_s:g}, max_staleness={self.max_staleness}, "
+                f"version={self.version})")
+
+
+class _Aggregator(threading.Thread):
+    """The first rank's thread that closes rounds (see the module docstring)."""
+
+    def __init__(self, owner: PartialLocalSGD, make_outer: Callable) -> None:
+        super().__init__(name="gyre-partial-local-sgd", daemon=True)
+        self.o = owner
+        self.synced = torch.nn.Parameter(owner._flat_local()[:owner._np].clone())
+        self.outer = make_outer([self.synced])
+        self.meta = torch.zeros(3 + 4 * owner._n, dtype=torch.int64)
+        self.consumed = [0] * owner._n
+        self.history: List[Dict[str, Any]] = []
+
+    def run(self) -> None:
+        try:
+            self._loop()
+            self._publish(finished=1)
+        except BaseException:  # every rank must hear of it, not only this thread
+            log.exception("PartialLocalSGD: the aggregator failed")
+            try:
+                self._publish(failed=1)
+            except BaseException:
+                log.exception("PartialLocalSGD: the aggregator could not publish its failure")
+
+    def _loop(self) -> None:
+        o, n = self.o, self.o._n
+        first_on_time: Optional[float] = None
+        waiting_since: Optional[float] = None  # a contribution is posted, no round closes
+        nap = 0.0
+        while True:
+            posted = o.store.pull(f"{_PREFIX}.posted")[0]
+            version = int(self.meta[0])
+            pending = [i for i in range(n) if int(posted[i]) > self.consumed[i]]
+            active = [i for i in range(n) if not posted[2 * n + i]]
+            if not active and not pending:
+                return
+            on_time = [i for i in pending if int(posted[n + i]) == version]
+            if on_time and first_on_time is None:
+                first_on_time = time.monotonic()
+            everyone = all(i in pending for i in active)
+            overdue = first_on_time is not None and time.monotonic() - first_on_time > o.late_after_s
+            if pending and (everyone or overdue):
+                self._close(pending)
+                first_on_time = waiting_since = None
+                nap = 0.0
+                continue
+            if pending and waiting_since is None:
+                waiting_since = time.monotonic()
+            if waiting_since is not None and time.monotonic() - waiting_since > o.timeout_s:
+                raise gyre.TimeoutError(
+                    f"PartialLocalSGD: no round could close for {o.timeout_s:g} s; ranks "
+                    f"{[o._ranks[i] for i in active if i not in pending]} posted nothing")
+            nap = min(max(nap * 2, 5e-5), 2e-3)
+            time.sleep(nap)
+
+    def _close(self, pending: List[int]) -> None:
+        o, n = self.o, self.o._n
+        version = int(self.meta[0])
+        merged, late, rejected = [], [], []
+        pseudo_sum = torch.zeros(o._np)
+        buffer_sum = torch.zeros(o._nb)
+        for i in pending:
+            slot = f"{_PREFIX}.slot.{i}"
+            value, v = o.store.pull(slot)
+            o._add(slot, -value)  # empty again (x + -x = 0 exactly)
+            self.consumed[i] += 1
+            base = int(value[-1].item()) - 1
+            lag = version - base
+            if lag > o.max_staleness:
+                rejected.append(i)
+                log.warning("PartialLocalSGD: rank %d's contribution, made from round %d, is %d "
+                            "rounds old (max_staleness %d): rejected", o._ranks[i], base, lag,
+                            o.max_staleness)
+                continue
+            (late if lag else merged).append(i)
+            pseudo_sum += value[:o._np]
+            buffer_sum += value[o._np:o._np + o._nb]
+        delta_meta = torch.zeros_like(self.meta)
+        for i in pending:
+            delta_meta[3 + i] = 1
+        taken = merged + late
+        if taken:
+            model, v = o.store.pull(f"{_PREFIX}.model")
+            with torch.no_grad():
+                self.synced.copy_(model[:o._np])
+                self.synced.grad = pseudo_sum / len(taken)
+                self.outer.step()
+                self.synced.grad = None
+                new = torch.cat([self.synced.detach(), buffer_sum / len(taken)])
+            o._add(f"{_PREFIX}.model", new - model)
+            delta_meta[0] = 1
+            for i in taken:
+                delta_meta[3 + n + i] = version + 1 - self.meta[3 + n + i]
+            for i in late:
+                delta_meta[3 + 2 * n + i] = 1
+        for i in rejected:
+            delta_meta[3 + 3 * n + i] = 1
+        self._push_meta(delta_meta)
+        self.history.append({"round": version + 1 if taken else None,
+                             "merged": [o._ranks[i] for i in merged],
+                             "late": [o._ranks[i] for i in late],
+                             "rejected": [o._ranks[i] for i in rejected]})
+
+    def _publish(self, finished: int = 0, failed: int = 0) -> None:
+        delta = torch.zeros_like(self.meta)
+        delta[1], delta[2] = finished, failed
+        self._push_meta(delta)
+
+    def _push_meta(self, delta: torch.Tensor) -> None:
+        self.o._add(f"{_PREFIX}.meta", delta)
+        self.meta += delta
