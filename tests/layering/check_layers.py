@@ -22,6 +22,9 @@ to 6 backends/) include no folder of a later stage, apart from the known crossin
 listed in KNOWN_STAGE_CROSSINGS (each to be removed; a listed one that is gone fails
 the check too, so that the list stays true).
 
+Size: no source file (C++, CUDA or Python) in core/, collectives/ or bindings/ is
+longer than MAX_LINES lines: past that, a file holds more than one concern.
+
 Usage: check_layers.py SOURCE_ROOT. Prints every violation; exits 1 if there is any.
 """
 import pathlib
@@ -33,6 +36,8 @@ INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.M)
 STAGE_LINE = re.compile(r"^\s{4}([a-z_]+)/\s+(\d+) [a-z-]+:", re.M)
 MPI_SECTION = re.compile(r"^### Which files include mpi\.h\n(.*?)(?=^#)", re.M | re.S)
 DOC_PATH = re.compile(r"`((?:base|collectives|core|bindings)/[^`\s]+\.(?:h|cc|cu|cuh|hpp|cpp))`")
+
+MAX_LINES = 500
 
 # (file under core/src, the later stage's header it includes): the crossings
 # of today's tree, docs/architecture.md "Includes between the stages".
@@ -114,6 +119,7 @@ def main():
 
     errors += check_mpi_list(root)
     errors += check_stages(root)
+    errors += check_sizes(root)
 
     for e in errors:
         print(e)
@@ -138,6 +144,20 @@ def check_mpi_list(root):
               for p in sorted(actual - listed)]
     errors += [f"{p}: listed in docs/architecture.md as including mpi.h, but does not"
                for p in sorted(listed - actual)]
+    return errors
+
+
+def check_sizes(root):
+    """No source file longer than MAX_LINES lines."""
+    errors = []
+    for sub in ("core", "collectives", "bindings"):
+        for f in (root / sub).rglob("*"):
+            if f.suffix not in SOURCES + (".py",) or not f.is_file():
+                continue
+            n = len(f.read_text(errors="replace").splitlines())
+            if n > MAX_LINES:
+                errors.append(f"{f.relative_to(root)}: {n} lines, more than {MAX_LINES}: split it "
+                              "along its concerns")
     return errors
 
 
