@@ -265,7 +265,9 @@ std::unique_ptr<ImportedTensor> ImportedTensor::from_object(py::handle obj, cons
     torch_tensor = true;
   }
   if (py::hasattr(obj, "__dlpack__") && py::hasattr(obj, "__dlpack_device__")) {
-    // The device first: a CUDA tensor is refused before it is exported.
+    // The device first: a GPU tensor this build cannot take is refused
+    // before it is exported; a CUDA tensor goes to the NCCL backend where
+    // the build has one.
     py::tuple dev = obj.attr("__dlpack_device__")();
     const int dev_type = dev[0].cast<int>();
     const bool cuda_backend = gyre::nccl_built();
@@ -409,7 +411,7 @@ void ImportedTensor::import_dlpack(py::handle obj, const std::string& name, bool
   // CPU tensors: no stream argument (torch reads None as "no synchronisation").
   // CUDA tensors: stream 1, the legacy default stream, which the producer
   // makes wait for its current stream; gyre's stream is ordered after it
-  // (core/src/nccl_backend.h).
+  // (core/src/backends/nccl/nccl_backend.h).
   py::object capsule = cuda ? obj.attr("__dlpack__")(py::arg("stream") = 1)
                             : obj.attr("__dlpack__")();
   PyObject* cap = capsule.ptr();

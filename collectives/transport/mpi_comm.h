@@ -1,5 +1,5 @@
 // What the MPI files of the transport layer share (mpi_transport.cc,
-// mpi_elastic.cc, mpi_p2p.cc, mpi_store_channel.cc...): error text, the
+// mpi_world.cc, mpi_elastic.cc, mpi_p2p.cc, mpi_store_channel.cc...): error text, the
 // checks of return codes and counts, communicators of some ranks, and the
 // communicator gyre's world is made of. Internal to collectives/transport/:
 // it includes mpi.h, which no header outside this directory does.
@@ -10,11 +10,30 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "gyre/collectives/transport.h"
+
 namespace gyre::transport::detail {
+
+// MPI counts are int: a message above this size is sent as several pieces
+// with the same tag. Both sides cut a message of a given size the same way,
+// and MPI keeps messages of one (source, tag) in order, so the pieces match.
+inline constexpr std::size_t kDefaultPieceBytes = std::size_t{1} << 30;
+
+// How often a wait calls its interrupt check (Transport::set_interrupt_check,
+// and MpiWorld::make_transport's wait for the other ranks).
+inline constexpr std::chrono::milliseconds kInterruptCheckPeriod{50};
+
+// The Transport over `comm`, which it owns and frees (mpi_transport.cc).
+// `yield_when_idle`: give the core away now and then while waiting;
+// `max_piece_bytes`: the largest single MPI message.
+std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, bool yield_when_idle,
+                                              std::size_t max_piece_bytes);
 
 std::string mpi_error_string(int code);
 

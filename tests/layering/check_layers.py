@@ -14,6 +14,16 @@ Likewise GYRE_HAVE_ULFM, the switch of elastic recovery (an MPI with ULFM), and
 ULFM's header mpi-ext.h appear only under collectives/transport/, and mpi.h only
 there and in bindings/src/module.cc (docs/architecture.md says so): the runtime
 sees a peer's death as RankFailedError and asks MpiWorld whether it can recover.
+The files that include mpi.h (directly, or through collectives/transport/mpi_comm.h)
+are exactly those docs/architecture.md lists under "Which files include mpi.h".
+
+Stages: the numbered folders of core/src (docs/architecture.md's tree: 0 bootstrap/
+to 6 backends/) include no folder of a later stage, apart from the known crossings
+listed in KNOWN_STAGE_CROSSINGS (each to be removed; a listed one that is gone fails
+the check too, so that the list stays true).
+
+Size: no source file (C++, CUDA or Python) in core/, collectives/ or bindings/ is
+longer than MAX_LINES lines: past that, a file holds more than one concern.
 
 Usage: check_layers.py SOURCE_ROOT. Prints every violation; exits 1 if there is any.
 """
@@ -22,6 +32,21 @@ import re
 import sys
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.M)
+# A stage folder in the doc's tree: "    api/    1 call: ...".
+STAGE_LINE = re.compile(r"^\s{4}([a-z_]+)/\s+(\d+) [a-z-]+:", re.M)
+MPI_SECTION = re.compile(r"^### Which files include mpi\.h\n(.*?)(?=^#)", re.M | re.S)
+DOC_PATH = re.compile(r"`((?:base|collectives|core|bindings)/[^`\s]+\.(?:h|cc|cu|cuh|hpp|cpp))`")
+
+MAX_LINES = 500
+
+# (file under core/src, the later stage's header it includes): the crossings
+# of today's tree, docs/architecture.md "Includes between the stages".
+KNOWN_STAGE_CROSSINGS = {
+    ("api/operations.cc", "backends/registry.h"),
+    ("queue/tensor_queue.h", "negotiation/message.h"),
+    ("queue/tensor_queue.cc", "negotiation/coordinator.h"),
+    ("execution/executor.h", "backends/registry.h"),
+}
 SOURCES = (".h", ".cc", ".cu", ".cuh", ".hpp", ".cpp")
 
 
@@ -92,10 +117,74 @@ def main():
             errors.append(f"{f.relative_to(root)}: includes mpi.h outside collectives/transport/ "
                           "(and bindings/src/module.cc)")
 
+    errors += check_mpi_list(root)
+    errors += check_stages(root)
+    errors += check_sizes(root)
+
     for e in errors:
         print(e)
     print(f"layering: {len(errors)} violation(s)")
     return 1 if errors else 0
+
+
+def check_mpi_list(root):
+    """The files of the library that see MPI against the doc's list of them."""
+    doc = (root / "docs/architecture.md").read_text()
+    section = MPI_SECTION.search(doc)
+    if not section:
+        return ["docs/architecture.md: no section '### Which files include mpi.h'"]
+    listed = set(DOC_PATH.findall(section.group(1)))
+    actual = set()
+    for sub in ("base", "collectives", "core", "bindings"):
+        for f in files(root, sub):
+            incs = gyre_includes(f)
+            if "mpi.h" in incs or "mpi_comm.h" in incs:
+                actual.add(str(f.relative_to(root)))
+    errors = [f"{p}: includes mpi.h (or mpi_comm.h) but docs/architecture.md does not list it"
+              for p in sorted(actual - listed)]
+    errors += [f"{p}: listed in docs/architecture.md as including mpi.h, but does not"
+               for p in sorted(listed - actual)]
+    return errors
+
+
+def check_sizes(root):
+    """No source file longer than MAX_LINES lines."""
+    errors = []
+    for sub in ("core", "collectives", "bindings"):
+        for f in (root / sub).rglob("*"):
+            if f.suffix not in SOURCES + (".py",) or not f.is_file():
+                continue
+            n = len(f.read_text(errors="replace").splitlines())
+            if n > MAX_LINES:
+                errors.append(f"{f.relative_to(root)}: {n} lines, more than {MAX_LINES}: split it "
+                              "along its concerns")
+    return errors
+
+
+def check_stages(root):
+    """No include from a stage folder of core/src to a later stage's folder."""
+    doc = (root / "docs/architecture.md").read_text()
+    order = {name: int(n) for name, n in STAGE_LINE.findall(doc)}
+    if len(order) < 2:
+        return ["docs/architecture.md: the tree lists no numbered stage folders of core/src"]
+    src = root / "core/src"
+    errors, seen = [], set()
+    for name, stage in order.items():
+        for f in files(root, f"core/src/{name}"):
+            rel = str(f.relative_to(src))
+            for inc in gyre_includes(f):
+                target = inc.split("/")[0]
+                if target not in order or order[target] <= stage:
+                    continue
+                if (rel, inc) in KNOWN_STAGE_CROSSINGS:
+                    seen.add((rel, inc))
+                    continue
+                errors.append(f"core/src/{rel}: includes {inc}, a later stage ({order[target]} "
+                              f"{target}/) than its own ({stage} {name}/)")
+    for rel, inc in sorted(KNOWN_STAGE_CROSSINGS - seen):
+        errors.append(f"core/src/{rel} no longer includes {inc}: remove it from "
+                      "KNOWN_STAGE_CROSSINGS (and from docs/architecture.md)")
+    return errors
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from typing import Any, Iterable, List, Optional
 
 from . import _gyre, bootstrap
 from .exceptions import InvalidArgumentError, InvalidTypeError, StateError
-from .handles import forget_names_of, restart_names
+from .handles import forget_all, forget_names_of, restart_names
 
 class ProcessSet:
     """Horovod's ProcessSet: a set of ranks that run collectives among
@@ -286,6 +286,7 @@ def shutdown() -> None:
     it. Also run at interpreter exit."""
     if _gyre.is_initialized():
         _gyre.shutdown()
+    forget_all()
     _forget_process_sets()
 
 

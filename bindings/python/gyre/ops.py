@@ -26,99 +26,28 @@ alone, so two calls of a name with nothing waited and nothing else enqueued
 between them are refused every time, however soon the first completed.
 """
 
-import enum
 from typing import Any, List, Optional, Sequence, Tuple, Type, Union
 
 from . import _gyre
 from . import _tensors as _t
 from .basics import *  # noqa: F401,F403 (lifecycle and build information, re-exported)
 from .basics import __all__ as _basics_all
-from .basics import _forget_process_sets, check_process_set, global_process_set
+from .basics import check_process_set, global_process_set
 from .compression import Compression, Compressor
 from .exceptions import InvalidArgumentError, InvalidTypeError
-from .handles import Handle, PendingGroup, forget_all, poll, synchronize
+from .handles import Handle, PendingGroup, poll, synchronize
 from .handles import _name_counters  # noqa: F401 (read by tests: names consumed)
 from .handles import op_name as _op_name
+from .reduction import Adasum, Average, Max, Min, Op, Product, ReduceOp, Sum
+from .reduction import _OP_VALUES, _op, _reduce_op, _scales  # noqa: F401 (gyre.torch's)
 
 # A torch tensor, a numpy array or any other DLPack or buffer-protocol
 # producer; results come back in the caller's framework (see _tensors).
 Tensor = Any
-Op = Union["ReduceOp", int]
-
-
-class ReduceOp(enum.IntEnum):
-    """Reduction operations; the values are the runtime's gyre::ReduceOp."""
-
-    SUM = 0
-    AVERAGE = 1
-    MIN = 2
-    MAX = 3
-    PRODUCT = 4
-    # Adaptive summation (Maleki et al., MLSys 2021): runtimes built without
-    # it refuse the op ("unknown reduction op 5") on every rank.
-    ADASUM = 5
-
-
-Sum = ReduceOp.SUM
-Average = ReduceOp.AVERAGE
-Min = ReduceOp.MIN
-Max = ReduceOp.MAX
-Product = ReduceOp.PRODUCT
-Adasum = ReduceOp.ADASUM
-
-def _reduce_op(average: Optional[bool], op: Optional[Op]) -> ReduceOp:
-    """Horovod's average= and op= as one ReduceOp; raises InvalidArgumentError."""
-    if average is not None and op is not None:
-        raise InvalidArgumentError("pass either average= or op=, not both")
-    if average is not None:
-        return Average if average else Sum
-    if op is None:
-        return Average
-    try:
-        return ReduceOp(op)
-    except ValueError:
-        raise InvalidArgumentError(
-            f"unknown reduction op {op!r} (expected gyre.Average, Sum, Min, Max, Product or Adasum)"
-        ) from None
-
-
-# Each op's value, keyed by the op (ints equal to a value find it too): the
-# common call converts with one lookup instead of an enum construction.
-_OP_VALUES = {o: int(o) for o in ReduceOp}
-_OP_VALUES[None] = int(Average)  # Horovod's default
 _POOLED_OUTPUT_BYTES = 1 << 20  # the extension's kPooledOutputMinBytes
 
 
-def _op(c: _t.Conversion, average: Optional[bool], op: Optional[Op]) -> int:
-    """_reduce_op for a call: a failure becomes the call's refusal."""
-    if average is None and type(op) is ReduceOp:
-        return _OP_VALUES[op]
-    try:
-        return int(_reduce_op(average, op))
-    except InvalidArgumentError as e:
-        c.refuse(str(e))
-        return int(Average)
-
-
-def _scales(c: _t.Conversion, prescale_factor: Any, postscale_factor: Any) -> Tuple[float, float]:
-    if type(prescale_factor) is float and type(postscale_factor) is float:
-        return prescale_factor, postscale_factor
-    return c.number(prescale_factor, "prescale_factor"), c.number(postscale_factor,
-                                                                  "postscale_factor")
-
-
-# Lifecycle beyond basics -------------------------------------------------------
-
-
-def shutdown() -> None:
-    """Fails pending operations (on every rank) and stops the background
-    thread; does nothing if gyre is not running. MPI stays initialised, so
-    init() may follow; gyre finalises MPI at process exit if it initialised
-    it. Also run at interpreter exit."""
-    if _gyre.is_initialized():
-        _gyre.shutdown()
-    forget_all()
-    _forget_process_sets()
+# Lifecycle beyond basics (init and shutdown are basics') ------------------------
 
 
 def barrier(process_set: Any = global_process_set) -> None:
@@ -527,7 +456,7 @@ def grouped_reducescatter(tensors: Sequence[Tensor], name: Optional[str] = None,
 
 __all__ = list(_basics_all) + [
     "ReduceOp", "Sum", "Average", "Min", "Max", "Product", "Adasum", "Handle", "poll", "synchronize",
-    "shutdown", "barrier", "join", "commit_step", "committed_steps", "version_vector",
+    "barrier", "join", "commit_step", "committed_steps", "version_vector",
     "runtime_stats",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",

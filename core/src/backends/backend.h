@@ -6,10 +6,11 @@
 // byte or element counts, the dtype and the effective reduction.
 //
 // Implementations: CpuRingBackend (backends/cpu/: the ring algorithms of
-// collectives/ over the runtime's Transport) and NcclBackend
-// (backends/nccl/: CUDA tensors through NCCL). A shared-memory or
-// hierarchical backend is a further implementation registered in
-// backends/registry.cc; nothing else changes.
+// collectives/ over the runtime's Transport), ShmBackend (backends/shm/:
+// host tensors over the host's shared-memory group), HierarchicalBackend
+// (backends/hierarchical/: shared memory within hosts, a ring across them)
+// and NcclBackend (backends/nccl/: CUDA tensors through NCCL), chosen by
+// BackendRegistry (backends/registry.h).
 //
 // Buffers: `in`/`out`/`buf` of allreduce and broadcast, and `in` of the
 // others, are memory of the backend's device. The result of allgather,

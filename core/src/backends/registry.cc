@@ -72,8 +72,8 @@ std::unique_ptr<Backend> make_nccl(const BackendContext& c) {
 }  // namespace
 
 std::span<const BackendEntry> device_backends() {
-  // One line per backend of this build; a shared-memory or hierarchical
-  // backend is one more line here.
+  // One line per device backend of this build (the host's backends are
+  // chosen by use_shared_memory / use_hierarchical, not listed here).
   static const std::vector<BackendEntry> entries = {
 #ifdef GYRE_HAVE_NCCL
       {DeviceType::kCUDA, "nccl", make_nccl},

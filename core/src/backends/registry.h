@@ -1,12 +1,16 @@
 // The backends of this build and the one place that knows which exist: the
 // executor asks it for the backend of a device kind; the API and the
-// bindings ask it whether CUDA tensors can be taken. A new backend (shared
-// memory, hierarchical) is one more entry in registry.cc.
+// bindings ask it whether CUDA tensors can be taken. Host tensors take
+// CpuRingBackend, or ShmBackend / HierarchicalBackend once the runtime has
+// set up the host's shared-memory group (use_shared_memory,
+// use_hierarchical); a backend of another device kind is one more entry in
+// device_backends() (registry.cc).
 //
-// Backends are created at first use, on the background thread: creating
-// one may be a collective (NCCL's communicator), and every rank runs the
-// same responses, so every rank creates it in the same round. Later, one
-// registry per process set.
+// Device backends are created at first use, on the background thread:
+// creating one may be a collective (NCCL's communicator), and every rank
+// runs the same responses, so every rank creates it in the same round. One
+// registry per runtime, so one per process set (each set has its runtime
+// and executor).
 #pragma once
 
 #include <memory>

@@ -48,7 +48,7 @@ struct RuntimeInfo {
   // fails every pending operation and stops.
   std::function<void(int code)> abort;
   // The host's shared-memory group when every rank is on one host and
-  // GYRE_SHM is on (api.cc sets it up over MPI); host tensors then go over
+  // GYRE_SHM is on (api/lifecycle.cc sets it up over MPI); host tensors then go over
   // shared memory instead of the transport.
   std::shared_ptr<transport::ShmHost> shm;
   // With `shm` a group per host (not the whole job): the transport among
@@ -59,7 +59,7 @@ struct RuntimeInfo {
   // agreement tells every rank, so init() fails everywhere at once.
   ErrorKind start_failure_kind = ErrorKind::kNone;
   std::string start_failure;
-  // Sets up `shm` and `cross` (collective over MPI: api.cc), run by the
+  // Sets up `shm` and `cross` (collective over MPI: api/lifecycle.cc), run by the
   // constructor only once the start-up agreement has succeeded on every
   // rank, so that no rank waits in that set-up for a rank whose init()
   // failed. Empty: `shm` and `cross` are used as given (tests).

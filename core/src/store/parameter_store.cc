@@ -1,14 +1,7 @@
-// ParameterStore (gyre/store.h): the tensors' placement and shards, the
-// requests a member sends for shards other members own, and the server
-// thread that answers those for its own.
-//
-// Wire protocol, on the store's own communicator (MpiStoreChannel):
-//   request  (tag kRequestTag)  RequestHeader [+ delta bytes of the shard, push]
-//   reply    (tag: the request's reply_tag) ReplyHeader
-//            [+ the shard's bytes (pull) | an error message (status kError)]
-// Each call posts its reply receives before it sends its requests, on a
-// reply tag of its own, so concurrent calls from several threads never take
-// each other's replies and a reply never waits for its receiver.
+// ParameterStore (gyre/store.h): the tensors' placement and shards, and the
+// requests a member sends for shards other members own (the client side);
+// the server thread that answers those for its own is in store_server.cc,
+// the protocol and the shared state in store_impl.h.
 #include "gyre/store.h"
 
 #include "store/parameter_store.h"
@@ -16,331 +9,90 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <map>
 #include <mutex>
 #include <set>
 #include <span>
 #include <thread>
-#include <unordered_map>
 
 #include <fmt/format.h>
 
-#include "gyre/collectives/mpi_store_channel.h"
-#include "runtime/logging.h"
 #include "store/placement.h"
-#include "store/store_totals.h"
-#include "store/shard.h"
+#include "store/store_impl.h"
 
 namespace gyre {
 
 namespace {
 
+using core::store::bytes_of;
+using core::store::kChannelTagBase;
+using core::store::kErrorTextMax;
+using core::store::kRequestTag;
 using core::store::PushOutcome;
+using core::store::ReplyHeader;
+using core::store::ReplyStatus;
+using core::store::RequestHeader;
+using core::store::RequestKind;
 using core::store::Shard;
 using core::store::ShardSpan;
 using transport::MpiStoreChannel;
-using Clock = std::chrono::steady_clock;
-
-constexpr int kRequestTag = 1;
-constexpr int kFirstReplyTag = 2;
-constexpr int kReplyTags = 30000;  // MPI guarantees tags up to 32767
-constexpr int kChannelTagBase = 0x5710;
-
-enum class RequestKind : std::uint32_t { kPull = 1, kPush = 2 };
-enum class ReplyStatus : std::int32_t { kApplied = 0, kRejected = 1, kError = 2 };
-
-struct RequestHeader {
-  RequestKind kind;
-  std::uint32_t tensor;
-  std::uint32_t shard;
-  std::int32_t reply_tag;
-  std::int64_t base;
-  std::int64_t staleness;
-  std::uint32_t policy;
-  std::uint32_t reserved;
-};
-
-struct ReplyHeader {
-  ReplyStatus status;
-  std::int32_t reserved;
-  std::int64_t version;
-  std::int64_t lag;
-  double factor;
-};
-
-constexpr std::size_t kErrorTextMax = 2048;
-
-template <typename T>
-std::span<const std::byte> bytes_of(const T& v) {
-  return {reinterpret_cast<const std::byte*>(&v), sizeof(T)};
-}
 
 }  // namespace
 
-struct ParameterStore::Impl {
-  struct Tensor {
-    std::uint32_t id = 0;
-    std::string name;
-    DataType dtype = DataType::kFloat32;
-    std::int64_t numel = 0;
-    std::vector<ShardSpan> shards;
-    // This member's shards, by shard index (null where another owns it).
-    std::vector<std::unique_ptr<Shard>> local;
-  };
-
-  int process_set = kGlobalProcessSet;
-  int store_index = 0;  // agreed by the members at construction: the channel's tag, op names
-  StoreOptions options;
-  std::vector<int> members;  // world ranks, in the set's order
-  int my_index = 0;
-  double timeout_s = 0;
-  core::Logger log;
-  std::unique_ptr<MpiStoreChannel> channel;
-
-  // Registration happens on one thread at a time (collective); lookups from
-  // any thread.
-  mutable std::mutex tensors_mu;  // guards tensors, by_name, bytes_held
-  std::vector<std::shared_ptr<Tensor>> tensors;
-  std::unordered_map<std::string, std::shared_ptr<Tensor>> by_name;
-  std::vector<std::size_t> bytes_held;
-
-  std::atomic<bool> open{true};
-  bool closed = false;  // close() ran: every member is done with the communicator
-  std::atomic<bool> stop_server{false};
-  std::thread server;
-  std::atomic<int> next_reply_tag{0};
-
-  std::atomic<std::int64_t> pulls{0}, pushes{0}, applied{0}, rejected{0}, scaled{0}, served{0},
-      max_lag{0};
-
-  Clock::time_point deadline() const {
-    if (timeout_s <= 0) return Clock::time_point::max();
-    return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                              std::chrono::duration<double>(timeout_s));
-  }
-
-  int reply_tag() {
-    return kFirstReplyTag + next_reply_tag.fetch_add(1, std::memory_order_relaxed) % kReplyTags;
-  }
-
-  void check_open(const char* call) const {
-    if (!open.load()) {
-      throw StateError(fmt::format("ParameterStore::{}: the store is closed (close(), or gyre "
-                                   "was shut down)", call));
-    }
-  }
-
-  std::shared_ptr<Tensor> find(const std::string& name, const char* call) const {
-    std::lock_guard<std::mutex> lock(tensors_mu);
-    auto it = by_name.find(name);
-    if (it == by_name.end()) {
-      throw InvalidArgument(fmt::format("ParameterStore::{}: no tensor '{}' is registered", call,
-                                        name));
-    }
-    return it->second;
-  }
-
-  std::shared_ptr<Tensor> tensor_by_id(std::uint32_t id) const {
-    std::lock_guard<std::mutex> lock(tensors_mu);
-    if (id >= tensors.size()) return nullptr;
-    return tensors[id];
-  }
-
-  void note_push(const PushOutcome& o) {
-    core::store_totals().note(o.applied, o.applied && o.factor != 1.0, o.lag);
-    ++pushes;
-    if (o.applied) {
-      ++applied;
-      if (o.factor != 1.0) ++scaled;
-    } else {
-      ++rejected;
-    }
-    std::int64_t seen = max_lag.load();
-    while (o.lag > seen && !max_lag.compare_exchange_weak(seen, o.lag)) {
-    }
-  }
-
-  // --- the server: answers requests for this member's shards -------------
-
-  void serve() {
-    std::vector<std::byte> message;
-    // Requests for a tensor this member has not finished registering: the
-    // registration's broadcast can complete on the requester before the
-    // owner has installed its shards. Ids follow the collective order of
-    // registration, so such a request waits for a registration that every
-    // member makes (or fails in the same round); the requester's deadline
-    // bounds the wait.
-    std::vector<std::pair<int, std::vector<std::byte>>> deferred;
-    // After a request the server polls without sleeping for kHotSpell (a
-    // sleep costs at least a timer tick, ~50-60 us here, more than a reply
-    // on one host), then naps of growing length, at most 200 us, so that a
-    // quiet store leaves the core to training.
-    constexpr auto kHotSpell = std::chrono::microseconds(200);
-    auto last_request = Clock::now();
-    auto nap = std::chrono::microseconds(50);
-    while (!stop_server.load(std::memory_order_relaxed)) {
-      std::optional<int> source;
-      try {
-        source = channel->receive_any(kRequestTag, message);
-      } catch (const std::exception& e) {
-        log.error("parameter store: the server stops: {}", e.what());
-        return;
-      }
-      if (source) {
-        if (awaits_registration(message)) {
-          deferred.emplace_back(*source, std::move(message));
-          message = {};
-        } else {
-          answer(*source, message);
-        }
-        last_request = Clock::now();
-        nap = std::chrono::microseconds(50);
-      }
-      if (!deferred.empty()) answer_deferred(deferred);
-      if (source) continue;
-      if (!deferred.empty() || Clock::now() - last_request < kHotSpell) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(nap);
-        nap = std::min(nap * 2, std::chrono::microseconds(200));
-      }
-    }
-  }
-
-  bool awaits_registration(const std::vector<std::byte>& message) const {
-    RequestHeader req{};
-    if (message.size() < sizeof req) return false;  // answer() refuses it
-    std::memcpy(&req, message.data(), sizeof req);
-    std::lock_guard<std::mutex> lock(tensors_mu);
-    return req.tensor >= tensors.size();
-  }
-
-  void answer_deferred(std::vector<std::pair<int, std::vector<std::byte>>>& deferred) {
-    auto ready = std::stable_partition(deferred.begin(), deferred.end(), [&](const auto& d) {
-      return awaits_registration(d.second);
-    });
-    for (auto it = ready; it != deferred.end(); ++it) answer(it->first, it->second);
-    deferred.erase(ready, deferred.end());
-  }
-
-  void answer(int source, const std::vector<std::byte>& message) {
-    ++served;
-    RequestHeader req{};
-    ReplyHeader reply{};
-    std::vector<std::byte> payload;
-    int reply_tag = -1;
+// Waits for every reply; throws the first failure, naming tensor, shard and
+// owner (every receive is cancelled by its destructor on the way out).
+void ParameterStore::Impl::await(
+    const Tensor& t, std::vector<Outstanding>& out, const char* call,
+    const std::function<void(Outstanding&, const ReplyHeader&, std::size_t)>& take) {
+  const auto limit = deadline();
+  for (auto& o : out) {
+    std::size_t got = 0;
     try {
-      if (message.size() < sizeof(RequestHeader)) {
-        throw InvalidArgument(fmt::format("a request of {} bytes", message.size()));
-      }
-      std::memcpy(&req, message.data(), sizeof req);
-      reply_tag = req.reply_tag;
-      auto t = tensor_by_id(req.tensor);
-      if (!t || req.shard >= t->local.size() || !t->local[req.shard]) {
-        throw InvalidArgument(fmt::format("tensor {} shard {} is not served by rank {}",
-                                          req.tensor, req.shard, members[my_index]));
-      }
-      Shard& shard = *t->local[req.shard];
-      if (req.kind == RequestKind::kPull) {
-        payload.resize(shard.nbytes());
-        reply.version = shard.read(payload.data());
-        reply.status = ReplyStatus::kApplied;
-      } else if (req.kind == RequestKind::kPush) {
-        if (message.size() != sizeof(RequestHeader) + shard.nbytes()) {
-          throw InvalidArgument(fmt::format("a push of {} bytes to a shard of {}",
-                                            message.size() - sizeof(RequestHeader),
-                                            shard.nbytes()));
-        }
-        const PushOutcome o = shard.push(message.data() + sizeof(RequestHeader), req.base,
-                                         req.staleness, static_cast<PushPolicy>(req.policy));
-        reply.status = o.applied ? ReplyStatus::kApplied : ReplyStatus::kRejected;
-        reply.version = o.version;
-        reply.lag = o.lag;
-        reply.factor = o.factor;
-      } else {
-        throw InvalidArgument(fmt::format("unknown request kind {}",
-                                          static_cast<std::uint32_t>(req.kind)));
-      }
-    } catch (const std::exception& e) {
-      reply.status = ReplyStatus::kError;
-      const std::string text = e.what();
-      payload.assign(reinterpret_cast<const std::byte*>(text.data()),
-                     reinterpret_cast<const std::byte*>(text.data()) +
-                         std::min(text.size(), kErrorTextMax));
-    }
-    if (reply_tag < kFirstReplyTag) return;  // nowhere to answer
-    const std::span<const std::byte> parts[] = {bytes_of(reply), payload};
-    try {
-      channel->send(source, reply_tag, parts, deadline());
-    } catch (const std::exception& e) {
-      log.warn("parameter store: the reply to rank {} was not taken: {}", members[source],
-               e.what());
-    }
-  }
-
-  // --- the client: one request per shard, replies awaited together --------
-
-  struct Outstanding {
-    int shard = 0;
-    int owner = 0;  // member index
-    std::vector<std::byte> reply;
-    std::unique_ptr<MpiStoreChannel::Receive> receive;
-  };
-
-  // Waits for every reply; throws the first failure, naming tensor, shard and
-  // owner (every receive is cancelled by its destructor on the way out).
-  void await(const Tensor& t, std::vector<Outstanding>& out, const char* call,
-             const std::function<void(Outstanding&, const ReplyHeader&, std::size_t)>& take) {
-    const auto limit = deadline();
-    for (auto& o : out) {
-      std::size_t got = 0;
-      try {
-        got = o.receive->wait(limit);
-      } catch (const TimeoutError&) {
-        throw TimeoutError(fmt::format(
-            "ParameterStore::{}('{}'): rank {}, owner of shard {}, did not answer within {} s "
-            "(dead, or not serving: closed its store or shut gyre down)",
-            call, t.name, members[o.owner], o.shard, timeout_s));
-      } catch (const RankFailedError& e) {
-        throw RankFailedError(fmt::format("ParameterStore::{}('{}'): rank {}, owner of shard {}, "
-                                          "failed: {}", call, t.name, members[o.owner], o.shard,
-                                          e.what()));
-      }
-      o.receive.reset();
-      ReplyHeader h{};
-      if (got < sizeof h) {
-        throw TransportError(fmt::format("ParameterStore::{}('{}'): a reply of {} bytes from rank {}",
-                                         call, t.name, got, members[o.owner]));
-      }
-      std::memcpy(&h, o.reply.data(), sizeof h);
-      if (h.status == ReplyStatus::kError) {
-        throw InvalidArgument(fmt::format(
-            "ParameterStore::{}('{}'): rank {}, owner of shard {}, refused it: {}", call, t.name,
-            members[o.owner], o.shard,
-            std::string(reinterpret_cast<const char*>(o.reply.data() + sizeof h), got - sizeof h)));
-      }
-      take(o, h, got - sizeof h);
-    }
-  }
-
-  void post_and_send(const Tensor& t, const char* call, Outstanding& o, const RequestHeader& req,
-                     std::size_t reply_bytes, std::span<const std::byte> payload) {
-    o.reply.resize(std::max(sizeof(ReplyHeader) + reply_bytes, sizeof(ReplyHeader) + kErrorTextMax));
-    o.receive = channel->post_receive(o.owner, req.reply_tag, o.reply);
-    const std::span<const std::byte> parts[] = {bytes_of(req), payload};
-    try {
-      channel->send(o.owner, kRequestTag, parts, deadline());
+      got = o.receive->wait(limit);
     } catch (const TimeoutError&) {
       throw TimeoutError(fmt::format(
-          "ParameterStore::{}('{}'): rank {}, owner of shard {}, did not take the request within "
-          "{} s", call, t.name, members[o.owner], o.shard, timeout_s));
+          "ParameterStore::{}('{}'): rank {}, owner of shard {}, did not answer within {} s "
+          "(dead, or not serving: closed its store or shut gyre down)",
+          call, t.name, members[o.owner], o.shard, timeout_s));
     } catch (const RankFailedError& e) {
       throw RankFailedError(fmt::format("ParameterStore::{}('{}'): rank {}, owner of shard {}, "
                                         "failed: {}", call, t.name, members[o.owner], o.shard,
                                         e.what()));
     }
+    o.receive.reset();
+    ReplyHeader h{};
+    if (got < sizeof h) {
+      throw TransportError(fmt::format("ParameterStore::{}('{}'): a reply of {} bytes from rank {}",
+                                       call, t.name, got, members[o.owner]));
+    }
+    std::memcpy(&h, o.reply.data(), sizeof h);
+    if (h.status == ReplyStatus::kError) {
+      throw InvalidArgument(fmt::format(
+          "ParameterStore::{}('{}'): rank {}, owner of shard {}, refused it: {}", call, t.name,
+          members[o.owner], o.shard,
+          std::string(reinterpret_cast<const char*>(o.reply.data() + sizeof h), got - sizeof h)));
+    }
+    take(o, h, got - sizeof h);
   }
-};
+}
+
+void ParameterStore::Impl::post_and_send(const Tensor& t, const char* call, Outstanding& o,
+                                         const RequestHeader& req, std::size_t reply_bytes,
+                                         std::span<const std::byte> payload) {
+  o.reply.resize(std::max(sizeof(ReplyHeader) + reply_bytes, sizeof(ReplyHeader) + kErrorTextMax));
+  o.receive = channel->post_receive(o.owner, req.reply_tag, o.reply);
+  const std::span<const std::byte> parts[] = {bytes_of(req), payload};
+  try {
+    channel->send(o.owner, kRequestTag, parts, deadline());
+  } catch (const TimeoutError&) {
+    throw TimeoutError(fmt::format(
+        "ParameterStore::{}('{}'): rank {}, owner of shard {}, did not take the request within "
+        "{} s", call, t.name, members[o.owner], o.shard, timeout_s));
+  } catch (const RankFailedError& e) {
+    throw RankFailedError(fmt::format("ParameterStore::{}('{}'): rank {}, owner of shard {}, "
+                                      "failed: {}", call, t.name, members[o.owner], o.shard,
+                                      e.what()));
+  }
+}
 
 namespace {
 

@@ -1,5 +1,6 @@
 // The MPI side of gyre: process-level set-up and the point-to-point
-// transport. Only mpi_transport.cc includes mpi.h; everything MPI-specific
+// transport. Only collectives/transport/ includes mpi.h (mpi_world.cc is
+// MpiWorld, mpi_transport.cc the transport); everything MPI-specific
 // the runtime needs (initialisation, the host-local split, abort) is here.
 //
 // Threads: instance() may be called from any thread (the first call

@@ -12,7 +12,7 @@
 // ring over the world's transport), -1 per call by the cost model
 // (cost_model.h). The other collectives are the CPU backend's rings.
 //
-// Set up at init() by the API (api.cc) when the layout allows it and either
+// Set up at init() by the API (api/lifecycle.cc) when the layout allows it and either
 // option is not 0.
 //
 // Thread: the runtime's background thread only.

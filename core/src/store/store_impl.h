@@ -1,0 +1,199 @@
+// The parameter store's internals shared by its two sides: the wire
+// protocol and ParameterStore::Impl, whose client side (the calls of
+// gyre/store.h, sending requests for shards other members own) is in
+// parameter_store.cc and whose server side (the thread that answers the
+// requests for this member's shards) is in store_server.cc.
+//
+// Wire protocol, on the store's own communicator (MpiStoreChannel):
+//   request  (tag kRequestTag)  RequestHeader [+ delta bytes of the shard, push]
+//   reply    (tag: the request's reply_tag) ReplyHeader
+//            [+ the shard's bytes (pull) | an error message (status kError)]
+// Each call posts its reply receives before it sends its requests, on a
+// reply tag of its own, so concurrent calls from several threads never take
+// each other's replies and a reply never waits for its receiver.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "gyre/collectives/mpi_store_channel.h"
+#include "gyre/store.h"
+#include "runtime/logging.h"
+#include "store/placement.h"
+#include "store/shard.h"
+#include "store/store_totals.h"
+
+namespace gyre {
+
+namespace core::store {
+
+inline constexpr int kRequestTag = 1;
+inline constexpr int kFirstReplyTag = 2;
+inline constexpr int kReplyTags = 30000;  // MPI guarantees tags up to 32767
+inline constexpr int kChannelTagBase = 0x5710;
+
+enum class RequestKind : std::uint32_t { kPull = 1, kPush = 2 };
+enum class ReplyStatus : std::int32_t { kApplied = 0, kRejected = 1, kError = 2 };
+
+struct RequestHeader {
+  RequestKind kind;
+  std::uint32_t tensor;
+  std::uint32_t shard;
+  std::int32_t reply_tag;
+  std::int64_t base;
+  std::int64_t staleness;
+  std::uint32_t policy;
+  std::uint32_t reserved;
+};
+
+struct ReplyHeader {
+  ReplyStatus status;
+  std::int32_t reserved;
+  std::int64_t version;
+  std::int64_t lag;
+  double factor;
+};
+
+inline constexpr std::size_t kErrorTextMax = 2048;
+
+template <typename T>
+std::span<const std::byte> bytes_of(const T& v) {
+  return {reinterpret_cast<const std::byte*>(&v), sizeof(T)};
+}
+
+}  // namespace core::store
+
+struct ParameterStore::Impl {
+  using Clock = std::chrono::steady_clock;
+  using MpiStoreChannel = transport::MpiStoreChannel;
+  using PushOutcome = core::store::PushOutcome;
+  using ReplyHeader = core::store::ReplyHeader;
+  using RequestHeader = core::store::RequestHeader;
+  using Shard = core::store::Shard;
+  using ShardSpan = core::store::ShardSpan;
+
+  struct Tensor {
+    std::uint32_t id = 0;
+    std::string name;
+    DataType dtype = DataType::kFloat32;
+    std::int64_t numel = 0;
+    std::vector<ShardSpan> shards;
+    // This member's shards, by shard index (null where another owns it).
+    std::vector<std::unique_ptr<Shard>> local;
+  };
+
+  int process_set = kGlobalProcessSet;
+  int store_index = 0;  // agreed by the members at construction: the channel's tag, op names
+  StoreOptions options;
+  std::vector<int> members;  // world ranks, in the set's order
+  int my_index = 0;
+  double timeout_s = 0;
+  core::Logger log;
+  std::unique_ptr<MpiStoreChannel> channel;
+
+  // Registration happens on one thread at a time (collective); lookups from
+  // any thread.
+  mutable std::mutex tensors_mu;  // guards tensors, by_name, bytes_held
+  std::vector<std::shared_ptr<Tensor>> tensors;
+  std::unordered_map<std::string, std::shared_ptr<Tensor>> by_name;
+  std::vector<std::size_t> bytes_held;
+
+  std::atomic<bool> open{true};
+  bool closed = false;  // close() ran: every member is done with the communicator
+  std::atomic<bool> stop_server{false};
+  std::thread server;
+  std::atomic<int> next_reply_tag{0};
+
+  std::atomic<std::int64_t> pulls{0}, pushes{0}, applied{0}, rejected{0}, scaled{0}, served{0},
+      max_lag{0};
+
+  Clock::time_point deadline() const {
+    if (timeout_s <= 0) return Clock::time_point::max();
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                              std::chrono::duration<double>(timeout_s));
+  }
+
+  int reply_tag() {
+    return core::store::kFirstReplyTag +
+           next_reply_tag.fetch_add(1, std::memory_order_relaxed) % core::store::kReplyTags;
+  }
+
+  void check_open(const char* call) const {
+    if (!open.load()) {
+      throw StateError(fmt::format("ParameterStore::{}: the store is closed (close(), or gyre "
+                                   "was shut down)", call));
+    }
+  }
+
+  std::shared_ptr<Tensor> find(const std::string& name, const char* call) const {
+    std::lock_guard<std::mutex> lock(tensors_mu);
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      throw InvalidArgument(fmt::format("ParameterStore::{}: no tensor '{}' is registered", call,
+                                        name));
+    }
+    return it->second;
+  }
+
+  std::shared_ptr<Tensor> tensor_by_id(std::uint32_t id) const {
+    std::lock_guard<std::mutex> lock(tensors_mu);
+    if (id >= tensors.size()) return nullptr;
+    return tensors[id];
+  }
+
+  void note_push(const PushOutcome& o) {
+    core::store_totals().note(o.applied, o.applied && o.factor != 1.0, o.lag);
+    ++pushes;
+    if (o.applied) {
+      ++applied;
+      if (o.factor != 1.0) ++scaled;
+    } else {
+      ++rejected;
+    }
+    std::int64_t seen = max_lag.load();
+    while (o.lag > seen && !max_lag.compare_exchange_weak(seen, o.lag)) {
+    }
+  }
+
+  // --- the server (store_server.cc): answers requests for this member's
+  // shards, on its own thread from construction to close() or destruction.
+
+  void serve();
+  bool awaits_registration(const std::vector<std::byte>& message) const;
+  void answer_deferred(std::vector<std::pair<int, std::vector<std::byte>>>& deferred);
+  void answer(int source, const std::vector<std::byte>& message);
+
+  // --- the client (parameter_store.cc): one request per shard, replies
+  // awaited together.
+
+
+  struct Outstanding {
+    int shard = 0;
+    int owner = 0;  // member index
+    std::vector<std::byte> reply;
+    std::unique_ptr<MpiStoreChannel::Receive> receive;
+  };
+
+  // Waits for every reply; throws the first failure, naming tensor, shard and
+  // owner (every receive is cancelled by its destructor on the way out).
+  void await(const Tensor& t, std::vector<Outstanding>& out, const char* call,
+             const std::function<void(Outstanding&, const ReplyHeader&, std::size_t)>& take);
+
+  void post_and_send(const Tensor& t, const char* call, Outstanding& o, const RequestHeader& req,
+                     std::size_t reply_bytes, std::span<const std::byte> payload);
+};
+
+}  // namespace gyre
