@@ -14,11 +14,21 @@
 // rank r holds (r + i) % n + i % 7 at element i, so the expected sum is known
 // and every result is checked after timing (#wrong).
 //
-// Threads: one, the main thread of every rank (oneCCL's own worker threads
-// aside, see CCL_WORKER_OFFLOAD in run.sh). Rank 0 prints.
+// Built with CCL_BENCH_WITH_GYRE (CMakeLists.txt beside this file, given an
+// installed gyre), the same job also times gyre's runtime allreduce
+// (gyre::allreduce_async + wait, as gyre-allreduce-perf --runtime) on the
+// same input: three systems whose blocks rotate, and every ratio from one run.
+//
+// Threads: the main thread of every rank calls everything (oneCCL's own
+// worker threads aside, see CCL_WORKER_OFFLOAD in run.sh; with gyre, its
+// background thread does gyre's transfers). Rank 0 prints.
 #include <mpi.h>
 
 #include <oneapi/ccl.hpp>
+
+#ifdef CCL_BENCH_WITH_GYRE
+#include "gyre/gyre.h"
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -156,9 +166,22 @@ void set_local_rank_env() {
 
 struct Row {
   std::size_t bytes, count;
-  double ccl_s, mpi_s;
-  std::uint64_t ccl_wrong, mpi_wrong;
+  double ccl_s, mpi_s, gyre_s;  // gyre_s < 0: not timed
+  std::uint64_t ccl_wrong, mpi_wrong, gyre_wrong;
 };
+
+#ifdef CCL_BENCH_WITH_GYRE
+constexpr bool kWithGyre = true;
+void gyre_allreduce(const float* in, float* out, std::size_t count) {
+  const std::vector<std::int64_t> shape{static_cast<std::int64_t>(count)};
+  const gyre::TensorView vin{const_cast<float*>(in), gyre::DataType::kFloat32, shape, {}};
+  const gyre::TensorView vout{out, gyre::DataType::kFloat32, shape, {}};
+  gyre::allreduce_async("ccl-allreduce", vin, vout, gyre::ReduceOp::kSum).wait();
+}
+#else
+constexpr bool kWithGyre = false;
+void gyre_allreduce(const float*, float*, std::size_t) {}
+#endif
 
 int run(const Options& o, int rank, int world) {
   set_local_rank_env();
@@ -176,6 +199,7 @@ int run(const Options& o, int rank, int world) {
 
   const std::size_t max_count = o.max_bytes / sizeof(float);
   Buffer in(max_count * sizeof(float)), out(max_count * sizeof(float)), mpi_out(max_count * sizeof(float));
+  Buffer gyre_out(kWithGyre ? max_count * sizeof(float) : 4096);
 
   if (rank == 0) {
     const ccl::library_version v = ccl::get_library_version();
@@ -186,14 +210,22 @@ int run(const Options& o, int rank, int world) {
                 v.major, v.minor, v.update, env("CCL_ATL_TRANSPORT"), env("CCL_ATL_SHM"), env("FI_PROVIDER"),
                 env("CCL_WORKER_OFFLOAD"));
     std::printf("# peer: MPI_Allreduce on MPI_COMM_WORLD\n");
+    if (kWithGyre) {
+      std::printf("# gyre: runtime (gyre::allreduce_async + Handle::wait; options from GYRE_* environment), "
+                  "same job\n");
+    }
     std::printf("# time: median over %ld blocks of the mean of %ld back-to-back iterations, slowest rank; "
-                "%ld warm-up iterations; oneCCL and MPI blocks alternate\n",
+                "%ld warm-up iterations; the systems' blocks rotate\n",
                 o.blocks, o.iters, o.warmup);
-    std::printf("# busbw = algbw * 2(n-1)/n; ratio = oneCCL busbw / MPI busbw; #wrong checked after timing\n#\n");
-    std::printf("# %10s %12s %8s %7s %10s %8s %8s %7s %10s %8s %7s %8s\n", "size", "count", "type", "redop",
+    std::printf("# busbw = algbw * 2(n-1)/n; ratio = oneCCL busbw / MPI busbw%s; #wrong checked after timing\n#\n",
+                kWithGyre ? "; g/ccl, g/mpi = gyre busbw / oneCCL, MPI busbw" : "");
+    std::printf("# %10s %12s %8s %7s %10s %8s %8s %7s %10s %8s %7s %8s", "size", "count", "type", "redop",
                 "time", "algbw", "busbw", "#wrong", "mpi-time", "mpi-bw", "mpi#wr", "ratio");
-    std::printf("# %10s %12s %8s %7s %10s %8s %8s %7s %10s %8s %7s %8s\n", "(B)", "(elements)", "", "", "(us)",
+    if (kWithGyre) std::printf(" %10s %8s %7s %6s %6s", "gyre-time", "gyre-bw", "gyre#wr", "g/ccl", "g/mpi");
+    std::printf("\n# %10s %12s %8s %7s %10s %8s %8s %7s %10s %8s %7s %8s", "(B)", "(elements)", "", "", "(us)",
                 "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "", "ccl/mpi");
+    if (kWithGyre) std::printf(" %10s %8s %7s %6s %6s", "(us)", "(GB/s)", "", "", "");
+    std::printf("\n");
     std::fflush(stdout);
   }
 
@@ -204,44 +236,61 @@ int run(const Options& o, int rank, int world) {
     fill(in.p, count, rank, world);
     std::memset(out.p, 0xff, count * sizeof(float));  // NaN: a result never written is caught
     std::memset(mpi_out.p, 0xff, count * sizeof(float));
+    if (kWithGyre) std::memset(gyre_out.p, 0xff, count * sizeof(float));
     auto ccl_call = [&] { ccl::allreduce(in.p, out.p, count, ccl::reduction::sum, comm).wait(); };
     auto mpi_call = [&] {
       MPI_Allreduce(in.p, mpi_out.p, static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     };
+    auto gyre_call = [&] { gyre_allreduce(in.p, gyre_out.p, count); };
     for (long w = 0; w < o.warmup; ++w) {
       ccl_call();
       mpi_call();
+      if (kWithGyre) gyre_call();
     }
-    std::vector<double> t_ccl, t_mpi;
+    // Blocks rotate: block b starts with system b % k, so none always
+    // follows another.
+    const int k = kWithGyre ? 3 : 2;
+    std::vector<double> t[3];
     for (long b = 0; b < o.blocks; ++b) {
-      const bool ccl_first = b % 2 == 0;
-      if (!ccl_first) t_mpi.push_back(time_block(mpi_call, o.iters));
-      t_ccl.push_back(time_block(ccl_call, o.iters));
-      if (ccl_first) t_mpi.push_back(time_block(mpi_call, o.iters));
+      for (int j = 0; j < k; ++j) {
+        const int s = static_cast<int>((b + j) % k);
+        if (s == 0) t[0].push_back(time_block(ccl_call, o.iters));
+        else if (s == 1) t[1].push_back(time_block(mpi_call, o.iters));
+        else t[2].push_back(time_block(gyre_call, o.iters));
+      }
     }
-    Row r{count * sizeof(float), count, median(max_across_ranks(t_ccl)), median(max_across_ranks(t_mpi)), 0, 0};
+    Row r{count * sizeof(float), count, median(max_across_ranks(t[0])), median(max_across_ranks(t[1])),
+          kWithGyre ? median(max_across_ranks(t[2])) : -1.0, 0, 0, 0};
     r.ccl_wrong = wrong_on_all_ranks(out.p, count, world);
     r.mpi_wrong = wrong_on_all_ranks(mpi_out.p, count, world);
-    total_wrong += r.ccl_wrong + r.mpi_wrong;
+    if (kWithGyre) r.gyre_wrong = wrong_on_all_ranks(gyre_out.p, count, world);
+    total_wrong += r.ccl_wrong + r.mpi_wrong + r.gyre_wrong;
     rows.push_back(r);
     if (rank == 0) {
-      std::printf("  %10zu %12zu %8s %7s %10.2f %8.3f %8.3f %7llu %10.2f %8.3f %7llu %8.2f\n", r.bytes, r.count,
+      std::printf("  %10zu %12zu %8s %7s %10.2f %8.3f %8.3f %7llu %10.2f %8.3f %7llu %8.2f", r.bytes, r.count,
                   "float32", "sum", r.ccl_s * 1e6, r.bytes / r.ccl_s / 1e9, busbw_gbs(r.bytes, r.ccl_s, world),
                   static_cast<unsigned long long>(r.ccl_wrong), r.mpi_s * 1e6, busbw_gbs(r.bytes, r.mpi_s, world),
                   static_cast<unsigned long long>(r.mpi_wrong), r.mpi_s / r.ccl_s);
+      if (kWithGyre) {
+        std::printf(" %10.2f %8.3f %7llu %6.2f %6.2f", r.gyre_s * 1e6, busbw_gbs(r.bytes, r.gyre_s, world),
+                    static_cast<unsigned long long>(r.gyre_wrong), r.ccl_s / r.gyre_s, r.mpi_s / r.gyre_s);
+      }
+      std::printf("\n");
       std::fflush(stdout);
     }
     if (bytes > o.max_bytes / static_cast<std::size_t>(o.factor)) break;
   }
 
   if (rank == 0) {
-    double sum_ccl = 0, sum_mpi = 0;
+    double sum_ccl = 0, sum_mpi = 0, sum_gyre = 0;
     for (const Row& r : rows) {
       sum_ccl += busbw_gbs(r.bytes, r.ccl_s, world);
       sum_mpi += busbw_gbs(r.bytes, r.mpi_s, world);
+      if (kWithGyre) sum_gyre += busbw_gbs(r.bytes, r.gyre_s, world);
     }
-    std::printf("# Avg bus bandwidth: oneCCL %.3f GB/s, MPI %.3f GB/s\n", sum_ccl / rows.size(),
-                sum_mpi / rows.size());
+    std::printf("# Avg bus bandwidth: oneCCL %.3f GB/s, MPI %.3f GB/s", sum_ccl / rows.size(), sum_mpi / rows.size());
+    if (kWithGyre) std::printf(", gyre %.3f GB/s", sum_gyre / rows.size());
+    std::printf("\n");
     std::printf("# Wrong elements in total: %llu %s\n", static_cast<unsigned long long>(total_wrong),
                 total_wrong == 0 ? "OK" : "FAILED");
     if (!o.json_path.empty()) {
@@ -257,11 +306,17 @@ int run(const Options& o, int rank, int world) {
         std::fprintf(f,
                      "  {\"bytes\": %zu, \"count\": %zu, \"dtype\": \"float32\", \"op\": \"sum\", "
                      "\"time_us\": %.6g, \"algbw_gbs\": %.6g, \"busbw_gbs\": %.6g, \"wrong\": %llu, "
-                     "\"mpi_time_us\": %.6g, \"mpi_busbw_gbs\": %.6g, \"mpi_wrong\": %llu, \"ratio\": %.6g}%s\n",
+                     "\"mpi_time_us\": %.6g, \"mpi_busbw_gbs\": %.6g, \"mpi_wrong\": %llu, \"ratio\": %.6g",
                      r.bytes, r.count, r.ccl_s * 1e6, r.bytes / r.ccl_s / 1e9, busbw_gbs(r.bytes, r.ccl_s, world),
                      static_cast<unsigned long long>(r.ccl_wrong), r.mpi_s * 1e6,
                      busbw_gbs(r.bytes, r.mpi_s, world), static_cast<unsigned long long>(r.mpi_wrong),
-                     r.mpi_s / r.ccl_s, k + 1 < rows.size() ? "," : "");
+                     r.mpi_s / r.ccl_s);
+        if (kWithGyre) {
+          std::fprintf(f, ", \"gyre_time_us\": %.6g, \"gyre_busbw_gbs\": %.6g, \"gyre_wrong\": %llu",
+                       r.gyre_s * 1e6, busbw_gbs(r.bytes, r.gyre_s, world),
+                       static_cast<unsigned long long>(r.gyre_wrong));
+        }
+        std::fprintf(f, "}%s\n", k + 1 < rows.size() ? "," : "");
       }
       std::fprintf(f, " ]}\n");
       std::fclose(f);
@@ -273,7 +328,9 @@ int run(const Options& o, int rank, int world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // gyre's background thread calls MPI beside this thread's MPI_Allreduce.
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, kWithGyre ? MPI_THREAD_MULTIPLE : MPI_THREAD_SINGLE, &provided);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
@@ -287,7 +344,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+#ifdef CCL_BENCH_WITH_GYRE
+    if (provided < MPI_THREAD_MULTIPLE) throw std::runtime_error("MPI does not offer MPI_THREAD_MULTIPLE");
+    gyre::init();
+#endif
     status = run(o, rank, world);
+#ifdef CCL_BENCH_WITH_GYRE
+    gyre::shutdown();
+#endif
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ccl-allreduce (rank %d): %s\n", rank, e.what());
     std::fflush(stderr);

@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# Optional peer benchmark: Intel oneCCL's allreduce beside MPI_Allreduce (in
-# one job, ccl_allreduce.cc), then gyre's runtime allreduce beside
-# MPI_Allreduce (gyre-allreduce-perf --runtime, the next job), and a table of
-# the two with the ratios. 2 ranks, float32 sum, 8 B .. 64 MiB by default.
+# Optional peer benchmark: Intel oneCCL's allreduce beside MPI_Allreduce and
+# gyre's runtime allreduce, 2 ranks, float32 sum, 8 B .. 64 MiB by default.
 #
 #   bash benchmarks/oneccl/run.sh [OUT]          # OUT: default bench-results/oneccl
+#
+# Two ways to time gyre:
+#   GYRE_PREFIX=<an installed gyre>   (cmake --install BUILD --prefix PREFIX)
+#       one job times all three (ccl-allreduce-gyre, CMakeLists.txt here):
+#       every ratio from the same run; table in OUT/oneccl-gyre.txt.
+#   otherwise                         ccl-allreduce times oneCCL beside
+#       MPI_Allreduce in one job, gyre-allreduce-perf --runtime (from
+#       GYRE_BUILD) gyre beside MPI_Allreduce in the next; compare.py puts the
+#       two side by side (gyre/oneCCL then spans two jobs).
 #
 # oneCCL is installed here at run time from the Python package registry into
 # a venv of its own; gyre neither builds against it nor ships it (Intel
@@ -13,8 +20,9 @@
 # Environment:
 #   GYRE_ONECCL_VENV   the venv (default /opt/gyre-oneccl); made when missing
 #   ONECCL_VERSION     default 2022.1.2
-#   GYRE_BUILD         gyre's build folder, for benchmarks/gyre-allreduce-perf
-#                      (default: build/ in this checkout)
+#   GYRE_PREFIX        an installed gyre: time it in the oneCCL job
+#   GYRE_BUILD         otherwise gyre's build folder, for
+#                      benchmarks/gyre-allreduce-perf (default: build/ here)
 #   SKIP_GYRE=1        oneCCL and MPI only
 #   NP                 ranks (default 2)
 #   SWEEP              sweep options for both programs (default "-b 8 -e 64M -f 2")
@@ -84,12 +92,24 @@ fi
 mpiflags=(-np "$np" --oversubscribe --allow-run-as-root)
 export CCL_ATL_TRANSPORT=ofi CCL_ATL_SHM=1 FI_PROVIDER=shm FI_PROVIDER_PATH=$venv/lib CCL_WORKER_OFFLOAD=0
 export CCL_LOG_LEVEL=${CCL_LOG_LEVEL:-error}
+cclenv=(-x CCL_ATL_TRANSPORT -x CCL_ATL_SHM -x FI_PROVIDER -x FI_PROVIDER_PATH -x CCL_WORKER_OFFLOAD -x CCL_LOG_LEVEL)
+if [ -n "${GYRE_PREFIX:-}" ] && [ -z "${SKIP_GYRE:-}" ]; then
+  # 3a. All three systems in one job.
+  gbuild=$venv/build-gyre
+  cmake -S "$here" -B "$gbuild" -DCMAKE_BUILD_TYPE=Release -DONECCL_ROOT="$venv" \
+    -Dgyre_DIR="$GYRE_PREFIX/lib/cmake/gyre" > "$out/cmake.log"
+  cmake --build "$gbuild" -j 2 2> >(grep -v 'may conflict with' >&2) >> "$out/cmake.log"
+  echo "== oneccl-gyre: mpirun ${mpiflags[*]} ccl-allreduce-gyre ${sweep[*]}" | tee "$out/oneccl-gyre.txt"
+  mpirun "${mpiflags[@]}" "${cclenv[@]}" "$gbuild/ccl-allreduce-gyre" "${sweep[@]}" \
+    --json "$out/oneccl-gyre.json" | tee -a "$out/oneccl-gyre.txt"
+  echo "load after: $(cat /proc/loadavg)" >> "$out/machine.txt"
+  exit 0
+fi
 echo "== oneccl: mpirun ${mpiflags[*]} ccl-allreduce ${sweep[*]}" | tee "$out/oneccl.txt"
-mpirun "${mpiflags[@]}" -x CCL_ATL_TRANSPORT -x CCL_ATL_SHM -x FI_PROVIDER -x FI_PROVIDER_PATH \
-  -x CCL_WORKER_OFFLOAD -x CCL_LOG_LEVEL "$bin" "${sweep[@]}" --json "$out/oneccl.json" | tee -a "$out/oneccl.txt"
+mpirun "${mpiflags[@]}" "${cclenv[@]}" "$bin" "${sweep[@]}" --json "$out/oneccl.json" | tee -a "$out/oneccl.txt"
 unset CCL_ATL_TRANSPORT CCL_ATL_SHM FI_PROVIDER FI_PROVIDER_PATH CCL_WORKER_OFFLOAD CCL_LOG_LEVEL
 
-# 4. gyre through the runtime, the same sizes, in the next job.
+# 3b. gyre through the runtime, the same sizes, in the next job.
 if [ -z "${SKIP_GYRE:-}" ]; then
   perf=$GYRE_BUILD/benchmarks/gyre-allreduce-perf
   [ -x "$perf" ] || { echo "run.sh: $perf not built (set GYRE_BUILD, or SKIP_GYRE=1)" >&2; exit 1; }
