@@ -82,6 +82,8 @@ fi
   echo "mpirun: $(mpirun --version | head -1)"
   echo "oneCCL: $version ($venv)"
   echo "git: $(git -C "$here/../.." rev-parse --short HEAD)"
+  if [ -n "${GYRE_PREFIX:-}" ]; then echo "gyre: installed in $GYRE_PREFIX (same job)"
+  else echo "gyre: $GYRE_BUILD/benchmarks/gyre-allreduce-perf (next job)"; fi
   echo "load before: $(cat /proc/loadavg)"
 } > "$out/machine.txt"
 
