@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""A markdown table of oneCCL's sweep (ccl-allreduce --json) beside gyre's
-(gyre-allreduce-perf --runtime --json), each with the MPI_Allreduce timed in
-its own job, and the ratios:
+"""Markdown tables of benchmarks/oneccl/run.sh's JSON rows, with the ratios.
 
+    python3 benchmarks/oneccl/compare.py oneccl-gyre.json
+        one job timed all three (ccl-allreduce-gyre): every ratio same-run
     python3 benchmarks/oneccl/compare.py oneccl.json gyre-runtime.json
+        oneCCL's sweep (ccl-allreduce) beside gyre's (gyre-allreduce-perf
+        --runtime), each with the MPI_Allreduce timed in its own job:
+        ccl/MPI and gyre/MPI are same-run; gyre/oneCCL compares two jobs run
+        one after the other, so it also carries the drift between them
 
-ccl/MPI and gyre/MPI come from one job each (same run); gyre/oneCCL compares
-two jobs run one after the other, so it also carries the drift between them.
 Ratios are of busbw (equally of inverse time): above 1, the first is faster.
 """
 import json
@@ -25,8 +27,26 @@ def rows(path):
         return {r["bytes"]: r for r in json.load(f)["rows"]}
 
 
+def one_job(ccl):
+    print("| size | oneCCL µs | oneCCL busbw | MPI µs | MPI busbw | gyre µs | gyre busbw | "
+          "oneCCL/MPI | gyre/MPI | gyre/oneCCL |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for size in sorted(ccl):
+        r = ccl[size]
+        print(f"| {human(size)} | {r['time_us']:.2f} | {r['busbw_gbs']:.3f} | {r['mpi_time_us']:.2f} | "
+              f"{r['mpi_busbw_gbs']:.3f} | {r['gyre_time_us']:.2f} | {r['gyre_busbw_gbs']:.3f} | "
+              f"{r['ratio']:.2f} | {r['mpi_time_us'] / r['gyre_time_us']:.2f} | "
+              f"{r['time_us'] / r['gyre_time_us']:.2f} |")
+    wrong = sum(r["wrong"] + r["mpi_wrong"] + r["gyre_wrong"] for r in ccl.values())
+    print(f"\nbusbw in GB/s; time: median of the blocks, slowest rank; one job; wrong elements in all rows: {wrong}")
+
+
 def main():
-    ccl, gyre = rows(sys.argv[1]), rows(sys.argv[2])
+    ccl = rows(sys.argv[1])
+    if len(sys.argv) == 2:
+        one_job(ccl)
+        return
+    gyre = rows(sys.argv[2])
     print("| size | oneCCL µs | oneCCL busbw | MPI busbw (ccl job) | ccl/MPI | gyre µs | gyre busbw | "
           "MPI busbw (gyre job) | gyre/MPI | gyre/oneCCL |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

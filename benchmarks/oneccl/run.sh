@@ -105,6 +105,7 @@ if [ -n "${GYRE_PREFIX:-}" ] && [ -z "${SKIP_GYRE:-}" ]; then
   mpirun "${mpiflags[@]}" "${cclenv[@]}" "$gbuild/ccl-allreduce-gyre" "${sweep[@]}" \
     --json "$out/oneccl-gyre.json" | tee -a "$out/oneccl-gyre.txt"
   echo "load after: $(cat /proc/loadavg)" >> "$out/machine.txt"
+  python3 "$here/compare.py" "$out/oneccl-gyre.json" | tee "$out/compare.md"
   exit 0
 fi
 echo "== oneccl: mpirun ${mpiflags[*]} ccl-allreduce ${sweep[*]}" | tee "$out/oneccl.txt"
