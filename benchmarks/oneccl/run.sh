@@ -94,6 +94,8 @@ fi
 mpiflags=(-np "$np" --oversubscribe --allow-run-as-root)
 export CCL_ATL_TRANSPORT=ofi CCL_ATL_SHM=1 FI_PROVIDER=shm FI_PROVIDER_PATH=$venv/lib CCL_WORKER_OFFLOAD=0
 export CCL_LOG_LEVEL=${CCL_LOG_LEVEL:-error}
+# oneCCL says on stdout that CCL_LOG_LEVEL was changed, whatever the level.
+quiet() { grep --line-buffered -v 'CCL_WARN| value of CCL_LOG_LEVEL changed' || true; }
 cclenv=(-x CCL_ATL_TRANSPORT -x CCL_ATL_SHM -x FI_PROVIDER -x FI_PROVIDER_PATH -x CCL_WORKER_OFFLOAD -x CCL_LOG_LEVEL)
 if [ -n "${GYRE_PREFIX:-}" ] && [ -z "${SKIP_GYRE:-}" ]; then
   # 3a. All three systems in one job.
@@ -103,13 +105,13 @@ if [ -n "${GYRE_PREFIX:-}" ] && [ -z "${SKIP_GYRE:-}" ]; then
   cmake --build "$gbuild" -j 2 2> >(grep -v 'may conflict with' >&2) >> "$out/cmake.log"
   echo "== oneccl-gyre: mpirun ${mpiflags[*]} ccl-allreduce-gyre ${sweep[*]}" | tee "$out/oneccl-gyre.txt"
   mpirun "${mpiflags[@]}" "${cclenv[@]}" "$gbuild/ccl-allreduce-gyre" "${sweep[@]}" \
-    --json "$out/oneccl-gyre.json" | tee -a "$out/oneccl-gyre.txt"
+    --json "$out/oneccl-gyre.json" | quiet | tee -a "$out/oneccl-gyre.txt"
   echo "load after: $(cat /proc/loadavg)" >> "$out/machine.txt"
   python3 "$here/compare.py" "$out/oneccl-gyre.json" | tee "$out/compare.md"
   exit 0
 fi
 echo "== oneccl: mpirun ${mpiflags[*]} ccl-allreduce ${sweep[*]}" | tee "$out/oneccl.txt"
-mpirun "${mpiflags[@]}" "${cclenv[@]}" "$bin" "${sweep[@]}" --json "$out/oneccl.json" | tee -a "$out/oneccl.txt"
+mpirun "${mpiflags[@]}" "${cclenv[@]}" "$bin" "${sweep[@]}" --json "$out/oneccl.json" | quiet | tee -a "$out/oneccl.txt"
 unset CCL_ATL_TRANSPORT CCL_ATL_SHM FI_PROVIDER FI_PROVIDER_PATH CCL_WORKER_OFFLOAD CCL_LOG_LEVEL
 
 # 3b. gyre through the runtime, the same sizes, in the next job.
