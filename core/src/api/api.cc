@@ -149,9 +149,7 @@ RuntimeStats runtime_stats() {
   st.requests_sent = rt->requests_sent();
   st.cache_hits_sent = rt->cache_hits_sent();
   st.versions = rt->versions().snapshot();
-  const std::uint64_t top =
-      st.versions.empty() ? 0 : *std::max_element(st.versions.begin(), st.versions.end());
-  for (std::uint64_t v : st.versions) st.behind.push_back(top - v);
+  st.behind = core::steps_behind(st.versions);
   const core::StoreTotals& totals = core::store_totals();
   st.store_pushes = totals.pushes.load();
   st.store_pushes_applied = totals.applied.load();

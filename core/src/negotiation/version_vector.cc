@@ -57,4 +57,12 @@ std::optional<std::string> check_lag(const std::string& what,
       what, hi - lo, max_lag, parts);
 }
 
+std::vector<std::uint64_t> steps_behind(const std::vector<std::uint64_t>& steps) {
+  const std::uint64_t top = steps.empty() ? 0 : *std::max_element(steps.begin(), steps.end());
+  std::vector<std::uint64_t> behind;
+  behind.reserve(steps.size());
+  for (std::uint64_t s : steps) behind.push_back(top - s);
+  return behind;
+}
+
 }  // namespace gyre::core

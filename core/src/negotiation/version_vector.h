@@ -39,6 +39,10 @@ class VersionVector {
   std::vector<std::uint64_t> steps_;
 };
 
+// Per rank: how many committed steps it is behind the most advanced rank
+// of `steps` (a snapshot()): what runtime_stats() and the timeline report.
+std::vector<std::uint64_t> steps_behind(const std::vector<std::uint64_t>& steps);
+
 // The steps of the ranks that submitted one tensor (nullopt: did not).
 // Returns the DivergenceError text when they differ by more than max_lag.
 std::optional<std::string> check_lag(const std::string& what,

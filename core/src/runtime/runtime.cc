@@ -357,10 +357,10 @@ std::string Runtime::phase() const {
 void Runtime::record_versions() {
   std::vector<std::uint64_t> v = vv_.snapshot();
   if (v == timeline_versions_) return;
-  const std::uint64_t top = v.empty() ? 0 : *std::max_element(v.begin(), v.end());
+  const std::vector<std::uint64_t> behind = steps_behind(v);
   std::vector<std::pair<std::string, double>> lags;
-  for (std::size_t r = 0; r < v.size(); ++r) {
-    lags.emplace_back(fmt::format("rank {}", r), static_cast<double>(top - v[r]));
+  for (std::size_t r = 0; r < behind.size(); ++r) {
+    lags.emplace_back(fmt::format("rank {}", r), static_cast<double>(behind[r]));
   }
   timeline_.counter("VERSION_LAG", Clock::now(), lags);
   timeline_versions_ = std::move(v);
