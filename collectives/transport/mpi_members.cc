@@ -243,7 +243,8 @@ std::unique_ptr<Transport> MpiWorld::make_members_transport(const std::vector<in
   if (finalized_) throw StateError("MpiWorld::make_members_transport after finalize()");
   if (ranks.empty() || !std::binary_search(ranks.begin(), ranks.end(), rank_)) {
     throw InvalidArgument(fmt::format(
-        "making a process set on its members: this rank ({}) is not among ranks [{}]", rank_,
+        "making a process set on its members: this rank ({}) is not among ranks [{}]; ranks "
+        "outside the set do not call it", rank_,
         fmt::join(ranks, ", ")));
   }
   if (!(timeout_s > 0)) timeout_s = 300;

@@ -108,6 +108,12 @@ std::string check_ranks(const char* call, const std::vector<int>& ranks, int n) 
   return {};
 }
 
+std::string every_rank_error(const std::vector<int>& ranks) {
+  return fmt::format(
+      "add_process_set: ranks [{}] are every rank: that is the global process set (id 0)",
+      fmt::join(ranks, ", "));
+}
+
 // The runtime of set `id` over `t`, with the world's options.
 std::shared_ptr<Runtime> set_runtime(Runtime& world, std::unique_ptr<transport::Transport> t,
                                      int id) {
@@ -128,11 +134,7 @@ int add_process_set(Runtime& world, ProcessSetTable& table, std::vector<int> ran
   std::string error = check_ranks("add_process_set", ranks, n);
   const std::int64_t id =
       agree(world, "add_process_set", kAdd, table.next_id(), ranks, error);
-  if (static_cast<int>(ranks.size()) == n) {
-    throw InvalidArgument(fmt::format(
-        "add_process_set: ranks [{}] are every rank: that is the global process set (id 0)",
-        fmt::join(ranks, ", ")));
-  }
+  if (static_cast<int>(ranks.size()) == n) throw InvalidArgument(every_rank_error(ranks));
   if (auto existing = table.find_ranks(ranks)) {
     throw InvalidArgument(fmt::format(
         "add_process_set: ranks [{}] are already process set {}", fmt::join(ranks, ", "),
@@ -155,16 +157,8 @@ int add_process_set_of_members(Runtime& world, ProcessSetTable& table, std::vect
   if (std::string error = check_ranks("add_process_set", ranks, n); !error.empty()) {
     throw InvalidArgument(error);
   }
-  if (!std::binary_search(ranks.begin(), ranks.end(), world.rank())) {
-    throw InvalidArgument(fmt::format(
-        "add_process_set(members only): rank {} is not in ranks [{}]; ranks outside the set "
-        "do not call it", world.rank(), fmt::join(ranks, ", ")));
-  }
-  if (static_cast<int>(ranks.size()) == n) {
-    throw InvalidArgument(fmt::format(
-        "add_process_set: ranks [{}] are every rank: that is the global process set (id 0)",
-        fmt::join(ranks, ", ")));
-  }
+  if (static_cast<int>(ranks.size()) == n) throw InvalidArgument(every_rank_error(ranks));
+  // (make_members_transport refuses a rank outside `ranks`.)
   int id = table.next_id();
   auto t = transport::MpiWorld::instance().make_members_transport(ranks, id, timeout_s);
   // (A members-only set with the same ranks may exist: like torch's groups,
