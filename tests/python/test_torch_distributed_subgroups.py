@@ -44,6 +44,8 @@ def test_new_group_of_a_subset(world):
     t = torch.ones(1)
     dist.all_reduce(t)
     assert t.item() == size
+    if rank in ranks:
+        dist.destroy_process_group(group)  # later tests count the sets held
 
 
 def test_disjoint_subgroups_from_new_subgroups(world):
@@ -55,6 +57,8 @@ def test_disjoint_subgroups_from_new_subgroups(world):
     t = torch.full((2,), float(rank))
     dist.all_reduce(t, group=mine)
     assert t.tolist() == [float(rank)] * 2
+    for g in groups:
+        dist.destroy_process_group(g)
 
 
 def test_ddp_on_a_subgroup_averages_over_it(world):
@@ -73,6 +77,8 @@ def test_ddp_on_a_subgroup_averages_over_it(world):
     # d(sum(w.x))/dw = sum of rows of x: 2 * (rank + 1) per entry, averaged.
     expected = sum(2.0 * (r + 1) for r in ranks) / len(ranks)
     assert torch.allclose(model.weight.grad, torch.full((1, 4), expected))
+    del ddp
+    dist.destroy_process_group(group)
 
 
 def test_subgroups_of_a_subgroup_made_on_its_members_only(world):
