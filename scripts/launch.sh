@@ -86,11 +86,25 @@ run() {  # run NAME TIMEOUT_S CMD...: fails the script (not at once) on failure
   echo "-- $name"
   timeout "$limit" "$@" || { echo "launch.sh: FAILED: $name" >&2; status=1; }
 }
+# reference NAME TIMEOUT_S CMD...: a run on gloo, the peer the gyre runs are
+# compared with. gloo itself aborts now and then when its ranks tear down
+# (seen once in CI: "terminate called without an active exception" from a
+# gloo rank after the job's last collective, no gyre code loaded); such a
+# run is reported and run once more, since the gloo parameters are only the
+# reference. The gyre runs get no second try.
+reference() {
+  local name=$1 limit=$2; shift 2
+  echo "-- $name"
+  timeout "$limit" "$@" && return 0
+  echo "launch.sh: the reference run on gloo failed (above); running it once more: $name" >&2
+  timeout "$limit" "$@" || { echo "launch.sh: FAILED: $name" >&2; status=1; }
+}
 
 for n in 2 3; do
   mode=close; [ "$n" = 2 ] && mode=exact
   for backend in gloo gyre; do
-    run "torchrun --standalone --nproc_per_node=$n train_ddp.py $backend" 300 \
+    how=run; [ "$backend" = gloo ] && how=reference
+    $how "torchrun --standalone --nproc_per_node=$n train_ddp.py $backend" 300 \
       "${torchrun[@]}" --standalone --nproc_per_node=$n "$GYRE_ROOT/tests/launch/train_ddp.py" \
       $backend ddp_${backend}_$n.pt
   done
@@ -98,7 +112,8 @@ for n in 2 3; do
 done
 
 for backend in gloo gyre; do
-  run "torchrun --standalone --nproc_per_node=2 train_lightning.py $backend" 300 \
+  how=run; [ "$backend" = gloo ] && how=reference
+  $how "torchrun --standalone --nproc_per_node=2 train_lightning.py $backend" 300 \
     "${torchrun[@]}" --standalone --nproc_per_node=2 "$GYRE_ROOT/tests/launch/train_lightning.py" \
     $backend lightning_$backend.pt
 done

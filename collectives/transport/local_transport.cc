@@ -1,6 +1,8 @@
 // LocalTransport: eager-copy mailboxes shared by the rank threads of one
-// process. Small on purpose: one mutex and one condition variable for the
-// whole world; the unit tests it serves move at most a few tens of MB.
+// process. Small on purpose: one mutex for the whole world and one condition
+// variable per rank (a completed receive wakes only the rank that posted it,
+// not every rank thread of a 16-rank world); the unit tests it serves move
+// at most a few tens of MB.
 #include "gyre/collectives/local_transport.h"
 
 #include <algorithm>
@@ -61,12 +63,12 @@ class LocalWorld {
   };
   struct Mailbox {
     std::map<std::pair<int, int>, Queue> queues;
+    // Signalled when a receive of this rank completes or the world fails.
+    std::condition_variable cv;
   };
 
   // Guards boxes_ and failed_rank_, and every RecvOp reachable from them.
   std::mutex mu_;
-  // Signalled when a receive completes or the world fails.
-  std::condition_variable cv_;
   const int n_;
   std::vector<Mailbox> boxes_;
   int failed_rank_ = -1;
@@ -87,7 +89,7 @@ void fail_local_world(LocalWorld& world, int rank) {
     std::lock_guard<std::mutex> lock(world.mu_);
     if (world.failed_rank_ < 0) world.failed_rank_ = rank;
   }
-  world.cv_.notify_all();
+  for (auto& box : world.boxes_) box.cv.notify_all();
 }
 
 LocalTransport::LocalTransport(std::shared_ptr<LocalWorld> world, int rank)
@@ -140,7 +142,7 @@ Transfer LocalTransport::isend(int peer, int tag, std::span<const std::byte> dat
       q.messages.push_back(std::move(msg));
     }
   }
-  if (completed) world_->cv_.notify_all();
+  if (completed) world_->boxes_[static_cast<std::size_t>(peer)].cv.notify_one();
   return Transfer{};  // eager: the data is already copied, the send is complete
 }
 
@@ -190,12 +192,13 @@ void LocalTransport::wait(Transfer& req) {
     throw InvalidArgument(fmt::format("local transport: unknown request {}", req.slot));
   }
   RecvOp& op = *it->second;
+  std::condition_variable& cv = world_->boxes_[static_cast<std::size_t>(rank_)].cv;
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   {
     std::unique_lock<std::mutex> lock(world_->mu_);
     auto ready = [&] { return op.done || world_->failed_rank_ >= 0; };
     if (timeout_.count() > 0) {
-      if (!world_->cv_.wait_until(lock, deadline, ready)) {
+      if (!cv.wait_until(lock, deadline, ready)) {
         lock.unlock();
         cancel_pending();
         throw TimeoutError(fmt::format(
@@ -203,7 +206,7 @@ void LocalTransport::wait(Transfer& req) {
             rank_, timeout_.count(), op.buf.size(), op.src, op.tag));
       }
     } else {
-      world_->cv_.wait(lock, ready);
+      cv.wait(lock, ready);
     }
     if (!op.done) {
       const int failed = world_->failed_rank_;
