@@ -238,6 +238,8 @@ void bind_divergence(py::module_& m) {
     d["rounds"] = st.rounds;
     d["requests_sent"] = st.requests_sent;
     d["cache_hits_sent"] = st.cache_hits_sent;
+    d["log_depth_rounds"] = st.log_depth_rounds;
+    d["negotiation_messages"] = st.negotiation_messages;
     d["versions"] = st.versions;
     d["behind"] = st.behind;
     d["store_pushes"] = st.store_pushes;

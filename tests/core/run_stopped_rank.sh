@@ -4,7 +4,7 @@
 # non-zero within GYRE_OP_TIMEOUT_S plus a margin, every other rank logged
 # the deadline error naming whom it waited for (over shared memory rank 1;
 # over MPI its ring predecessor, a chain that leads back to rank 1, or rank 1
-# itself for a rank blocked sending to it), and no
+# itself), and no
 # process of the job is left, stopped or not.
 set -u
 delay_us=$1 mpiexec=$2 np=$3 exe=$4
@@ -71,10 +71,12 @@ for r in $(seq 0 $((np - 1))); do
     grep -qE "local rank\(s\) ([0-9]+, )*1(, [0-9]+)* to reach" <<<"$line" ||
       fail "rank $r's error does not name rank 1: $line"
   else
-    # (Or the stopped rank itself: a rank blocked sending a message too
-    # large to go eagerly to its successor, rank 1, names that rank.)
+    # Or the stopped rank itself: a rank blocked sending a message too
+    # large to go eagerly to its successor, rank 1, names that rank, and a
+    # log-depth negotiation round (dissemination: step k receives from rank
+    # r - 2^k) may wait on rank 1 directly.
     pred=$(( (r + np - 1) % np ))
-    grep -qE "(from|to) rank $pred |to rank 1 " <<<"$line" ||
+    grep -qE "(from|to) rank $pred |(from|to) rank 1 " <<<"$line" ||
       fail "rank $r's error names neither its predecessor $pred nor rank 1: $line"
   fi
 done

@@ -403,3 +403,39 @@ TEST_CASE("mpi: Adasum with a joined rank, which contributes zeros (Horovod's jo
   const int last = join();
   CHECK((last >= 1 && last < n));
 }
+
+TEST_CASE("mpi: steady-state negotiation rounds are log depth, ceil(log2 n) messages each",
+          "[mpi]") {
+  Session s(test_options());
+  const int n = size();
+  std::uint64_t log2n = 0;
+  while ((1 << log2n) < n) ++log2n;
+  std::vector<float> a(64, 1.0f), b(1000, 2.0f);
+  auto step = [&] {
+    Handle ha = allreduce_async("ld.a", view(a), view(a), ReduceOp::kAverage);
+    Handle hb = allreduce_async("ld.b", view(b), view(b), ReduceOp::kAverage);
+    ha.wait();
+    hb.wait();
+  };
+  step();  // the first submissions travel in full and fill the response cache
+  barrier();
+  const RuntimeStats before = runtime_stats();
+  constexpr int kSteps = 30;
+  for (int i = 0; i < kSteps; ++i) step();
+  const RuntimeStats after = runtime_stats();
+  CHECK(a[0] == 1.0f);
+  CHECK(b[999] == 2.0f);
+  const std::uint64_t rounds = after.rounds - before.rounds;
+  const std::uint64_t log_depth = after.log_depth_rounds - before.log_depth_rounds;
+  const std::uint64_t messages = after.negotiation_messages - before.negotiation_messages;
+  INFO("rounds " << rounds << ", log-depth rounds " << log_depth << ", messages " << messages);
+  // Every operation ran in a log-depth round.
+  CHECK(log_depth >= static_cast<std::uint64_t>(kSteps));
+  CHECK(after.cache_hits_sent - before.cache_hits_sent == 2u * kSteps);
+  CHECK(after.requests_sent == before.requests_sent);
+  CHECK(messages >= log2n * log_depth);
+  // A round takes the full exchange only when a hit waits past the hold
+  // limit (1 s: a rank descheduled that long); otherwise each round is
+  // exactly ceil(log2 n) messages from this rank.
+  if (rounds == log_depth) CHECK(messages == log2n * rounds);
+}

@@ -295,3 +295,21 @@ def test_int16_and_bool_allreduce(size, rank):
     assert b.dtype == torch.bool and b.tolist() == [True, False, True]
     b = gyre.allreduce(torch.tensor([rank == 0, True, True]), op=gyre.Min)  # logical and
     assert b.tolist() == [size == 1, True, True]
+
+
+def test_runtime_stats_count_log_depth_rounds(size, rank):
+    """Repeated allreduces of the same names are cache hits on every rank:
+    runtime_stats() shows them decided by log-depth rounds, and this rank's
+    negotiation messages grow by at least ceil(log2 size) per such round."""
+    t = torch.ones(16)
+    gyre.allreduce(t, name="stats.ld", op=gyre.Sum)  # fills the response cache
+    gyre.barrier()
+    before = gyre.runtime_stats()
+    for _ in range(10):
+        out = gyre.allreduce(t, name="stats.ld", op=gyre.Sum)
+    after = gyre.runtime_stats()
+    assert torch.equal(out, torch.full((16,), float(size)))
+    log2 = (size - 1).bit_length()
+    rounds = after["log_depth_rounds"] - before["log_depth_rounds"]
+    assert rounds >= 10
+    assert after["negotiation_messages"] - before["negotiation_messages"] >= log2 * rounds

@@ -115,7 +115,9 @@ def version_vector() -> List[int]:
 
 def runtime_stats() -> dict:
     """This rank's runtime counters: negotiation rounds, requests sent in
-    full and as cache bits; the version vector (``versions``) and how many
+    full and as cache bits, rounds decided in log depth
+    (``log_depth_rounds``) and the messages this rank sent negotiating
+    (``negotiation_messages``); the version vector (``versions``) and how many
     committed steps each rank is behind the most advanced one (``behind``);
     the parameter stores' shard pushes made by this process, applied,
     rejected and scaled, and the largest lag among them (``store_*``)."""

@@ -332,6 +332,10 @@ void stop_timeline();
 // Each valid request this rank negotiates is sent either in full or, when it
 // repeats the previous request of its name unchanged, as one response-cache
 // bit: the hit rate is cache_hits_sent / (requests_sent + cache_hits_sent).
+// A round in which every rank's requests are cache hits at one step is
+// decided by a log-depth exchange alone (log_depth_rounds; docs/scaling.md):
+// ceil(log2 n) messages from this rank instead of the ring allgather's n - 1
+// or more; negotiation_messages counts both kinds (global set only).
 //
 // The version vector (the global set's) and, per rank, how many committed
 // steps it is behind the most advanced one; and the parameter stores' push
@@ -341,6 +345,8 @@ struct RuntimeStats {
   std::uint64_t rounds = 0;           // negotiation rounds run
   std::uint64_t requests_sent = 0;    // requests sent in full
   std::uint64_t cache_hits_sent = 0;  // requests sent as a cache bit
+  std::uint64_t log_depth_rounds = 0;      // rounds decided in log depth
+  std::uint64_t negotiation_messages = 0;  // messages this rank sent negotiating
   std::vector<std::uint64_t> versions;  // version_vector()
   std::vector<std::uint64_t> behind;    // max(versions) - versions[r]
   std::int64_t store_pushes = 0;        // shard pushes by this process

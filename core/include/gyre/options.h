@@ -30,6 +30,10 @@ struct Options {
   double spin_wait_us = 100.0;
   // GYRE_CACHE_CAPACITY: entries of the response cache; 0 disables it.
   std::size_t cache_capacity = 1024;
+  // GYRE_LOG_NEGOTIATION: 1 decides a round in which every rank's requests
+  // are cache hits at one step by a log-depth exchange (ceil(log2 n)
+  // messages per rank); 0 always runs the full exchange.
+  long log_negotiation = 1;
   // GYRE_RING_CHUNK_BYTES: pipelined chunk size of the ring algorithms (> 0).
   std::size_t ring_chunk_bytes = 256u << 10;
   // GYRE_ALLREDUCE_SMALL_BYTES: allreduces (single tensors or fused buckets)

@@ -148,6 +148,8 @@ RuntimeStats runtime_stats() {
   st.rounds = rt->rounds();
   st.requests_sent = rt->requests_sent();
   st.cache_hits_sent = rt->cache_hits_sent();
+  st.log_depth_rounds = rt->log_depth_rounds();
+  st.negotiation_messages = rt->negotiation_messages();
   st.versions = rt->versions().snapshot();
   st.behind = core::steps_behind(st.versions);
   const core::StoreTotals& totals = core::store_totals();

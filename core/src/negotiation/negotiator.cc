@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -23,17 +25,29 @@ constexpr std::size_t kInlineBytes = 256;
 
 Negotiator::Negotiator(transport::Transport& t, const NegotiatorOptions& opt, VersionVector& vv)
     : t_(t),
+      counted_(t),
       opt_(opt),
       vv_(vv),
       cache_(opt.cache_capacity),
       coord_(t.size(), opt.max_version_lag, opt.stall_shutdown_s) {}
 
 Agreement Negotiator::round(std::vector<Request> fresh, RoundFlags flags) {
+  // Hits held from the last round go first: a rank's requests of one name
+  // must arrive in the order it made them. They were counted when first sent.
+  const std::size_t resent = held_.size();
+  std::vector<Request> all = std::move(held_);
+  held_.clear();
+  all.insert(all.end(), std::make_move_iterator(fresh.begin()),
+             std::make_move_iterator(fresh.end()));
+
   RoundMessage mine;
   mine.shutdown = flags.shutdown;
   mine.joined = flags.joined;
   mine.step = vv_.own();
-  for (auto& r : fresh) {
+  std::vector<Request> hits;  // the requests mine.cache_hits stand for
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    Request& r = all[i];
+    const bool first_time = i >= resent;
     // A request equal to a cached one, at the step the message carries,
     // travels as its slot's bit. Receivers read the bits before the full
     // requests, so a name already sent in full this round (an announced
@@ -46,14 +60,25 @@ Agreement Negotiator::round(std::vector<Request> fresh, RoundFlags flags) {
     if (r.error_kind == ErrorKind::kNone && r.step == mine.step && !sent_in_full) {
       if (auto slot = cache_.find(r)) {
         mine.cache_hits.push_back(*slot);
-        cache_hits_sent_.fetch_add(1, std::memory_order_relaxed);
+        if (first_time) cache_hits_sent_.fetch_add(1, std::memory_order_relaxed);
+        hits.push_back(std::move(r));
         continue;
       }
     }
-    if (r.error_kind == ErrorKind::kNone) requests_sent_.fetch_add(1, std::memory_order_relaxed);
+    if (r.error_kind == ErrorKind::kNone && first_time) {
+      requests_sent_.fetch_add(1, std::memory_order_relaxed);
+    }
     mine.requests.push_back(std::move(r));
   }
   mine.stall_failures = std::move(flags.stall_failures);
+
+  if (log_depth_possible()) {
+    if (std::optional<Agreement> fast = log_depth_round(mine, hits)) {
+      log_depth_rounds_.fetch_add(1, std::memory_order_relaxed);
+      return std::move(*fast);
+    }
+  }
+  held_since_.reset();
 
   std::vector<RoundMessage> msgs = exchange(mine);
   Agreement out;
@@ -88,7 +113,7 @@ std::vector<RoundMessage> Negotiator::exchange(const RoundMessage& mine) {
   std::memcpy(block.data(), bytes.data(), std::min(kInlineBytes, bytes.size()));
   std::vector<std::byte> first(kInlineBytes * n);
   std::vector<std::size_t> sizes(n, kInlineBytes);
-  collectives::ring_allgather(t_, block.data(), first.data(), sizes, ro);
+  collectives::ring_allgather(counted_, block.data(), first.data(), sizes, ro);
 
   std::vector<std::size_t> lens(n), extra(n);
   bool more = false;
@@ -114,7 +139,7 @@ std::vector<RoundMessage> Negotiator::exchange(const RoundMessage& mine) {
     }
     rest.resize(total);
     const std::byte* tail = bytes.size() > kInlineBytes ? bytes.data() + kInlineBytes : nullptr;
-    collectives::ring_allgather(t_, tail, rest.data(), extra, ro);
+    collectives::ring_allgather(counted_, tail, rest.data(), extra, ro);
   }
   for (std::size_t r = 0; r < n; ++r) {
     std::vector<std::byte> msg(lens[r]);
@@ -122,6 +147,104 @@ std::vector<RoundMessage> Negotiator::exchange(const RoundMessage& mine) {
     if (extra[r]) std::memcpy(msg.data() + kInlineBytes, rest.data() + rest_at[r], extra[r]);
     out[r] = decode(msg, static_cast<int>(r), size);
   }
+  return out;
+}
+
+bool Negotiator::log_depth_possible() const {
+  const std::vector<bool>& joined = coord_.joined();
+  return opt_.log_depth && t_.size() > 1 && cache_.capacity() > 0 &&
+         coord_.pending().empty() && std::none_of(joined.begin(), joined.end(), [](bool j) {
+           return j;
+         });
+}
+
+namespace {
+
+// The vector of a log-depth round: [needs full exchange (OR)] [min step]
+// [max step] [AND of the hit bits: words] [OR of the hit bits: words].
+constexpr std::size_t kNeedsFull = 0, kMinStep = 1, kMaxStep = 2, kBits = 3;
+
+bool bit(const std::vector<std::uint64_t>& v, std::size_t at, std::uint32_t slot) {
+  return (v[at + slot / 64] >> (slot % 64)) & 1u;
+}
+
+}  // namespace
+
+std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
+                                                     std::vector<Request>& hits) {
+  const auto now = Clock::now();
+  const bool held_too_long =
+      held_since_ && now - *held_since_ > std::chrono::duration<double>(opt_.hold_limit_s);
+  const bool needs_full = mine.shutdown || mine.joined || !mine.requests.empty() ||
+                          !mine.stall_failures.empty() || held_too_long;
+  const std::size_t slots = cache_.slot_count();  // alike on every rank
+  const std::size_t words = (slots + 63) / 64;
+  const std::size_t and_at = kBits, or_at = kBits + words;
+  std::vector<std::uint64_t> v(kBits + 2 * words, 0);
+  v[kNeedsFull] = needs_full ? 1 : 0;
+  v[kMinStep] = v[kMaxStep] = mine.step;
+  for (std::uint32_t slot : mine.cache_hits) {
+    v[and_at + slot / 64] |= std::uint64_t{1} << (slot % 64);
+    v[or_at + slot / 64] |= std::uint64_t{1} << (slot % 64);
+  }
+  collectives::DisseminationOptions o;
+  o.tag = opt_.tag;
+  collectives::dissemination_allreduce(
+      counted_, v,
+      [&](std::span<std::uint64_t> acc, std::span<const std::uint64_t> in) {
+        acc[kNeedsFull] |= in[kNeedsFull];
+        acc[kMinStep] = std::min(acc[kMinStep], in[kMinStep]);
+        acc[kMaxStep] = std::max(acc[kMaxStep], in[kMaxStep]);
+        for (std::size_t w = 0; w < words; ++w) {
+          acc[and_at + w] &= in[and_at + w];
+          acc[or_at + w] |= in[or_at + w];
+        }
+      },
+      o);
+  if (v[kNeedsFull] != 0 || v[kMinStep] != v[kMaxStep]) return std::nullopt;
+
+  // The slots every rank set, less the members of a grouped allreduce whose
+  // group is not complete among them (its members run together or not at
+  // all). Every rank computes this from the same bits and the same cache.
+  std::vector<std::uint32_t> run;
+  std::map<std::pair<std::string, std::uint32_t>, std::uint32_t> group_ready;
+  for (std::uint32_t slot = 0; slot < slots; ++slot) {
+    if (!bit(v, and_at, slot)) continue;
+    const Request cached = cache_.hit(slot);
+    if (cached.group_size >= 2) ++group_ready[{cached.group, cached.group_size}];
+    run.push_back(slot);
+  }
+  if (!group_ready.empty()) {
+    std::erase_if(run, [&](std::uint32_t slot) {
+      const Request cached = cache_.hit(slot);
+      return cached.group_size >= 2 &&
+             group_ready[{cached.group, cached.group_size}] < cached.group_size;
+    });
+  }
+  // This rank's other hits wait for the next round.
+  for (std::size_t i = 0; i < hits.size(); ++i) {
+    if (!std::binary_search(run.begin(), run.end(), mine.cache_hits[i])) {
+      held_.push_back(std::move(hits[i]));
+    }
+  }
+  if (held_.empty()) held_since_.reset();
+  else if (!held_since_) held_since_ = now;
+
+  Agreement out;
+  bool any_hit = false;
+  for (std::size_t w = 0; w < words && !any_hit; ++w) any_hit = v[or_at + w] != 0;
+  out.idle = !any_hit;
+  for (int r = 0; r < t_.size(); ++r) vv_.update(r, v[kMinStep]);
+  // Every rank's message as the full exchange would have carried it, had
+  // each rank sent exactly the slots that run: the Coordinator decides (and
+  // updates the cache) as in any other round.
+  RoundMessage each;
+  each.step = v[kMinStep];
+  each.cache_hits = std::move(run);
+  std::vector<RoundMessage> msgs(static_cast<std::size_t>(t_.size()), each);
+  out.agreed_at = Clock::now();
+  RoundOutcome decided = coord_.process(msgs, cache_, out.agreed_at);
+  out.responses = std::move(decided.responses);
   return out;
 }
 

@@ -9,6 +9,21 @@
 // no global state: a process set gets a Negotiator of its own on its own
 // transport.
 //
+// Rounds in log depth. When nothing is pending in the Coordinator and no
+// rank has joined (state every rank holds alike), a round first combines a
+// fixed-size vector by dissemination (ceil(log2 n) messages per rank): an
+// OR of "needs the full exchange" (a request not in the cache, a flag, a
+// stall failure, a cache hit held too long), the min and max of the
+// committed steps, and the AND and OR of the cache-hit bits. If no rank
+// needs the full exchange and every rank is at the same step, that is the
+// whole round: the operations whose bits every rank set run (a grouped
+// allreduce only with all its members), in slot order, and each rank keeps
+// its other hits for the next round (Horovod's response cache works the
+// same way). Otherwise the round goes on with the full exchange below, as
+// if the log-depth step had not happened. A hit held longer than
+// hold_limit_s asks for the full exchange, so that the Coordinator (and
+// its stall inspector) sees an operation some rank never submits.
+//
 // Thread: background thread only (round() is a collective: every rank of the
 // transport calls it in the same sequence).
 #pragma once
@@ -19,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "gyre/collectives/counting_transport.h"
 #include "gyre/collectives/transport.h"
 #include "negotiation/coordinator.h"
 #include "negotiation/message.h"
@@ -33,6 +49,8 @@ struct NegotiatorOptions {
   double stall_shutdown_s = 0.0;       // quoted in stall failures
   std::size_t chunk_bytes = 256u << 10;  // ring chunk of the allgathers
   int tag = 1;                         // message tag of negotiation traffic
+  bool log_depth = true;               // try the log-depth round (see above)
+  double hold_limit_s = 1.0;           // longest a cache hit waits outside the Coordinator
 };
 
 // What this rank says in a round besides its requests.
@@ -68,19 +86,37 @@ class Negotiator {
   // bit (announced failures are not counted). Any thread.
   std::uint64_t requests_sent() const { return requests_sent_.load(); }
   std::uint64_t cache_hits_sent() const { return cache_hits_sent_.load(); }
+  // Rounds decided by the log-depth exchange alone, and the messages this
+  // rank sent in negotiation (both kinds of round). Any thread.
+  std::uint64_t log_depth_rounds() const { return log_depth_rounds_.load(); }
+  std::uint64_t messages_sent() const { return counted_.messages(); }
 
  private:
   // Allgathers the encoded messages: every rank's first kInlineBytes in one
   // ring allgather, the remainders of longer messages in a second.
   std::vector<RoundMessage> exchange(const RoundMessage& mine);
+  // The log-depth round; nullopt when the full exchange must follow.
+  // `hits[i]` is the request mine.cache_hits[i] stands for.
+  std::optional<Agreement> log_depth_round(const RoundMessage& mine,
+                                           std::vector<Request>& hits);
+  // Whether every rank tries the log-depth round now (state alike everywhere).
+  bool log_depth_possible() const;
 
   transport::Transport& t_;
+  // t_, counting this rank's negotiation messages: all negotiation traffic
+  // goes through it.
+  transport::CountingTransport counted_;
   NegotiatorOptions opt_;
   VersionVector& vv_;
   ResponseCache cache_;
   Coordinator coord_;
   std::atomic<std::uint64_t> requests_sent_{0};
   std::atomic<std::uint64_t> cache_hits_sent_{0};
+  std::atomic<std::uint64_t> log_depth_rounds_{0};
+  // This rank's cache hits that some rank had not submitted in the last
+  // log-depth round: sent again first in the next round, in order.
+  std::vector<Request> held_;
+  std::optional<Clock::time_point> held_since_;  // when held_ last became non-empty
 };
 
 }  // namespace gyre::core

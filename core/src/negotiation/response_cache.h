@@ -40,6 +40,9 @@ class ResponseCache {
   // request of the same name) and marks it most recently used.
   void put(const Request& r);
   std::size_t size() const { return by_name_.size(); }
+  // Slots in use or used before (eviction reuses them): the same on every
+  // rank, so it sizes the bit vectors of a log-depth round.
+  std::size_t slot_count() const { return slots_.size(); }
   std::size_t capacity() const { return capacity_; }
 
  private:

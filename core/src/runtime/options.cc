@@ -57,6 +57,10 @@ const OptionSpec kTable[] = {
   {"GYRE_CACHE_CAPACITY", "cache_capacity",
    SizeOption{&O::cache_capacity, 0, kMaxCacheEntries}, "1024", true,
    "Entries of the response cache."},
+  {"GYRE_LOG_NEGOTIATION", "log_negotiation",
+   IntegerOption{&O::log_negotiation, 0, 1}, "1", true,
+   "1 decides a negotiation round in which every rank's requests are response-cache hits at "
+   "one committed step by a log-depth exchange, 0 always by the full exchange."},
   {"GYRE_RING_CHUNK_BYTES", "ring_chunk_bytes",
    SizeOption{&O::ring_chunk_bytes, 1, kMaxChunkBytes}, "256K", true,
    "Pipelined chunk size of the ring algorithms (allreduce, allgather, broadcast, "

@@ -57,6 +57,7 @@ namespace {
 NegotiatorOptions negotiator_options(const Options& o) {
   NegotiatorOptions n;
   n.cache_capacity = o.cache_capacity;
+  n.log_depth = o.log_negotiation != 0;
   n.max_version_lag = o.max_version_lag;
   n.stall_shutdown_s = o.stall_shutdown_s;
   n.chunk_bytes = o.ring_chunk_bytes;
@@ -328,8 +329,8 @@ void Runtime::fatal(const std::exception& e) {
       "{} during {}: {}. Tensors pending on this rank: [{}]. {}", timeout ? "timed out" : "failed",
       phase(), e.what(), pending,
       timeout ? fmt::format("No progress for GYRE_OP_TIMEOUT_S={} s: a rank is stuck or gone "
-                            "(ranks wait on their ring predecessor, so the stuck rank is the "
-                            "one the other ranks' messages lead back to); aborting the job",
+                            "(each rank names the rank it waited for; those names lead back to "
+                            "the stuck rank); aborting the job",
                             opt_.op_timeout_s)
               : std::string("The ranks can no longer agree: aborting the job"));
   log_.error("{}", text);

@@ -131,6 +131,8 @@ class Runtime {
   int fusion_allocations() const { return executor_.fusion_buffer().allocations(); }
   std::uint64_t requests_sent() const { return negotiator_.requests_sent(); }
   std::uint64_t cache_hits_sent() const { return negotiator_.cache_hits_sent(); }
+  std::uint64_t log_depth_rounds() const { return negotiator_.log_depth_rounds(); }
+  std::uint64_t negotiation_messages() const { return negotiator_.messages_sent(); }
 
  private:
   void loop();

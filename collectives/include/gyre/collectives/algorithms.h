@@ -35,6 +35,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <span>
 
 #include "gyre/collectives/transport.h"
@@ -139,6 +140,15 @@ struct AlltoallOptions {
 struct BarrierOptions {
   int tag = 0;
 };
+
+struct DisseminationOptions {
+  int tag = 0;
+};
+// dissemination_allreduce's combine: acc = f(acc, in), element by element or
+// field by field, commutative, associative and idempotent (f(a, a) = a:
+// AND, OR, min, max), since some ranks' words are combined more than once.
+using WordCombine =
+    std::function<void(std::span<std::uint64_t> acc, std::span<const std::uint64_t> in)>;
 
 // Adasum exchanges halves on `tag` and per-tensor dot products on `tag + 1`.
 struct AdasumOptions {
@@ -252,5 +262,13 @@ void adasum_allreduce(Transport& t, const void* in, void* out, std::size_t count
 // Returns once every rank has entered the barrier (dissemination barrier,
 // ceil(log2 n) rounds of empty messages).
 void barrier(Transport& t, const BarrierOptions& opt = {});
+
+// Allreduce of a vector of 64-bit words by dissemination: every rank sends
+// ceil(log2 n) messages of the vector's size (for every n, not only powers
+// of two), and every rank ends with the combination of every rank's words.
+// `combine` must be idempotent (see WordCombine): a rank's words may reach
+// another twice. Every rank passes the same number of words.
+void dissemination_allreduce(Transport& t, std::span<std::uint64_t> words,
+                             const WordCombine& combine, const DisseminationOptions& opt = {});
 
 }  // namespace gyre::collectives

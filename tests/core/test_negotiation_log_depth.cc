@@ -1,0 +1,267 @@
+// The log-depth negotiation round (negotiation/negotiator.h): when every
+// rank's requests are cache hits at one step, a round is one dissemination
+// exchange of a fixed-size vector, ceil(log2 n) messages per rank, counted
+// here by the Negotiator's own message counter (what runtime_stats()
+// reports) for n = 2..16; and every way a round must fall back to the full
+// exchange, or hold a hit for a later round, gives the responses the full
+// exchange gives. Ranks as threads over a LocalTransport world.
+#include <catch2/catch.hpp>
+
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "gyre/collectives/local_transport.h"
+#include "negotiation/negotiator.h"
+
+using namespace gyre;
+using namespace gyre::core;
+
+namespace {
+
+Request named(const std::string& name, std::int64_t len, std::uint64_t seq) {
+  Request r;
+  r.name = name;
+  r.shape = {len};
+  r.seq = seq;
+  return r;
+}
+
+// Runs fn(rank, negotiator, version vector) on n rank threads; rethrows the
+// first failure.
+template <typename F>
+void on_ranks(int n, const NegotiatorOptions& opt, F&& fn) {
+  auto world = transport::make_local_world(n);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        transport::LocalTransport t(world, r);
+        t.set_timeout(std::chrono::seconds(30));
+        VersionVector vv(r, n);
+        Negotiator neg(t, opt, vv);
+        fn(r, neg, vv);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        transport::fail_local_world(*world, r);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+void expect(bool ok, int rank, const std::string& what) {
+  if (!ok) throw std::runtime_error(fmt::format("rank {}: expected {}", rank, what));
+}
+
+std::uint64_t ceil_log2(int n) {
+  std::uint64_t k = 0;
+  while ((1 << k) < n) ++k;
+  return k;
+}
+
+std::vector<std::string> names(const Agreement& a) {
+  std::vector<std::string> out;
+  for (const auto& resp : a.responses) out.push_back(resp.name);
+  return out;
+}
+
+// One round; also returns the messages this rank sent in it and whether the
+// log-depth exchange decided it alone.
+struct Counted {
+  Agreement agreed;
+  std::uint64_t messages = 0;
+  bool log_depth = false;
+};
+Counted counted_round(Negotiator& neg, std::vector<Request> reqs, RoundFlags flags = {}) {
+  const std::uint64_t m0 = neg.messages_sent(), f0 = neg.log_depth_rounds();
+  Counted c;
+  c.agreed = neg.round(std::move(reqs), std::move(flags));
+  c.messages = neg.messages_sent() - m0;
+  c.log_depth = neg.log_depth_rounds() == f0 + 1;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("log-depth negotiation: a cache-hit round is ceil(log2 n) messages, n = 2..16",
+          "[negotiator][log-depth]") {
+  for (int n = 2; n <= 16; ++n) {
+    INFO("n = " << n);
+    std::vector<std::vector<std::string>> orders(static_cast<std::size_t>(n));
+    std::vector<std::uint64_t> full_messages(static_cast<std::size_t>(n));
+    on_ranks(n, NegotiatorOptions{}, [&](int r, Negotiator& neg, VersionVector&) {
+      // Round 1: new requests travel in full (the ring allgather: n - 1
+      // messages, more than ceil(log2 n) from n = 4) and fill the cache.
+      Counted c = counted_round(neg, {named("a", 3, 1), named("b", 5, 1), named("c", 7, 1)});
+      expect(!c.log_depth && c.agreed.responses.size() == 3, r, "3 responses of a full round");
+      full_messages[static_cast<std::size_t>(r)] = c.messages;
+      // Rounds 2..4: every rank submits the next iteration of each name.
+      for (std::uint64_t seq = 2; seq <= 4; ++seq) {
+        c = counted_round(neg, {named("c", 7, seq), named("a", 3, seq), named("b", 5, seq)});
+        expect(c.log_depth, r, "a log-depth round");
+        expect(c.messages == ceil_log2(n), r,
+               fmt::format("{} messages, not {}", ceil_log2(n), c.messages));
+        expect(c.agreed.responses.size() == 3 && !c.agreed.idle, r, "3 responses");
+        for (const auto& resp : c.agreed.responses) {
+          expect(resp.ok() && resp.agreed.seq == seq && resp.contributors == n, r,
+                 "each response is the iteration every rank submitted");
+        }
+        if (seq == 2) orders[static_cast<std::size_t>(r)] = names(c.agreed);
+      }
+      // A round where nothing was submitted: log depth too, and idle.
+      c = counted_round(neg, {});
+      expect(c.log_depth && c.messages == ceil_log2(n) && c.agreed.idle &&
+                 c.agreed.responses.empty(),
+             r, "an idle log-depth round");
+    });
+    for (int r = 1; r < n; ++r) CHECK(orders[static_cast<std::size_t>(r)] == orders[0]);
+    // The order is the cache's slot order: the first round's order.
+    CHECK(orders[0] == std::vector<std::string>{"a", "b", "c"});
+    if (n >= 4) CHECK(full_messages[0] > ceil_log2(n));
+  }
+}
+
+TEST_CASE("log-depth negotiation: a request one rank sends in full makes the round a full one",
+          "[negotiator][log-depth]") {
+  for (int n : {2, 3, 5, 8}) {
+    INFO("n = " << n);
+    on_ranks(n, NegotiatorOptions{}, [&](int r, Negotiator& neg, VersionVector&) {
+      counted_round(neg, {named("x", 4, 1)});
+      // Rank 1 has a new name besides its cache hit: every rank falls back
+      // to the full exchange (ceil(log2 n) messages, then the allgather).
+      std::vector<Request> mine{named("x", 4, 2)};
+      if (r == 1) mine.push_back(named("new", 2, 1));
+      Counted c = counted_round(neg, mine);
+      expect(!c.log_depth && c.messages > ceil_log2(n), r, "a full round");
+      expect(names(c.agreed) == std::vector<std::string>{"x"}, r, "x runs; new waits");
+      expect(neg.coordinator().pending().count("new") == 1, r, "new pending everywhere");
+      // With a request pending in the Coordinator no rank tries log depth.
+      std::vector<Request> rest;
+      if (r != 1) rest.push_back(named("new", 2, 1));
+      c = counted_round(neg, rest);
+      expect(!c.log_depth && names(c.agreed) == std::vector<std::string>{"new"}, r,
+             "new runs in a full round");
+      expect(c.agreed.responses[0].ok() && c.agreed.responses[0].contributors == n, r,
+             "from every rank");
+      // Nothing pending: log depth again, for both names.
+      c = counted_round(neg, {named("new", 2, 2), named("x", 4, 3)});
+      expect(c.log_depth && c.agreed.responses.size() == 2, r, "back to log depth");
+    });
+  }
+}
+
+TEST_CASE("log-depth negotiation: a hit the other ranks have not submitted waits for them",
+          "[negotiator][log-depth]") {
+  on_ranks(4, NegotiatorOptions{}, [&](int r, Negotiator& neg, VersionVector&) {
+    counted_round(neg, {named("p", 4, 1), named("q", 4, 1)});
+    // Rank 0 is ahead: it submits p and q; the others only p.
+    std::vector<Request> mine{named("p", 4, 2)};
+    if (r == 0) mine.push_back(named("q", 4, 2));
+    Counted c = counted_round(neg, mine);
+    expect(c.log_depth && names(c.agreed) == std::vector<std::string>{"p"}, r,
+           "p runs in log depth; q waits");
+    expect(neg.coordinator().pending().empty(), r, "nothing pending in the Coordinator");
+    // Rank 0's q was held and goes again; the others submit theirs now.
+    mine.clear();
+    if (r != 0) mine.push_back(named("q", 4, 2));
+    c = counted_round(neg, mine);
+    expect(c.log_depth && names(c.agreed) == std::vector<std::string>{"q"}, r, "q runs");
+    expect(c.agreed.responses[0].contributors == 4 && c.agreed.responses[0].agreed.seq == 2, r,
+           "q's second iteration from every rank");
+    c = counted_round(neg, {});
+    expect(c.log_depth && c.agreed.idle, r, "nothing is left held");
+  });
+}
+
+TEST_CASE("log-depth negotiation: a hit held past the hold limit reaches the Coordinator",
+          "[negotiator][log-depth]") {
+  NegotiatorOptions opt;
+  opt.hold_limit_s = 0.0;  // any hold is too long
+  on_ranks(3, opt, [&](int r, Negotiator& neg, VersionVector&) {
+    counted_round(neg, {named("s", 4, 1)});
+    Counted c = counted_round(neg, r == 2 ? std::vector<Request>{named("s", 4, 2)}
+                                          : std::vector<Request>{});
+    expect(c.log_depth && c.agreed.responses.empty() && !c.agreed.idle, r,
+           "a log-depth round holding s on rank 2");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // past a limit of 0 s
+    // Rank 2 asks for the full exchange: s is pending where the stall
+    // inspector looks for operations some rank never submitted.
+    c = counted_round(neg, {});
+    expect(!c.log_depth && c.agreed.responses.empty(), r, "a full round");
+    const auto& pending = neg.coordinator().pending();
+    expect(pending.count("s") == 1 && pending.at("s").per_rank[2].has_value() &&
+               !pending.at("s").per_rank[0].has_value(),
+           r, "s pending from rank 2");
+    c = counted_round(neg, r == 2 ? std::vector<Request>{} : std::vector<Request>{named("s", 4, 2)});
+    expect(names(c.agreed) == std::vector<std::string>{"s"} && c.agreed.responses[0].ok(), r,
+           "s runs once the others submit it");
+  });
+}
+
+TEST_CASE("log-depth negotiation: a grouped allreduce runs only with all its members",
+          "[negotiator][log-depth]") {
+  on_ranks(3, NegotiatorOptions{}, [&](int r, Negotiator& neg, VersionVector&) {
+    auto member = [](const std::string& name, std::uint64_t seq) {
+      Request q = named(name, 4, seq);
+      q.group = "g.a";
+      q.group_size = 2;
+      return q;
+    };
+    Counted c = counted_round(neg, {member("g.a", 1), member("g.b", 1), named("solo", 2, 1)});
+    expect(c.agreed.responses.size() == 3, r, "3 responses");
+    // Every rank has g.a; rank 1 not yet g.b: the group waits, solo runs.
+    std::vector<Request> mine{member("g.a", 2), named("solo", 2, 2)};
+    if (r != 1) mine.push_back(member("g.b", 2));
+    c = counted_round(neg, mine);
+    expect(c.log_depth && names(c.agreed) == std::vector<std::string>{"solo"}, r,
+           "only solo runs");
+    c = counted_round(neg, r == 1 ? std::vector<Request>{member("g.b", 2)}
+                                  : std::vector<Request>{});
+    expect(c.log_depth && names(c.agreed) == std::vector<std::string>{"g.a", "g.b"}, r,
+           "both members in one round");
+  });
+}
+
+TEST_CASE("log-depth negotiation: ranks at different steps take the full exchange",
+          "[negotiator][log-depth]") {
+  NegotiatorOptions opt;
+  opt.max_version_lag = 1;
+  on_ranks(3, opt, [&](int r, Negotiator& neg, VersionVector& vv) {
+    // Requests carry the step of their rank at enqueue, as the queue sets it.
+    auto at_step = [&](std::uint64_t seq) {
+      Request q = named("w", 4, seq);
+      q.step = vv.own();
+      return q;
+    };
+    counted_round(neg, {at_step(1)});
+    if (r == 0) vv.commit();  // rank 0 one step ahead
+    Counted c = counted_round(neg, {at_step(2)});
+    expect(!c.log_depth, r, "a full round");
+    expect(names(c.agreed) == std::vector<std::string>{"w"} && c.agreed.responses[0].ok(), r,
+           "w runs within the allowed lag");
+    expect(vv.snapshot()[0] == 1 && vv.snapshot()[1] == 0, r, "the steps every rank sent");
+    if (r != 0) vv.commit();
+    c = counted_round(neg, {at_step(3)});
+    expect(c.log_depth && c.agreed.responses.size() == 1, r, "one step again: log depth");
+    expect(vv.snapshot() == std::vector<std::uint64_t>{1, 1, 1}, r, "every rank at step 1");
+  });
+}
+
+TEST_CASE("log-depth negotiation: off, every round is a full one", "[negotiator][log-depth]") {
+  NegotiatorOptions opt;
+  opt.log_depth = false;
+  on_ranks(4, opt, [&](int r, Negotiator& neg, VersionVector&) {
+    counted_round(neg, {named("o", 4, 1)});
+    Counted c = counted_round(neg, {named("o", 4, 2)});
+    expect(!c.log_depth && c.messages == 3 && c.agreed.responses.size() == 1, r,
+           "the ring allgather's n - 1 messages");
+  });
+}
