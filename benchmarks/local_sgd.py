@@ -34,8 +34,11 @@ counters: the curve's loss is the mean over ranks, its time the slowest rank's
 training time so far. That allgather also re-aligns the ranks every
 --eval-every steps.
 
-Bytes per step: gyre's Python API exposes no runtime traffic counters, so two
-figures are recorded. "payload": the bytes of the tensors this rank hands to
+Bytes per step, three figures. "runtime": what gyre's runtime counted
+itself sending over its transports (gyre.runtime_stats()["transport_bytes"]:
+negotiation and the collectives' data; shared memory within a host is not
+a transport and is not counted), less the evaluation allgathers', per rank
+per step. "payload": the bytes of the tensors this rank hands to
 the allreduce (DDP: every gradient each step; local SGD: every parameter's
 pseudo-gradient plus float buffers each round), computed from the tensor
 sizes, divided by the steps. "wire" (only with --netdev, e.g. eth0 inside
@@ -168,24 +171,31 @@ def run_mode(mode, args, succ, probs, evalset, target):
     train_s = 0.0
     eval_tx = 0
     tx0 = netdev_tx(args.netdev)
+    rt0 = gyre.runtime_stats()["transport_bytes"]
+    eval_rt = 0
     payload = 0
     curve = []
 
     def evaluate(step):
-        nonlocal eval_tx
+        nonlocal eval_tx, eval_rt
         model.eval()
         with torch.no_grad():
             loss = float(core.loss(evalset))
         model.train()
         before = netdev_tx(args.netdev)
-        row = torch.tensor([[loss, train_s, float(payload), float(netdev_tx(args.netdev) - tx0 - eval_tx)]],
-                           dtype=torch.float64)
+        rt_before = gyre.runtime_stats()["transport_bytes"]
+        row = torch.tensor([[loss, train_s, float(payload), float(netdev_tx(args.netdev) - tx0 - eval_tx),
+                             float(rt_before - rt0 - eval_rt)]], dtype=torch.float64)
         rows = gyre.allgather(row, name=f"bench.eval.{mode}.{step}")
         eval_tx += netdev_tx(args.netdev) - before
+        eval_rt += gyre.runtime_stats()["transport_bytes"] - rt_before
         mean_loss = float(rows[:, 0].mean())
         point = {"step": step, "time_s": float(rows[:, 1].max()), "loss": mean_loss,
                  "rank_losses": [float(v) for v in rows[:, 0]],
-                 "payload_bytes_per_rank": float(rows[:, 2].mean())}
+                 "payload_bytes_per_rank": float(rows[:, 2].mean()),
+                 # What the runtime's own counters say each rank sent over its
+                 # transports (negotiation and data; not shared memory).
+                 "runtime_bytes_per_rank": float(rows[:, 4].mean())}
         if args.netdev:
             point["wire_tx_bytes_per_rank_view"] = [float(v) for v in rows[:, 3]]
         curve.append(point)
@@ -215,7 +225,8 @@ def run_mode(mode, args, succ, probs, evalset, target):
     hosts = gyre.allgather_object(socket.gethostname(), name=f"bench.hosts.{mode}")
     result = {"mode": mode, "period": period, "outer": "diloco" if outer else ("plain" if period > 1 else None),
               "steps": step, "curve": curve, "round_payload_bytes": round_bytes,
-              "payload_bytes_per_step": curve[-1]["payload_bytes_per_rank"] / step}
+              "payload_bytes_per_step": curve[-1]["payload_bytes_per_rank"] / step,
+              "runtime_bytes_per_step": curve[-1]["runtime_bytes_per_rank"] / step}
     if args.netdev:
         per_host = {}
         for r, h in enumerate(hosts):
@@ -303,20 +314,22 @@ def main():
                "speedup_vs_sync": (sync_t / t) if t else None,
                "ms_per_step": 1000 * last["time_s"] / res["steps"],
                "steps_run": res["steps"], "final_loss": last["loss"],
-               "payload_bytes_per_rank_per_step": res["payload_bytes_per_step"]}
+               "payload_bytes_per_rank_per_step": res["payload_bytes_per_step"],
+               "runtime_bytes_per_rank_per_step": res["runtime_bytes_per_step"]}
         if "wire_tx_bytes_per_rank_per_step" in res:
             row["wire_tx_bytes_per_rank_per_step"] = res["wire_tx_bytes_per_rank_per_step"]
         rows.append(row)
     print(f"\ntarget: the synchronous run's final loss {target:.4f} (chain entropy ~{floor:.3f})")
     print(f"{'mode':<10} {'to target s':>11} {'vs sync':>8} {'steps':>6} {'ms/step':>8} "
-          f"{'final':>7} {'payload B/step':>15} {'wire B/step':>12}")
+          f"{'final':>7} {'payload B/step':>15} {'runtime B/step':>15} {'wire B/step':>12}")
     for r in rows:
         tt = f"{r['time_to_target_s']:.1f}" if r["time_to_target_s"] is not None else "not reached"
         sp = f"{r['speedup_vs_sync']:.2f}x" if r["speedup_vs_sync"] else "-"
         st = r["steps_to_target"] if r["steps_to_target"] is not None else f">{r['steps_run']}"
         wire = f"{r['wire_tx_bytes_per_rank_per_step']:.0f}" if "wire_tx_bytes_per_rank_per_step" in r else "-"
         print(f"{r['mode']:<10} {tt:>11} {sp:>8} {st:>6} {r['ms_per_step']:>8.1f} {r['final_loss']:>7.4f} "
-              f"{r['payload_bytes_per_rank_per_step']:>15.0f} {wire:>12}")
+              f"{r['payload_bytes_per_rank_per_step']:>15.0f} {r['runtime_bytes_per_rank_per_step']:>15.0f} "
+              f"{wire:>12}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "world": world, "hosts": sorted(set(hosts)), "parameters": nparams,

@@ -240,6 +240,8 @@ void bind_divergence(py::module_& m) {
     d["cache_hits_sent"] = st.cache_hits_sent;
     d["log_depth_rounds"] = st.log_depth_rounds;
     d["negotiation_messages"] = st.negotiation_messages;
+    d["transport_messages"] = st.transport_messages;
+    d["transport_bytes"] = st.transport_bytes;
     d["versions"] = st.versions;
     d["behind"] = st.behind;
     d["store_pushes"] = st.store_pushes;

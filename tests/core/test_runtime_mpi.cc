@@ -439,3 +439,31 @@ TEST_CASE("mpi: steady-state negotiation rounds are log depth, ceil(log2 n) mess
   // exactly ceil(log2 n) messages from this rank.
   if (rounds == log_depth) CHECK(messages == log2n * rounds);
 }
+
+TEST_CASE("mpi: runtime_stats counts the bytes the runtime sends over its transport", "[mpi]") {
+  // Without shared memory an allreduce's data goes over the transport: every
+  // rank sends at least (n - 1) / n of the buffer (the ring 2 (n - 1) / n;
+  // Rabenseifner's algorithm on n not a power of two: a folded rank sends
+  // its whole buffer once, its partner up to twice); with shared memory
+  // only the negotiation would.
+  Options o = test_options();
+  o.shared_memory = 0;
+  Session s(o);
+  const int n = size();
+  std::vector<float> big(1 << 18, 1.0f);  // 1 MiB: above the small-message size
+  allreduce_async("bytes.warm", view(big), view(big), ReduceOp::kSum).wait();
+  const RuntimeStats before = runtime_stats();
+  allreduce_async("bytes.big", view(big), view(big), ReduceOp::kSum).wait();
+  const RuntimeStats after = runtime_stats();
+  CHECK(big[12345] == static_cast<float>(n * n));
+  const std::uint64_t bytes = after.transport_bytes - before.transport_bytes;
+  const std::uint64_t floor =
+      (static_cast<std::uint64_t>(n) - 1) * (1u << 20) / static_cast<std::uint64_t>(n);
+  INFO("bytes sent " << bytes << ", at least " << floor);
+  CHECK(bytes >= floor);
+  // And not more than the data twice over, plus the negotiation.
+  CHECK(bytes <= 2u * (1u << 20) + (64u << 10));
+  CHECK(after.transport_messages > before.transport_messages);
+  CHECK(after.transport_bytes - before.transport_bytes >=
+        after.negotiation_messages - before.negotiation_messages);
+}

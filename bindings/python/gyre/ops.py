@@ -117,7 +117,9 @@ def runtime_stats() -> dict:
     """This rank's runtime counters: negotiation rounds, requests sent in
     full and as cache bits, rounds decided in log depth
     (``log_depth_rounds``) and the messages this rank sent negotiating
-    (``negotiation_messages``); the version vector (``versions``) and how many
+    (``negotiation_messages``), and the messages and bytes it sent over
+    its transports, negotiation and collectives' data (``transport_*``;
+    shared memory within a host is not counted); the version vector (``versions``) and how many
     committed steps each rank is behind the most advanced one (``behind``);
     the parameter stores' shard pushes made by this process, applied,
     rejected and scaled, and the largest lag among them (``store_*``)."""

@@ -347,6 +347,14 @@ struct RuntimeStats {
   std::uint64_t cache_hits_sent = 0;  // requests sent as a cache bit
   std::uint64_t log_depth_rounds = 0;      // rounds decided in log depth
   std::uint64_t negotiation_messages = 0;  // messages this rank sent negotiating
+  // Everything this rank's runtime sent over its transports (MPI): the
+  // negotiation, the collectives' data and, across hosts, the hierarchical
+  // allreduce's network phase. Shared memory within a host is not counted:
+  // on simulated or real hosts these are the bytes this rank put on the
+  // network (plus those to ranks of its own host when it runs without
+  // shared memory). Global set only; point-to-point and stores not included.
+  std::uint64_t transport_messages = 0;
+  std::uint64_t transport_bytes = 0;
   std::vector<std::uint64_t> versions;  // version_vector()
   std::vector<std::uint64_t> behind;    // max(versions) - versions[r]
   std::int64_t store_pushes = 0;        // shard pushes by this process

@@ -150,6 +150,8 @@ RuntimeStats runtime_stats() {
   st.cache_hits_sent = rt->cache_hits_sent();
   st.log_depth_rounds = rt->log_depth_rounds();
   st.negotiation_messages = rt->negotiation_messages();
+  st.transport_messages = rt->transport_messages();
+  st.transport_bytes = rt->transport_bytes();
   st.versions = rt->versions().snapshot();
   st.behind = core::steps_behind(st.versions);
   const core::StoreTotals& totals = core::store_totals();

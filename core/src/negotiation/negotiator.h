@@ -90,6 +90,7 @@ class Negotiator {
   // rank sent in negotiation (both kinds of round). Any thread.
   std::uint64_t log_depth_rounds() const { return log_depth_rounds_.load(); }
   std::uint64_t messages_sent() const { return counted_.messages(); }
+  std::uint64_t bytes_sent() const { return counted_.bytes(); }
 
  private:
   // Allgathers the encoded messages: every rank's first kInlineBytes in one

@@ -70,6 +70,7 @@ NegotiatorOptions negotiator_options(const Options& o) {
 Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, RuntimeInfo info)
     : opt_(opt),
       t_(std::move(t)),
+      data_t_(*t_),
       info_(std::move(info)),
       rank_(t_->rank()),
       size_(t_->size()),
@@ -79,7 +80,7 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
       stall_(rank_, opt.stall_warning_s, opt.stall_shutdown_s),
       timeline_(rank_, opt.timeline_max_bytes,
                 [this](const std::string& why) { log_.warn("{}", why); }),
-      executor_(*t_, opt_, queue_, vv_, &timeline_, log_) {
+      executor_(data_t_, opt_, queue_, vv_, &timeline_, log_) {
   // Local set-up first; a failure here is told to every rank by the
   // agreement below instead of leaving them waiting for this rank.
   ErrorKind failure_kind = info_.start_failure_kind;
@@ -94,6 +95,10 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
   }
   agree_at_start(failure_kind, failure);
   if (info_.connect_host) info_.connect_host(info_);
+  if (info_.cross) {
+    cross_counted_ = std::make_shared<transport::CountingTransport>(info_.cross);
+    info_.cross = cross_counted_;
+  }
   if (info_.initial_step != 0) vv_.set_all(info_.initial_step);
   executor_.set_local_rank(info_.local_rank);
   if (info_.shm && info_.cross) {
@@ -112,6 +117,16 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
 }
 
 Runtime::~Runtime() { shutdown(); }
+
+std::uint64_t Runtime::transport_messages() const {
+  return negotiator_.messages_sent() + data_t_.messages() +
+         (cross_counted_ ? cross_counted_->messages() : 0);
+}
+
+std::uint64_t Runtime::transport_bytes() const {
+  return negotiator_.bytes_sent() + data_t_.bytes() +
+         (cross_counted_ ? cross_counted_->bytes() : 0);
+}
 
 // GYRE_SPIN_WAIT_US, or none with more ranks on this host than cores: a
 // polling rank would take the core of the peer it waits for.

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "execution/executor.h"
+#include "gyre/collectives/counting_transport.h"
 #include "gyre/collectives/shm_host.h"
 #include "gyre/collectives/transport.h"
 #include "gyre/options.h"
@@ -133,6 +134,11 @@ class Runtime {
   std::uint64_t cache_hits_sent() const { return negotiator_.cache_hits_sent(); }
   std::uint64_t log_depth_rounds() const { return negotiator_.log_depth_rounds(); }
   std::uint64_t negotiation_messages() const { return negotiator_.messages_sent(); }
+  // Messages and bytes this rank sent over its transports: negotiation, the
+  // collectives' data, and the hierarchical allreduce's cross-host
+  // transport (shared memory is not a transport and not counted).
+  std::uint64_t transport_messages() const;
+  std::uint64_t transport_bytes() const;
 
  private:
   void loop();
@@ -152,6 +158,8 @@ class Runtime {
 
   Options opt_;
   std::unique_ptr<transport::Transport> t_;
+  // t_ as the executor uses it, counting the data it sends.
+  transport::CountingTransport data_t_;
   RuntimeInfo info_;
   int rank_, size_;
   Logger log_;
@@ -188,6 +196,8 @@ class Runtime {
   std::atomic<std::uint64_t> rounds_{0};
   std::atomic<std::uint64_t> internal_seq_{0};
   std::atomic<int> cuda_device_{-1};         // claim_cuda_device(); -1: none yet
+  // info_.cross wrapped to count its traffic; set before the thread starts.
+  std::shared_ptr<transport::CountingTransport> cross_counted_;
   std::thread thread_;
 };
 

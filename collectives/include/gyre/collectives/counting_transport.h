@@ -8,7 +8,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "gyre/collectives/transport.h"
 
@@ -17,6 +19,11 @@ namespace gyre::transport {
 class CountingTransport final : public Transport {
  public:
   explicit CountingTransport(Transport& inner) : inner_(inner) { set_timeout(inner.timeout()); }
+  // Owns the transport it wraps.
+  explicit CountingTransport(std::shared_ptr<Transport> owned)
+      : owned_(std::move(owned)), inner_(*owned_) {
+    set_timeout(inner_.timeout());
+  }
 
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
@@ -39,6 +46,7 @@ class CountingTransport final : public Transport {
   std::uint64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
 
  private:
+  std::shared_ptr<Transport> owned_;  // empty when the wrapped one is owned elsewhere
   Transport& inner_;
   std::atomic<std::uint64_t> messages_{0};
   std::atomic<std::uint64_t> bytes_{0};
