@@ -175,6 +175,10 @@ void MpiStoreChannel::send(int peer, int tag, std::span<const std::span<const st
       fmt::format("parameter store: rank {} did not take a message within its deadline", peer));
 }
 
+std::vector<int> MpiStoreChannel::failed_ranks() const {
+  return detail::failed_ranks(impl_->comm);
+}
+
 std::optional<int> MpiStoreChannel::receive_any(int tag, std::vector<std::byte>& out) {
   int flag = 0;
   MPI_Message msg;

@@ -27,8 +27,10 @@
 // of another dtype or size, a version vector of the wrong length) throw
 // InvalidArgument on the calling rank only: the store is one-sided, nothing
 // is announced. A request an owner does not answer within the deadline
-// throws TimeoutError naming the owner; a dead owner under ULFM,
-// RankFailedError.
+// throws TimeoutError naming the owner. Under ULFM a member's death ends
+// the store on every member: the calls that follow (on this rank's own
+// shards excepted) throw RankFailedError naming the dead member; a push
+// the dead member was sending was applied whole or not at all.
 //
 // Threads: the constructor, register_tensor() and close() are collective
 // over the set (one thread of each member, the same order); pull() and

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "store/placement.h"
 #include "store/store_impl.h"
@@ -54,9 +55,7 @@ void ParameterStore::Impl::await(
           "(dead, or not serving: closed its store or shut gyre down)",
           call, t.name, members[o.owner], o.shard, timeout_s));
     } catch (const RankFailedError& e) {
-      throw RankFailedError(fmt::format("ParameterStore::{}('{}'): rank {}, owner of shard {}, "
-                                        "failed: {}", call, t.name, members[o.owner], o.shard,
-                                        e.what()));
+      throw_member_failed(t, call, o, e);
     }
     o.receive.reset();
     ReplyHeader h{};
@@ -88,10 +87,36 @@ void ParameterStore::Impl::post_and_send(const Tensor& t, const char* call, Outs
         "ParameterStore::{}('{}'): rank {}, owner of shard {}, did not take the request within "
         "{} s", call, t.name, members[o.owner], o.shard, timeout_s));
   } catch (const RankFailedError& e) {
-    throw RankFailedError(fmt::format("ParameterStore::{}('{}'): rank {}, owner of shard {}, "
-                                      "failed: {}", call, t.name, members[o.owner], o.shard,
-                                      e.what()));
+    throw_member_failed(t, call, o, e);
   }
+}
+
+void ParameterStore::Impl::throw_member_failed(const Tensor& t, const char* call,
+                                               const Outstanding& o, const RankFailedError& e) {
+  // The channel is revoked by whichever call saw the death first, so the
+  // call that failed here may have been with a live member: ask ULFM which
+  // one died. This process may learn of the death after the revocation
+  // reached it (tens of ms here): wait for that, within the deadline and at
+  // most 10 s.
+  const auto limit = std::min(deadline(), Clock::now() + std::chrono::seconds(10));
+  std::vector<int> dead = channel->failed_ranks();
+  while (dead.empty() && Clock::now() < limit) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    dead = channel->failed_ranks();
+  }
+  const std::string request =
+      fmt::format("the request to rank {}, owner of shard {}, was not answered: {}",
+                  members[o.owner], o.shard, e.what());
+  if (dead.empty()) {
+    throw RankFailedError(fmt::format("ParameterStore::{}('{}'): a member of the store failed "
+                                      "(which one is not known on this rank); {}", call, t.name,
+                                      request));
+  }
+  std::vector<std::string> names;
+  for (int d : dead) names.push_back(fmt::format("rank {} failed", members[d]));
+  throw RankFailedError(fmt::format("ParameterStore::{}('{}'): {} (a member's death ends the "
+                                    "store on every member); {}", call, t.name,
+                                    fmt::join(names, ", "), request));
 }
 
 namespace {

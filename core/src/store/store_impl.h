@@ -194,6 +194,11 @@ struct ParameterStore::Impl {
 
   void post_and_send(const Tensor& t, const char* call, Outstanding& o, const RequestHeader& req,
                      std::size_t reply_bytes, std::span<const std::byte> payload);
+
+  // A request to `o`'s owner failed because a member died (ULFM): throws
+  // RankFailedError naming the dead member(s), whichever member `o` was for.
+  [[noreturn]] void throw_member_failed(const Tensor& t, const char* call, const Outstanding& o,
+                                        const RankFailedError& e);
 };
 
 }  // namespace gyre

@@ -67,6 +67,13 @@ class MpiStoreChannel {
   // probe): its source, its bytes in `out`. Never blocks.
   std::optional<int> receive_any(int tag, std::vector<std::byte>& out);
 
+  // The channel's ranks this process knows to have died (ULFM's failure
+  // detector), in increasing order; empty without ULFM or with fault
+  // tolerance off. Under ULFM the first call that sees a death revokes the
+  // channel (every member's pending and later calls then fail): this says
+  // which member it was, whichever peer the failed call was with.
+  std::vector<int> failed_ranks() const;
+
  private:
   struct Impl;
   explicit MpiStoreChannel(std::unique_ptr<Impl> impl);
