@@ -55,6 +55,12 @@ class MpiStoreChannel {
     std::unique_ptr<State> state_;
   };
   std::unique_ptr<Receive> post_receive(int peer, int tag, std::span<std::byte> out);
+  // The same into several places: the message's bytes fill `parts` one
+  // after the other (an MPI datatype of their addresses: no copy on the
+  // way), and it must be exactly their total size. The parts stay alive
+  // and untouched until the receive is waited for or destroyed.
+  std::unique_ptr<Receive> post_receive(int peer, int tag,
+                                        std::span<const std::span<std::byte>> parts);
 
   // Sends `parts` as one message (gathered into a buffer of the channel's)
   // and waits for the send to complete, at most until `deadline` (then
@@ -62,6 +68,9 @@ class MpiStoreChannel {
   // buffer, and its communicator, for the rest of its life).
   void send(int peer, int tag, std::span<const std::span<const std::byte>> parts,
             Clock::time_point deadline);
+  // The same for a message already in one buffer of the caller's, which
+  // the channel takes (no copy).
+  void send(int peer, int tag, std::vector<std::byte>&& message, Clock::time_point deadline);
 
   // One whole message of `tag` from any rank, if one has arrived (matched
   // probe): its source, its bytes in `out`. Never blocks.
