@@ -38,7 +38,7 @@ cmake -S "$GYRE_ROOT" -B "$GYRE_BUILD" -DCMAKE_BUILD_TYPE=Release -DGYRE_BUILD_T
   -DGYRE_WITH_ULFM=ON \
   -DMPI_C_COMPILER="$venv/bin/mpicc" -DMPI_CXX_COMPILER="$venv/bin/mpicxx" \
   -DMPIEXEC_EXECUTABLE="$venv/bin/mpirun" | grep "gyre:"
-cmake --build "$GYRE_BUILD" -j "$jobs" --target gyre_elastic_kill
+cmake --build "$GYRE_BUILD" -j "$jobs" --target gyre_elastic_kill gyre_elastic_store_kill
 # The test binaries must load Open MPI 5's libmpi, not Debian's.
 # (ldd's output is captured first: grep -q closing the pipe early would
 # fail the pipeline under pipefail.)
@@ -47,7 +47,7 @@ grep -q "$venv/lib/libmpi.so" <<<"$libs" || {
   echo "elastic.sh: gyre_elastic_kill does not link $venv/lib/libmpi.so" >&2; exit 1; }
 
 status=0
-echo "== ctest -L elastic (C++)"
+echo "== ctest -L elastic (C++: allreduce training, and the parameter store)"
 (cd "$GYRE_BUILD" && ctest --output-on-failure -L elastic -LE python) || status=1
 
 if [ "$with_python" = 1 ]; then

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gyre/store.h"
 #include "tensor_import.h"
@@ -69,6 +70,62 @@ void bind_store(py::module_& m) {
              }
              return py::make_tuple(r.applied, r.version, r.shard_applied, r.lag,
                                    r.rejected_shards);
+           })
+      .def("pull_many",
+           [](ParameterStore& s, const std::vector<std::string>& names, const py::list& outs) {
+             if (outs.size() != names.size()) {
+               throw InvalidArgument("ParameterStore.pull_many: as many outputs as names");
+             }
+             std::vector<std::unique_ptr<ImportedTensor>> held;
+             std::vector<PullItem> items;
+             for (std::size_t i = 0; i < names.size(); ++i) {
+               held.push_back(ImportedTensor::convert(outs[i], "the output of '" + names[i] + "'",
+                                                      Access::kWrite));
+               items.push_back(PullItem{names[i], held.back()->view()});
+             }
+             std::vector<std::vector<std::int64_t>> versions;
+             {
+               py::gil_scoped_release release;
+               versions = s.pull_many(items);
+             }
+             for (auto& t : held) {
+               t->mark_completed(true);
+               const std::string why = t->write_back();
+               if (!why.empty()) throw InvalidArgument("ParameterStore.pull_many: " + why);
+             }
+             return versions;
+           })
+      .def("push_many",
+           [](ParameterStore& s, const std::vector<std::string>& names, const py::list& deltas,
+              const std::vector<std::vector<std::int64_t>>& bases,
+              const std::vector<std::int64_t>& staleness, const std::vector<std::string>& policies,
+              const std::vector<std::vector<int>>& only) {
+             const std::size_t n = names.size();
+             if (deltas.size() != n || bases.size() != n || staleness.size() != n ||
+                 policies.size() != n || only.size() != n) {
+               throw InvalidArgument("ParameterStore.push_many: one delta, base version, "
+                                     "staleness, policy and shard list per name");
+             }
+             std::vector<std::unique_ptr<ImportedTensor>> held;
+             std::vector<PushItem> items;
+             for (std::size_t i = 0; i < n; ++i) {
+               const PushPolicy p = policy_of(policies[i]);
+               held.push_back(ImportedTensor::convert(deltas[i], "the delta of '" + names[i] + "'",
+                                                      Access::kRead));
+               items.push_back(PushItem{names[i], held.back()->view(), bases[i], staleness[i], p,
+                                        only[i]});
+             }
+             std::vector<PushResult> results;
+             {
+               py::gil_scoped_release release;
+               results = s.push_many(items);
+             }
+             py::list out;
+             for (const PushResult& r : results) {
+               out.append(py::make_tuple(r.applied, r.version, r.shard_applied, r.lag,
+                                         r.rejected_shards));
+             }
+             return out;
            })
       .def("shard_owners", &ParameterStore::shard_owners)
       .def("stats",

@@ -67,4 +67,10 @@ MPI_Comm& world_comm();
 // time (the failure then ends the job as before).
 bool process_failure(int code, MPI_Comm comm);
 
+// The ranks of `comm` this process knows to have failed (ULFM's failure
+// detector; acknowledges them on `comm`), in increasing order. Local; also
+// on a revoked communicator. Empty in a build without ULFM, or with fault
+// tolerance off at run time.
+std::vector<int> failed_ranks(MPI_Comm comm);
+
 }  // namespace gyre::transport::detail

@@ -72,6 +72,38 @@ bool process_failure(int code, MPI_Comm comm) {
 #endif
 }
 
+std::vector<int> failed_ranks(MPI_Comm comm) {
+  std::vector<int> ranks;
+#ifdef GYRE_HAVE_ULFM
+  if (!ft_switched_on()) return ranks;
+  // Notices of failures are taken in by MPI's progress, which calls on a
+  // revoked communicator do not make (they fail at once): a probe on
+  // MPI_COMM_SELF (nothing is ever sent there) drives it.
+  int flag = 0;
+  MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
+  MPI_Group failed = MPI_GROUP_NULL, all = MPI_GROUP_NULL;
+  if (MPIX_Comm_failure_ack(comm) != MPI_SUCCESS ||
+      MPIX_Comm_failure_get_acked(comm, &failed) != MPI_SUCCESS) {
+    return ranks;
+  }
+  int n = 0;
+  MPI_Group_size(failed, &n);
+  if (n > 0 && MPI_Comm_group(comm, &all) == MPI_SUCCESS) {
+    std::vector<int> in(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) in[static_cast<std::size_t>(i)] = i;
+    ranks.assign(in.size(), MPI_UNDEFINED);
+    MPI_Group_translate_ranks(failed, n, in.data(), all, ranks.data());
+    MPI_Group_free(&all);
+    ranks.erase(std::remove(ranks.begin(), ranks.end(), MPI_UNDEFINED), ranks.end());
+    std::sort(ranks.begin(), ranks.end());
+  }
+  MPI_Group_free(&failed);
+#else
+  (void)comm;
+#endif
+  return ranks;
+}
+
 }  // namespace detail
 
 RebuildOutcome MpiWorld::rebuild(std::uint64_t own_step) {

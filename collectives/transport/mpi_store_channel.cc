@@ -146,6 +146,41 @@ std::unique_ptr<MpiStoreChannel::Receive> MpiStoreChannel::post_receive(int peer
   return std::unique_ptr<Receive>(new Receive(std::move(s)));
 }
 
+std::unique_ptr<MpiStoreChannel::Receive> MpiStoreChannel::post_receive(
+    int peer, int tag, std::span<const std::span<std::byte>> parts) {
+  std::vector<MPI_Aint> at;
+  std::vector<int> lengths;
+  std::size_t total = 0;
+  for (const auto& p : parts) {
+    if (p.empty()) continue;
+    MPI_Aint address = 0;
+    detail::check_mpi(MPI_Get_address(p.data(), &address), "MPI_Get_address");
+    at.push_back(address);
+    lengths.push_back(checked_count(p.size()));
+    total += p.size();
+  }
+  checked_count(total);
+  if (at.size() <= 1) {  // one place (or none): a plain receive
+    std::span<std::byte> only;
+    for (const auto& p : parts) {
+      if (!p.empty()) only = p;
+    }
+    return post_receive(peer, tag, only);
+  }
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  detail::check_mpi(MPI_Type_create_hindexed(static_cast<int>(at.size()), lengths.data(),
+                                             at.data(), MPI_BYTE, &type),
+                    "MPI_Type_create_hindexed");
+  detail::check_mpi(MPI_Type_commit(&type), "MPI_Type_commit");
+  auto s = std::make_unique<Receive::State>();
+  s->comm = impl_->comm;
+  s->peer = peer;
+  const int rc = MPI_Irecv(MPI_BOTTOM, 1, type, peer, tag, impl_->comm, &s->req);
+  MPI_Type_free(&type);  // the pending receive keeps what it needs
+  check(rc, impl_->comm, "MPI_Irecv", peer);
+  return std::unique_ptr<Receive>(new Receive(std::move(s)));
+}
+
 void MpiStoreChannel::send(int peer, int tag, std::span<const std::span<const std::byte>> parts,
                            Clock::time_point deadline) {
   // Always one owned buffer: a send given up at its deadline stays in MPI's
@@ -158,9 +193,14 @@ void MpiStoreChannel::send(int peer, int tag, std::span<const std::span<const st
     if (!p.empty()) std::memcpy(gathered.data() + at, p.data(), p.size());
     at += p.size();
   }
-  const std::span<const std::byte> message = gathered;
+  send(peer, tag, std::move(gathered), deadline);
+}
+
+void MpiStoreChannel::send(int peer, int tag, std::vector<std::byte>&& message,
+                           Clock::time_point deadline) {
+  std::vector<std::byte> gathered = std::move(message);
   MPI_Request req = MPI_REQUEST_NULL;
-  check(MPI_Isend(message.data(), checked_count(message.size()), MPI_BYTE, peer, tag,
+  check(MPI_Isend(gathered.data(), checked_count(gathered.size()), MPI_BYTE, peer, tag,
                   impl_->comm, &req),
         impl_->comm, "MPI_Isend", peer);
   if (poll_until(req, impl_->comm, peer, MPI_STATUS_IGNORE, deadline, {})) return;
@@ -173,6 +213,10 @@ void MpiStoreChannel::send(int peer, int tag, std::span<const std::span<const st
   }
   throw TimeoutError(
       fmt::format("parameter store: rank {} did not take a message within its deadline", peer));
+}
+
+std::vector<int> MpiStoreChannel::failed_ranks() const {
+  return detail::failed_ranks(impl_->comm);
 }
 
 std::optional<int> MpiStoreChannel::receive_any(int tag, std::vector<std::byte>& out) {

@@ -1,10 +1,12 @@
 """gyre.torch.AsyncOptimizer under mpirun -np 2 and -np 3: the strict rule
 (staleness 0, reject) trains and leaves every rank on the store's values;
 bounded staleness keeps every rank within s steps of the slowest, checked
-from the clock at every step while one rank is slowed; no bound never waits."""
+from the clock at every step while one rank is slowed; no bound never waits;
+a step sends one push and one pull request to each owner."""
 
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -88,6 +90,32 @@ def test_no_bound_never_waits(rank, size):
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
     assert opt.waited_s == 0 and opt.updates_rejected == 0
+    opt.close()
+
+
+def test_a_step_sends_one_push_and_one_pull_request_per_owner(rank, size):
+    torch.manual_seed(rank + 100)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = hvd.AsyncOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                             model.named_parameters(), staleness=None)
+    names = [n for n, _ in model.named_parameters()] + ["gyre.async_optimizer.clock"]
+    owners = {opt.store.shard_owners(n)[0] for n in names}
+    assert len(owners) == size  # the five tensors are spread over every rank
+    x, y = _problem(rank)
+    gyre.barrier()
+    before = opt.store.stats()["served_requests"]
+    gyre.barrier()
+    steps = 6
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    gyre.barrier()
+    mine = np.array([opt.store.stats()["served_requests"] - before], dtype=np.int64)
+    served = int(gyre.allreduce(mine, op=gyre.Sum)[0])
+    # Each rank, each step: one push and one pull to every other rank (each
+    # owns some of the parameters or the clock), however many parameters.
+    assert served == steps * size * 2 * (size - 1)
     opt.close()
 
 

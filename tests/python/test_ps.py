@@ -186,3 +186,56 @@ def test_runtime_stats_report_versions_and_push_outcomes(rank, size, tmp_path_fa
     assert after["store_pushes_rejected"] - before["store_pushes_rejected"] == int(not ok)
     assert _sum_over_ranks(after["store_pushes_applied"] - before["store_pushes_applied"]) == 1
     assert after["rounds"] > before["rounds"]
+
+
+def test_pull_many_and_push_many_send_one_request_per_owner(rank, size):
+    with gyre.ps.ParameterStore() as store:
+        names = [f"t{j}" for j in range(2 * size)]   # two tensors on every rank
+        for j, name in enumerate(names):
+            store.register(name, torch.arange(3 + j, dtype=torch.float64) + j)
+        owners = [store.shard_owners(n)[0] for n in names]
+        assert sorted(owners) == sorted(list(range(size)) * 2)
+        gyre.barrier()
+        before = store.stats()["served_requests"]
+        gyre.barrier()
+        results = store.push_many(names, [torch.ones(3 + j, dtype=torch.float64)
+                                          for j in range(len(names))],
+                                  [(0,)] * len(names), staleness=None, policy="apply")
+        assert all(ok for ok, _ in results)
+        gyre.barrier()
+        # Every rank reached each other rank once for both of its tensors.
+        assert _sum_over_ranks(store.stats()["served_requests"] - before) == size * (size - 1)
+        pulled = store.pull_many(names)
+        for j, (value, version) in enumerate(pulled):
+            assert version == (size,)
+            assert torch.equal(value, torch.arange(3 + j, dtype=torch.float64) + j + size)
+        # Into given outputs, numpy and torch alike; the same as single pulls.
+        outs = [np.zeros(3 + j) if j % 2 else torch.zeros(3 + j, dtype=torch.float64)
+                for j in range(len(names))]
+        again = store.pull_many(names, outs)
+        for j, (value, version) in enumerate(again):
+            assert value is outs[j]
+            single, single_version = store.pull(names[j])
+            assert np.array_equal(np.asarray(value), single.numpy()) and version == single_version
+        gyre.barrier()
+
+
+def test_push_many_takes_a_staleness_and_policy_per_tensor(rank, size):
+    with gyre.ps.ParameterStore() as store:
+        store.register("a", torch.zeros(4))
+        store.register("b", torch.zeros(4))
+        gyre.barrier()
+        if rank == 0:
+            store.push("a", torch.ones(4), (0,), staleness=None, policy="apply")
+            store.push("b", torch.ones(4), (0,), staleness=None, policy="apply")
+            # Both at version 1 now; pushed from version 0: "a" rejects, "b" applies.
+            (ok_a, va), (ok_b, vb) = store.push_many(
+                ["a", "b"], [torch.ones(4), torch.ones(4)], [(0,), (0,)],
+                staleness=[0, None], policy=["reject", "apply"])
+            assert not ok_a and va.rejected == (0,) and va == (1,)
+            assert ok_b and vb == (2,)
+            with pytest.raises(gyre.InvalidArgumentError, match="one delta"):
+                store.push_many(["a"], [], [(0,)])
+            with pytest.raises(gyre.InvalidArgumentError, match="one output per name"):
+                store.pull_many(["a"], [torch.zeros(4), torch.zeros(4)])
+        gyre.barrier()

@@ -3,12 +3,18 @@
 // others rejected with the current version, retried, and the result equal
 // to applying every update one after the other), no lost update under
 // contention on a tensor split across every rank, placement, refusals on
-// the calling rank only, and an owner that stops serving, named by the
-// others within the deadline.
+// the calling rank only, an owner that stops serving, named by the others
+// within the deadline, calls of several tensors (one request per owner; a
+// request refused in part changes nothing), and pulls that land in the
+// output and nowhere else.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <memory>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -252,4 +258,149 @@ TEST_CASE("an owner that stops serving is named within the deadline") {
   }
   barrier();
   store.reset();
+}
+
+TEST_CASE("pull_many and push_many: one request per owner, the values and versions of single calls") {
+  Session s;
+  const int n = size(), me = rank();
+  ParameterStore store;
+  // 2n small tensors: placement by bytes gives every member two.
+  const int kTensors = 2 * n;
+  std::vector<std::vector<float>> init(kTensors);
+  std::vector<std::string> names;
+  for (int j = 0; j < kTensors; ++j) {
+    init[j].resize(static_cast<std::size_t>(3 + j));
+    for (std::size_t i = 0; i < init[j].size(); ++i) init[j][i] = static_cast<float>(j + i % 7);
+    names.push_back(fmt::format("m{}", j));
+    store.register_tensor(names.back(), view(init[j]));
+  }
+  std::vector<int> per_owner(static_cast<std::size_t>(n), 0);
+  for (const auto& name : names) ++per_owner[static_cast<std::size_t>(store.shard_owners(name)[0])];
+  for (int c : per_owner) REQUIRE(c == 2);
+
+  std::vector<std::vector<float>> out(kTensors), delta(kTensors);
+  std::vector<PullItem> pulls;
+  for (int j = 0; j < kTensors; ++j) {
+    out[j].assign(init[j].size(), -1.0f);
+    delta[j].assign(init[j].size(), static_cast<float>(me + 1));
+    pulls.push_back(PullItem{names[j], view(out[j])});
+  }
+  barrier();
+  const std::int64_t served_before = store.stats().served_requests;
+  barrier();
+  std::vector<std::vector<std::int64_t>> v;
+  if (me == 0) v = store.pull_many(pulls);
+  barrier();
+  // Rank 0's call reached each other member once, for both of its tensors.
+  CHECK(total(store.stats().served_requests - served_before) == n - 1);
+  if (me == 0) {
+    for (int j = 0; j < kTensors; ++j) {
+      CHECK(out[j] == init[j]);
+      CHECK(v[static_cast<std::size_t>(j)] == std::vector<std::int64_t>{0});
+    }
+  }
+
+  // Every rank pushes its delta to every tensor in one call ("apply").
+  std::vector<PushItem> pushes;
+  for (int j = 0; j < kTensors; ++j) {
+    pushes.push_back(PushItem{names[j], view(delta[j]), {0}, -1, PushPolicy::kApply, {}});
+  }
+  barrier();
+  const std::int64_t served_mid = store.stats().served_requests;
+  barrier();
+  const std::vector<PushResult> r = store.push_many(pushes);
+  REQUIRE(r.size() == static_cast<std::size_t>(kTensors));
+  for (const PushResult& x : r) CHECK(x.applied);
+  barrier();
+  CHECK(total(store.stats().served_requests - served_mid) == n * (n - 1));
+  v = store.pull_many(pulls);
+  const float added = static_cast<float>(n * (n + 1) / 2);
+  for (int j = 0; j < kTensors; ++j) {
+    CHECK(v[static_cast<std::size_t>(j)] == std::vector<std::int64_t>{n});
+    for (std::size_t i = 0; i < out[j].size(); ++i) CHECK(out[j][i] == init[j][i] + added);
+  }
+  store.close();
+}
+
+TEST_CASE("a push_many its owner refuses in part changes nothing there") {
+  Session s;
+  const int n = size(), me = rank();
+  ParameterStore store;
+  std::vector<float> w(4, 1.0f);
+  for (int j = 0; j < n; ++j) store.register_tensor(fmt::format("r{}", j), view(w));
+  // r{j} is owned by rank j: rank 0 sends rank 1 (and itself) a good push
+  // and one from a version the shard never had.
+  std::vector<float> d(4, 2.0f), got(4);
+  if (me == 0) {
+    for (const int owner : {1, 0}) {
+      const std::string name = fmt::format("r{}", owner);
+      REQUIRE(store.shard_owners(name) == std::vector<int>{owner});
+      const std::vector<PushItem> items{{name, view(d), {0}, 0, PushPolicy::kReject, {}},
+                                        {name, view(d), {7}, 0, PushPolicy::kReject, {}}};
+      CHECK_THROWS_WITH(store.push_many(items), Catch::Contains("never this shard's"));
+      CHECK(store.pull(name, view(got)) == std::vector<std::int64_t>{0});
+      CHECK(got == w);
+    }
+  }
+  barrier();
+  store.close();
+}
+
+TEST_CASE("a pull lands each shard's values and version straight in the output, nothing around it") {
+  // Split tensors of several dtypes, of sizes that do not divide by the
+  // ranks, pulled into the middle of larger buffers: the bytes before and
+  // after the output stay as they were, and every value and version is the
+  // closed form after each rank's push.
+  Session s;
+  const int n = size(), me = rank();
+  StoreOptions opt;
+  opt.split_bytes = 16;  // every tensor here is cut into one shard per rank
+  ParameterStore store(kGlobalProcessSet, opt);
+  const std::int64_t count = 97 * n + 1;
+  std::vector<double> a(static_cast<std::size_t>(count));
+  std::vector<std::int32_t> b(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i) {
+    a[static_cast<std::size_t>(i)] = 0.5 * static_cast<double>(i % 7);
+    b[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i % 11);
+  }
+  store.register_tensor("a", TensorView{a.data(), DataType::kFloat64, {count}});
+  store.register_tensor("b", TensorView{b.data(), DataType::kInt32, {count}});
+  REQUIRE(store.shard_owners("a").size() == static_cast<std::size_t>(n));
+  std::vector<double> da(a.size(), static_cast<double>(me + 1));
+  std::vector<std::int32_t> db(b.size(), me + 1);
+  auto ra = store.push("a", TensorView{da.data(), DataType::kFloat64, {count}},
+                       std::vector<std::int64_t>(static_cast<std::size_t>(n), 0), -1,
+                       PushPolicy::kApply);
+  CHECK(ra.applied);
+  barrier();
+  std::vector<PushItem> pb{{"b", TensorView{db.data(), DataType::kInt32, {count}},
+                            std::vector<std::int64_t>(static_cast<std::size_t>(n), 0), -1,
+                            PushPolicy::kApply, {}}};
+  CHECK(store.push_many(pb)[0].applied);
+  barrier();
+  constexpr std::int64_t kGuard = 5;
+  std::vector<double> big_a(static_cast<std::size_t>(count + 2 * kGuard), -7.0);
+  std::vector<std::int32_t> big_b(static_cast<std::size_t>(count + 2 * kGuard), -7);
+  const std::vector<PullItem> items{
+      {"a", TensorView{big_a.data() + kGuard, DataType::kFloat64, {count}}},
+      {"b", TensorView{big_b.data() + kGuard, DataType::kInt32, {count}}}};
+  const auto v = store.pull_many(items);
+  const int added = n * (n + 1) / 2;
+  CHECK(v[0] == std::vector<std::int64_t>(static_cast<std::size_t>(n), n));
+  CHECK(v[1] == std::vector<std::int64_t>(static_cast<std::size_t>(n), n));
+  for (std::int64_t i = 0; i < count + 2 * kGuard; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    const bool inside = i >= kGuard && i < kGuard + count;
+    const double want_a = inside ? a[k - kGuard] + added : -7.0;
+    const std::int32_t want_b = inside ? b[k - kGuard] + added : -7;
+    if (big_a[k] != want_a || big_b[k] != want_b) {
+      FAIL(fmt::format("element {}: a {} (want {}), b {} (want {})", i, big_a[k], want_a,
+                       big_b[k], want_b));
+    }
+  }
+  // The single-tensor pull gives the same.
+  std::vector<std::int32_t> one(b.size());
+  CHECK(store.pull("b", TensorView{one.data(), DataType::kInt32, {count}}) == v[1]);
+  CHECK(std::equal(one.begin(), one.end(), big_b.begin() + kGuard));
+  store.close();
 }

@@ -142,3 +142,21 @@ TEST_CASE("a base version the shard never had is refused, and so is scale on boo
   Shard b(DataType::kBool, 2, bytes(flags));
   CHECK_THROWS_AS(b.push(bytes(flags), 0, 0, PushPolicy::kScale), InvalidArgument);
 }
+
+TEST_CASE("check_push refuses what push refuses, and changes nothing either way") {
+  const std::vector<float> init{2, 3}, delta{1, 1};
+  Shard s(DataType::kFloat32, 2, bytes(init));
+  CHECK_THROWS_WITH(s.check_push(1, PushPolicy::kReject), Catch::Contains("never this shard's"));
+  CHECK_THROWS_AS(s.check_push(-1, PushPolicy::kApply), InvalidArgument);
+  s.check_push(0, PushPolicy::kScale);  // valid: no throw, no change
+  std::int64_t v = -1;
+  CHECK(read_all<float>(s, &v) == init);
+  CHECK(v == 0);
+  CHECK(s.push(bytes(delta), 0, 0, PushPolicy::kReject).applied);
+  s.check_push(1, PushPolicy::kReject);  // the version it has now
+  CHECK(read_all<float>(s, &v) == std::vector<float>{3, 4});
+  CHECK(v == 1);
+  const std::vector<std::uint8_t> flags{0, 1};
+  Shard b(DataType::kBool, 2, bytes(flags));
+  CHECK_THROWS_WITH(b.check_push(0, PushPolicy::kScale), Catch::Contains("'scale'"));
+}

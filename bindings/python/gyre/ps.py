@@ -14,7 +14,8 @@ rank holding the fewest bytes so far; a larger one is cut into one shard per
 rank. A ``Version`` holds one version per shard. Atomicity is per shard: a
 push to a tensor of several shards may be applied on some and rejected on
 others; the returned Version's ``rejected`` lists the rejected shards, and
-``push(..., shards=version.rejected)`` retries only those.
+``push(..., shards=version.rejected)`` retries only those. ``pull_many`` and
+``push_many`` take several tensors in one call: one request per owner.
 
 Policies, with lag = the shard's version now - the version pushed from, and
 ``staleness=None`` for no bound:
@@ -157,6 +158,57 @@ class ParameterStore:
             name, delta, [int(v) for v in base_version], -1 if staleness is None else int(staleness),
             policy, [] if shards is None else [int(s) for s in shards])
         return bool(applied), Version(versions, rejected)
+
+    def pull_many(self, names: Sequence[str], outs: Optional[Sequence[Any]] = None
+                  ) -> List[Tuple[Any, Version]]:
+        """pull() of several tensors in one call: one request to each owner
+        for all the shards it holds of them. Returns [(tensor, Version)] in
+        the order of ``names``; ``outs`` as pull's ``out``, one per name."""
+        names = list(names)
+        outs = [None] * len(names) if outs is None else list(outs)
+        if len(outs) != len(names):
+            raise InvalidArgumentError("ParameterStore.pull_many: one output per name")
+        outs = [self._registered(n, "pull_many").empty() if o is None else o
+                for n, o in zip(names, outs)]
+        versions = self._store.pull_many(names, outs)
+        return [(o, Version(v)) for o, v in zip(outs, versions)]
+
+    def push_many(self, names: Sequence[str], deltas: Sequence[Any],
+                  base_versions: Sequence[Sequence[int]], staleness: Any = 0,
+                  policy: Any = "reject",
+                  shards: Optional[Sequence[Optional[Sequence[int]]]] = None
+                  ) -> List[Tuple[bool, Version]]:
+        """push() of several tensors in one call: one request to each owner
+        for all the shards it holds of them. Returns [(ok, Version)] in the
+        order of ``names``. ``staleness`` and ``policy``: one for all, or a
+        sequence of one per name; ``shards``: None, or one entry per name as
+        push's. Atomic per shard, as push is; a request its owner refuses
+        (a base version it never had) changes nothing there."""
+        names = list(names)
+        n = len(names)
+        stale = list(staleness) if isinstance(staleness, (list, tuple)) else [staleness] * n
+        policies = [policy] * n if isinstance(policy, str) else list(policy)
+        only = [None] * n if shards is None else list(shards)
+        if not (len(deltas) == len(base_versions) == len(stale) == len(policies) == len(only) == n):
+            raise InvalidArgumentError(
+                "ParameterStore.push_many: one delta, base version, staleness, policy and shard "
+                "list per name")
+        for s in stale:
+            if s is not None and s < 0:
+                raise InvalidArgumentError(
+                    f"ParameterStore.push_many: staleness must be >= 0 or None, got {s}")
+        prepared = []
+        for d in deltas:
+            if hasattr(d, "detach"):
+                d = d.detach()
+            if hasattr(d, "contiguous"):
+                d = d.contiguous()
+            prepared.append(d)
+        results = self._store.push_many(
+            names, prepared, [[int(v) for v in b] for b in base_versions],
+            [-1 if s is None else int(s) for s in stale], policies,
+            [[] if o is None else [int(x) for x in o] for o in only])
+        return [(bool(r[0]), Version(r[1], r[4])) for r in results]
 
     def pull_async(self, name: str, out: Any = None) -> StoreHandle:
         """pull() on a thread of the store's; ``wait()`` returns (tensor, Version)."""

@@ -20,15 +20,18 @@
 //
 // Engine: a server thread on every rank of the set answers requests for its
 // shards over a communicator of the store's own (gyre's MPI world, at
-// MPI_THREAD_MULTIPLE); requests for this rank's own shards are served on
+// MPI_THREAD_MULTIPLE), one request per owner per call whatever the number
+// of shards and tensors; requests for this rank's own shards are served on
 // the caller's thread. Why not MPI one-sided windows: docs/training-modes.md.
 //
 // Errors: as every gyre call. Bad arguments (an unregistered name, a delta
 // of another dtype or size, a version vector of the wrong length) throw
 // InvalidArgument on the calling rank only: the store is one-sided, nothing
 // is announced. A request an owner does not answer within the deadline
-// throws TimeoutError naming the owner; a dead owner under ULFM,
-// RankFailedError.
+// throws TimeoutError naming the owner. Under ULFM a member's death ends
+// the store on every member: the calls that follow (on this rank's own
+// shards excepted) throw RankFailedError naming the dead member; a push
+// the dead member was sending was applied whole or not at all.
 //
 // Threads: the constructor, register_tensor() and close() are collective
 // over the set (one thread of each member, the same order); pull() and
@@ -72,6 +75,22 @@ struct PushResult {
   std::vector<int> rejected_shards;   // the shards pushed and rejected
 };
 
+// One tensor of a pull_many(): its name and where its values go.
+struct PullItem {
+  std::string name;
+  TensorView out;
+};
+
+// One tensor of a push_many(): as push()'s arguments.
+struct PushItem {
+  std::string name;
+  TensorView delta;
+  std::vector<std::int64_t> base_version;
+  std::int64_t staleness = 0;
+  PushPolicy policy = PushPolicy::kReject;
+  std::vector<int> only_shards;
+};
+
 struct StoreStats {
   std::int64_t pulls = 0;             // by this rank
   std::int64_t pushes = 0;            // shard pushes by this rank
@@ -110,6 +129,15 @@ class ParameterStore {
                   const std::vector<std::int64_t>& base_version, std::int64_t staleness = 0,
                   PushPolicy policy = PushPolicy::kReject,
                   const std::vector<int>& only_shards = {});
+
+  // pull() and push() of several tensors in one call: one request to each
+  // owner for all the shards it holds of them (a step of AsyncOptimizer).
+  // Returns what pull() / push() return, per item. Atomic per shard, as
+  // pushes always are; a push request refused (a bad base version) changes
+  // nothing on its owner, and bad arguments on this rank are found before
+  // anything is sent.
+  std::vector<std::vector<std::int64_t>> pull_many(const std::vector<PullItem>& items);
+  std::vector<PushResult> push_many(const std::vector<PushItem>& items);
 
   // The tensor's number of shards and the world rank owning each.
   std::vector<int> shard_owners(const std::string& name) const;

@@ -1,7 +1,9 @@
-// ParameterStore (gyre/store.h): the tensors' placement and shards, and the
-// requests a member sends for shards other members own (the client side);
-// the server thread that answers those for its own is in store_server.cc,
-// the protocol and the shared state in store_impl.h.
+// ParameterStore (gyre/store.h): the store's life (construction, close,
+// destruction, shutdown's stop of the stores left open) and the tensors'
+// registration, placement and shards. Pull and push (the client side) are
+// in store_client.cc, the server thread that answers the requests for this
+// member's shards in store_server.cc, the protocol and the shared state in
+// store_impl.h.
 #include "gyre/store.h"
 
 #include "store/parameter_store.h"
@@ -11,7 +13,6 @@
 #include <cstring>
 #include <mutex>
 #include <set>
-#include <span>
 #include <thread>
 
 #include <fmt/format.h>
@@ -23,76 +24,12 @@ namespace gyre {
 
 namespace {
 
-using core::store::bytes_of;
 using core::store::kChannelTagBase;
-using core::store::kErrorTextMax;
-using core::store::kRequestTag;
-using core::store::PushOutcome;
-using core::store::ReplyHeader;
-using core::store::ReplyStatus;
-using core::store::RequestHeader;
-using core::store::RequestKind;
 using core::store::Shard;
 using core::store::ShardSpan;
 using transport::MpiStoreChannel;
 
 }  // namespace
-
-// Waits for every reply; throws the first failure, naming tensor, shard and
-// owner (every receive is cancelled by its destructor on the way out).
-void ParameterStore::Impl::await(
-    const Tensor& t, std::vector<Outstanding>& out, const char* call,
-    const std::function<void(Outstanding&, const ReplyHeader&, std::size_t)>& take) {
-  const auto limit = deadline();
-  for (auto& o : out) {
-    std::size_t got = 0;
-    try {
-      got = o.receive->wait(limit);
-    } catch (const TimeoutError&) {
-      throw TimeoutError(fmt::format(
-          "ParameterStore::{}('{}'): rank {}, owner of shard {}, did not answer within {} s "
-          "(dead, or not serving: closed its store or shut gyre down)",
-          call, t.name, members[o.owner], o.shard, timeout_s));
-    } catch (const RankFailedError& e) {
-      throw RankFailedError(fmt::format("ParameterStore::{}('{}'): rank {}, owner of shard {}, "
-                                        "failed: {}", call, t.name, members[o.owner], o.shard,
-                                        e.what()));
-    }
-    o.receive.reset();
-    ReplyHeader h{};
-    if (got < sizeof h) {
-      throw TransportError(fmt::format("ParameterStore::{}('{}'): a reply of {} bytes from rank {}",
-                                       call, t.name, got, members[o.owner]));
-    }
-    std::memcpy(&h, o.reply.data(), sizeof h);
-    if (h.status == ReplyStatus::kError) {
-      throw InvalidArgument(fmt::format(
-          "ParameterStore::{}('{}'): rank {}, owner of shard {}, refused it: {}", call, t.name,
-          members[o.owner], o.shard,
-          std::string(reinterpret_cast<const char*>(o.reply.data() + sizeof h), got - sizeof h)));
-    }
-    take(o, h, got - sizeof h);
-  }
-}
-
-void ParameterStore::Impl::post_and_send(const Tensor& t, const char* call, Outstanding& o,
-                                         const RequestHeader& req, std::size_t reply_bytes,
-                                         std::span<const std::byte> payload) {
-  o.reply.resize(std::max(sizeof(ReplyHeader) + reply_bytes, sizeof(ReplyHeader) + kErrorTextMax));
-  o.receive = channel->post_receive(o.owner, req.reply_tag, o.reply);
-  const std::span<const std::byte> parts[] = {bytes_of(req), payload};
-  try {
-    channel->send(o.owner, kRequestTag, parts, deadline());
-  } catch (const TimeoutError&) {
-    throw TimeoutError(fmt::format(
-        "ParameterStore::{}('{}'): rank {}, owner of shard {}, did not take the request within "
-        "{} s", call, t.name, members[o.owner], o.shard, timeout_s));
-  } catch (const RankFailedError& e) {
-    throw RankFailedError(fmt::format("ParameterStore::{}('{}'): rank {}, owner of shard {}, "
-                                      "failed: {}", call, t.name, members[o.owner], o.shard,
-                                      e.what()));
-  }
-}
 
 namespace {
 
@@ -105,28 +42,6 @@ void stop_server(ParameterStore::Impl& impl) {
   impl.open = false;
   impl.stop_server = true;
   if (impl.server.joinable()) impl.server.join();
-}
-
-void check_cpu(const TensorView& v, const char* call, const char* what) {
-  if (!v.refusal.empty()) throw InvalidArgument(fmt::format("ParameterStore::{}: {}", call, v.refusal));
-  if (v.device.type != DeviceType::kCPU) {
-    throw InvalidArgument(fmt::format("ParameterStore::{}: {} is on {}; the store takes CPU tensors",
-                                      call, what, device_name(v.device.type)));
-  }
-  if (v.data == nullptr && v.numel() > 0) {
-    throw InvalidArgument(fmt::format("ParameterStore::{}: {} has no data", call, what));
-  }
-}
-
-void check_matches(const ParameterStore::Impl::Tensor& t, const TensorView& v, const char* call,
-                   const char* what) {
-  check_cpu(v, call, what);
-  if (v.dtype != t.dtype || v.numel() != t.numel) {
-    throw InvalidArgument(fmt::format(
-        "ParameterStore::{}('{}'): {} is {} with {} elements; the tensor was registered as {} "
-        "with {}", call, t.name, what, dtype_name(v.dtype), v.numel(), dtype_name(t.dtype),
-        t.numel));
-  }
 }
 
 }  // namespace
@@ -254,126 +169,6 @@ void ParameterStore::register_tensor(const std::string& name, const TensorView& 
   }
   impl_->tensors.push_back(t);
   impl_->by_name.emplace(name, t);
-}
-
-std::vector<std::int64_t> ParameterStore::pull(const std::string& name, const TensorView& out) {
-  impl_->check_open("pull");
-  auto t = impl_->find(name, "pull");
-  check_matches(*t, out, "pull", "the output");
-  ++impl_->pulls;
-  const std::size_t elem = dtype_size(t->dtype);
-  auto* base = static_cast<std::byte*>(out.data);
-  std::vector<std::int64_t> versions(t->shards.size(), 0);
-  std::vector<Impl::Outstanding> remote;
-  for (std::size_t s = 0; s < t->shards.size(); ++s) {
-    const ShardSpan& span = t->shards[s];
-    if (span.owner == impl_->my_index) continue;
-    Impl::Outstanding o;
-    o.shard = static_cast<int>(s);
-    o.owner = span.owner;
-    RequestHeader req{RequestKind::kPull, t->id, static_cast<std::uint32_t>(s), impl_->reply_tag(),
-                      0, 0, 0, 0};
-    impl_->post_and_send(*t, "pull", o, req, static_cast<std::size_t>(span.count) * elem, {});
-    remote.push_back(std::move(o));
-  }
-  for (std::size_t s = 0; s < t->shards.size(); ++s) {
-    if (t->local[s]) {
-      versions[s] = t->local[s]->read(base + static_cast<std::size_t>(t->shards[s].offset) * elem);
-    }
-  }
-  impl_->await(*t, remote, "pull", [&](Impl::Outstanding& o, const ReplyHeader& h, std::size_t n) {
-    const ShardSpan& span = t->shards[static_cast<std::size_t>(o.shard)];
-    const std::size_t want = static_cast<std::size_t>(span.count) * elem;
-    if (n != want) {
-      throw TransportError(fmt::format("ParameterStore::pull('{}'): rank {} sent {} bytes of shard "
-                                       "{}, not {}", t->name, impl_->members[o.owner], n, o.shard,
-                                       want));
-    }
-    if (n) std::memcpy(base + static_cast<std::size_t>(span.offset) * elem,
-                       o.reply.data() + sizeof(ReplyHeader), n);
-    versions[static_cast<std::size_t>(o.shard)] = h.version;
-  });
-  return versions;
-}
-
-PushResult ParameterStore::push(const std::string& name, const TensorView& delta,
-                                const std::vector<std::int64_t>& base_version,
-                                std::int64_t staleness, PushPolicy policy,
-                                const std::vector<int>& only_shards) {
-  impl_->check_open("push");
-  auto t = impl_->find(name, "push");
-  check_matches(*t, delta, "push", "the delta");
-  const std::size_t shards = t->shards.size();
-  if (base_version.size() != shards) {
-    throw InvalidArgument(fmt::format(
-        "ParameterStore::push('{}'): {} base versions for a tensor of {} shards (pass the versions "
-        "pull() returned)", name, base_version.size(), shards));
-  }
-  if (policy != PushPolicy::kReject && policy != PushPolicy::kApply &&
-      policy != PushPolicy::kScale) {
-    throw InvalidArgument(fmt::format("ParameterStore::push('{}'): unknown policy {}", name,
-                                      static_cast<int>(policy)));
-  }
-  std::vector<bool> selected(shards, only_shards.empty());
-  for (int s : only_shards) {
-    if (s < 0 || static_cast<std::size_t>(s) >= shards) {
-      throw InvalidArgument(fmt::format("ParameterStore::push('{}'): shard {} of a tensor of {} "
-                                        "shards", name, s, shards));
-    }
-    selected[static_cast<std::size_t>(s)] = true;
-  }
-  const std::size_t elem = dtype_size(t->dtype);
-  const auto* data = static_cast<const std::byte*>(delta.data);
-  PushResult result;
-  result.version = base_version;
-  result.shard_applied.assign(shards, false);
-  result.lag.assign(shards, 0);
-  result.applied = true;
-  auto record = [&](std::size_t s, const PushOutcome& o) {
-    impl_->note_push(o);
-    result.version[s] = o.version;
-    result.lag[s] = o.lag;
-    result.shard_applied[s] = o.applied;
-    if (!o.applied) {
-      result.applied = false;
-      result.rejected_shards.push_back(static_cast<int>(s));
-    }
-  };
-  std::vector<Impl::Outstanding> remote;
-  for (std::size_t s = 0; s < shards; ++s) {
-    const ShardSpan& span = t->shards[s];
-    if (!selected[s] || span.owner == impl_->my_index) continue;
-    Impl::Outstanding o;
-    o.shard = static_cast<int>(s);
-    o.owner = span.owner;
-    RequestHeader req{RequestKind::kPush, t->id, static_cast<std::uint32_t>(s), impl_->reply_tag(),
-                      base_version[s], staleness < 0 ? -1 : staleness,
-                      static_cast<std::uint32_t>(policy), 0};
-    impl_->post_and_send(*t, "push", o, req, 0,
-                         {data + static_cast<std::size_t>(span.offset) * elem,
-                          static_cast<std::size_t>(span.count) * elem});
-    remote.push_back(std::move(o));
-  }
-  for (std::size_t s = 0; s < shards; ++s) {
-    if (!selected[s] || !t->local[s]) continue;
-    try {
-      record(s, t->local[s]->push(data + static_cast<std::size_t>(t->shards[s].offset) * elem,
-                                  base_version[s], staleness < 0 ? -1 : staleness, policy));
-    } catch (const InvalidArgument& e) {
-      throw InvalidArgument(fmt::format("ParameterStore::push('{}'): shard {}: {}", name, s,
-                                        e.what()));
-    }
-  }
-  impl_->await(*t, remote, "push", [&](Impl::Outstanding& o, const ReplyHeader& h, std::size_t) {
-    PushOutcome out;
-    out.applied = h.status == ReplyStatus::kApplied;
-    out.version = h.version;
-    out.lag = h.lag;
-    out.factor = h.factor;
-    record(static_cast<std::size_t>(o.shard), out);
-  });
-  std::sort(result.rejected_shards.begin(), result.rejected_shards.end());
-  return result;
 }
 
 std::vector<int> ParameterStore::shard_owners(const std::string& name) const {

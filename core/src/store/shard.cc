@@ -21,17 +21,35 @@ std::int64_t Shard::read(std::byte* out) const {
   return version_;
 }
 
+namespace {
+
+void check_policy(DataType dtype, PushPolicy policy) {
+  if (policy == PushPolicy::kScale && !scaling_defined(dtype)) {
+    throw InvalidArgument(fmt::format("the 'scale' policy is not defined on {}", dtype_name(dtype)));
+  }
+}
+
+void check_base(std::int64_t base, std::int64_t version) {
+  if (base < 0 || base > version) {
+    throw InvalidArgument(fmt::format(
+        "base version {} was never this shard's (it is at version {})", base, version));
+  }
+}
+
+}  // namespace
+
+void Shard::check_push(std::int64_t base, PushPolicy policy) const {
+  check_policy(dtype_, policy);
+  std::lock_guard<std::mutex> lock(mu_);
+  check_base(base, version_);
+}
+
 PushOutcome Shard::push(const std::byte* delta, std::int64_t base, std::int64_t staleness,
                         PushPolicy policy) {
-  if (policy == PushPolicy::kScale && !scaling_defined(dtype_)) {
-    throw InvalidArgument(fmt::format("the 'scale' policy is not defined on {}", dtype_name(dtype_)));
-  }
+  check_policy(dtype_, policy);
   std::vector<std::byte> scaled;  // kScale with a lag: delta / (1 + lag)
   std::lock_guard<std::mutex> lock(mu_);
-  if (base < 0 || base > version_) {
-    throw InvalidArgument(fmt::format(
-        "base version {} was never this shard's (it is at version {})", base, version_));
-  }
+  check_base(base, version_);
   PushOutcome out;
   out.lag = version_ - base;
   const bool within = staleness < 0 || out.lag <= staleness;

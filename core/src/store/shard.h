@@ -36,6 +36,10 @@ class Shard {
   // negative), or kScale on bool.
   PushOutcome push(const std::byte* delta, std::int64_t base, std::int64_t staleness,
                    PushPolicy policy);
+  // Throws what push() would throw for `base` and `policy`, changing
+  // nothing: a request of several pushes is checked whole before any is
+  // applied. (A base that passes stays valid: versions only grow.)
+  void check_push(std::int64_t base, PushPolicy policy) const;
 
  private:
   const DataType dtype_;

@@ -1,16 +1,27 @@
-// The parameter store's internals shared by its two sides: the wire
-// protocol and ParameterStore::Impl, whose client side (the calls of
-// gyre/store.h, sending requests for shards other members own) is in
-// parameter_store.cc and whose server side (the thread that answers the
-// requests for this member's shards) is in store_server.cc.
+// The parameter store's internals shared by its sides: the wire protocol
+// and ParameterStore::Impl, whose lifecycle and registration are in
+// parameter_store.cc, whose client side (pull and push: the requests a
+// member sends for shards other members own) is in store_client.cc and
+// whose server side (the thread that answers the requests for this
+// member's shards) is in store_server.cc.
 //
-// Wire protocol, on the store's own communicator (MpiStoreChannel):
-//   request  (tag kRequestTag)  RequestHeader [+ delta bytes of the shard, push]
-//   reply    (tag: the request's reply_tag) ReplyHeader
-//            [+ the shard's bytes (pull) | an error message (status kError)]
-// Each call posts its reply receives before it sends its requests, on a
-// reply tag of its own, so concurrent calls from several threads never take
-// each other's replies and a reply never waits for its receiver.
+// Wire protocol, on the store's own communicator (MpiStoreChannel): a call
+// (pull or push of one tensor or several) sends one request to each owner
+// of some of its shards, for all of that owner's shards at once.
+//   request (tag kRequestTag)  RequestHeader, RequestEntry x entries
+//                              [+ push: the entries' delta bytes, in order]
+//   reply   (tag: the request's reply_tag)
+//                              ReplyHeader, EntryReply x entries
+//                              | ReplyHeader (status kError), an error message
+//   data    (the same tag, after the reply; a pull answered without error,
+//            of a nonempty total): the entries' shard bytes, in order
+// A request is checked whole before any of it is applied: a refusal changes
+// nothing. MPI keeps the messages of one sender and tag in order: the
+// caller posts the reply's receive, then the data's (straight into its
+// outputs, one copy from the owner's snapshot to them), then sends the
+// request. Each call has reply tags of its own, so concurrent calls from
+// several threads never take each other's replies, and a reply never waits
+// for its receiver.
 #pragma once
 
 #include <atomic>
@@ -50,9 +61,15 @@ enum class ReplyStatus : std::int32_t { kApplied = 0, kRejected = 1, kError = 2 
 
 struct RequestHeader {
   RequestKind kind;
+  std::uint32_t entries;
+  std::int32_t reply_tag;
+  std::uint32_t reserved;
+};
+
+// One shard of a request. base, staleness and policy: pushes only.
+struct RequestEntry {
   std::uint32_t tensor;
   std::uint32_t shard;
-  std::int32_t reply_tag;
   std::int64_t base;
   std::int64_t staleness;
   std::uint32_t policy;
@@ -60,7 +77,12 @@ struct RequestHeader {
 };
 
 struct ReplyHeader {
-  ReplyStatus status;
+  ReplyStatus status;  // kError: the whole request was refused (text follows)
+  std::uint32_t entries;
+};
+
+struct EntryReply {
+  ReplyStatus status;  // kApplied (a pull: read) or kRejected
   std::int32_t reserved;
   std::int64_t version;
   std::int64_t lag;
@@ -80,8 +102,6 @@ struct ParameterStore::Impl {
   using Clock = std::chrono::steady_clock;
   using MpiStoreChannel = transport::MpiStoreChannel;
   using PushOutcome = core::store::PushOutcome;
-  using ReplyHeader = core::store::ReplyHeader;
-  using RequestHeader = core::store::RequestHeader;
   using Shard = core::store::Shard;
   using ShardSpan = core::store::ShardSpan;
 
@@ -176,24 +196,55 @@ struct ParameterStore::Impl {
   void answer_deferred(std::vector<std::pair<int, std::vector<std::byte>>>& deferred);
   void answer(int source, const std::vector<std::byte>& message);
 
-  // --- the client (parameter_store.cc): one request per shard, replies
-  // awaited together.
+  // --- the client (store_client.cc): one request per owner per call,
+  // replies awaited together.
 
-
-  struct Outstanding {
+  // One shard of a call: the call's item it belongs to (an index into the
+  // call's tensors), and where its bytes are in the caller's tensor.
+  struct Part {
+    std::size_t item = 0;
+    const Tensor* tensor = nullptr;
     int shard = 0;
-    int owner = 0;  // member index
-    std::vector<std::byte> reply;
-    std::unique_ptr<MpiStoreChannel::Receive> receive;
+    std::byte* bytes = nullptr;  // pull: where its values go; push: its delta
+    std::size_t nbytes = 0;
+    std::int64_t base = 0;       // push: the version the delta was computed from
+    std::int64_t staleness = -1;
+    PushPolicy policy = PushPolicy::kReject;
   };
 
-  // Waits for every reply; throws the first failure, naming tensor, shard and
-  // owner (every receive is cancelled by its destructor on the way out).
-  void await(const Tensor& t, std::vector<Outstanding>& out, const char* call,
-             const std::function<void(Outstanding&, const ReplyHeader&, std::size_t)>& take);
+  // A call's request to one owner, for all the call's shards it holds.
+  struct Outstanding {
+    int owner = 0;  // member index
+    std::vector<Part> parts;
+    std::vector<std::byte> reply;
+    std::unique_ptr<MpiStoreChannel::Receive> receive;  // the reply
+    std::unique_ptr<MpiStoreChannel::Receive> data;     // a pull's values
+  };
 
-  void post_and_send(const Tensor& t, const char* call, Outstanding& o, const RequestHeader& req,
-                     std::size_t reply_bytes, std::span<const std::byte> payload);
+  // The call's text for errors: "pull('w')", "push('a', 'b')".
+  struct CallName {
+    const char* call;
+    std::string names;
+    bool several = false;  // several tensors: name the tensor of a shard
+  };
+
+  // Sends one request per member (other than this one) owning some of
+  // `parts`, its replies posted first. Returns them, awaiting replies.
+  std::vector<Outstanding> send_requests(const CallName& c, core::store::RequestKind kind,
+                                         const std::vector<Part>& parts);
+  // Waits for every reply; calls `take` for each part with its outcome;
+  // throws the first failure, naming the owner and a shard (every receive
+  // is cancelled by its destructor on the way out).
+  void await(const CallName& c, std::vector<Outstanding>& out,
+             const std::function<void(const Part&, const core::store::EntryReply&)>& take);
+
+  // A request to `o`'s owner failed because a member died (ULFM): throws
+  // RankFailedError naming the dead member(s), whichever member `o` was for.
+  [[noreturn]] void throw_member_failed(const CallName& c, const Outstanding& o,
+                                        const RankFailedError& e);
+  // "rank 1, owner of shard 0" (+ " of 'w'" when the call has several
+  // tensors, + " and N more shards" when the request had several).
+  std::string owner_text(const CallName& c, const Outstanding& o) const;
 };
 
 }  // namespace gyre

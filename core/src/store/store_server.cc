@@ -11,11 +11,14 @@
 
 namespace gyre {
 
-using core::store::bytes_of;
+using core::store::EntryReply;
 using core::store::kErrorTextMax;
 using core::store::kFirstReplyTag;
 using core::store::kRequestTag;
+using core::store::ReplyHeader;
 using core::store::ReplyStatus;
+using core::store::RequestEntry;
+using core::store::RequestHeader;
 using core::store::RequestKind;
 
 void ParameterStore::Impl::serve() {
@@ -67,8 +70,15 @@ bool ParameterStore::Impl::awaits_registration(const std::vector<std::byte>& mes
   RequestHeader req{};
   if (message.size() < sizeof req) return false;  // answer() refuses it
   std::memcpy(&req, message.data(), sizeof req);
+  if (message.size() < sizeof req + std::size_t{req.entries} * sizeof(RequestEntry)) return false;
+  std::uint32_t newest = 0;
+  for (std::uint32_t i = 0; i < req.entries; ++i) {
+    RequestEntry e{};
+    std::memcpy(&e, message.data() + sizeof req + i * sizeof e, sizeof e);
+    newest = std::max(newest, e.tensor);
+  }
   std::lock_guard<std::mutex> lock(tensors_mu);
-  return req.tensor >= tensors.size();
+  return req.entries > 0 && newest >= tensors.size();
 }
 
 void ParameterStore::Impl::answer_deferred(
@@ -83,52 +93,93 @@ void ParameterStore::Impl::answer_deferred(
 void ParameterStore::Impl::answer(int source, const std::vector<std::byte>& message) {
   ++served;
   RequestHeader req{};
-  ReplyHeader reply{};
-  std::vector<std::byte> payload;
+  std::vector<std::byte> reply;  // ReplyHeader, EntryReply x entries | error text
+  std::vector<std::byte> values;  // a pull's data message
   int reply_tag = -1;
   try {
-    if (message.size() < sizeof(RequestHeader)) {
+    if (message.size() < sizeof req) {
       throw InvalidArgument(fmt::format("a request of {} bytes", message.size()));
     }
     std::memcpy(&req, message.data(), sizeof req);
     reply_tag = req.reply_tag;
-    auto t = tensor_by_id(req.tensor);
-    if (!t || req.shard >= t->local.size() || !t->local[req.shard]) {
-      throw InvalidArgument(fmt::format("tensor {} shard {} is not served by rank {}",
-                                        req.tensor, req.shard, members[my_index]));
-    }
-    Shard& shard = *t->local[req.shard];
-    if (req.kind == RequestKind::kPull) {
-      payload.resize(shard.nbytes());
-      reply.version = shard.read(payload.data());
-      reply.status = ReplyStatus::kApplied;
-    } else if (req.kind == RequestKind::kPush) {
-      if (message.size() != sizeof(RequestHeader) + shard.nbytes()) {
-        throw InvalidArgument(fmt::format("a push of {} bytes to a shard of {}",
-                                          message.size() - sizeof(RequestHeader),
-                                          shard.nbytes()));
-      }
-      const PushOutcome o = shard.push(message.data() + sizeof(RequestHeader), req.base,
-                                       req.staleness, static_cast<PushPolicy>(req.policy));
-      reply.status = o.applied ? ReplyStatus::kApplied : ReplyStatus::kRejected;
-      reply.version = o.version;
-      reply.lag = o.lag;
-      reply.factor = o.factor;
-    } else {
+    if (req.kind != RequestKind::kPull && req.kind != RequestKind::kPush) {
       throw InvalidArgument(fmt::format("unknown request kind {}",
                                         static_cast<std::uint32_t>(req.kind)));
     }
+    const std::size_t head = sizeof req + std::size_t{req.entries} * sizeof(RequestEntry);
+    if (message.size() < head) {
+      throw InvalidArgument(fmt::format("a request of {} entries in {} bytes", req.entries,
+                                        message.size()));
+    }
+    // The whole request is checked before any of it is applied.
+    std::vector<RequestEntry> entries(req.entries);
+    std::vector<Shard*> shards;
+    std::vector<std::shared_ptr<Tensor>> held;  // keeps the shards' tensors
+    std::size_t value_bytes = 0;
+    for (std::uint32_t i = 0; i < req.entries; ++i) {
+      RequestEntry& e = entries[i];
+      std::memcpy(&e, message.data() + sizeof req + i * sizeof e, sizeof e);
+      auto t = tensor_by_id(e.tensor);
+      if (!t || e.shard >= t->local.size() || !t->local[e.shard]) {
+        throw InvalidArgument(fmt::format("tensor {} shard {} is not served by rank {}", e.tensor,
+                                          e.shard, members[my_index]));
+      }
+      Shard& shard = *t->local[e.shard];
+      if (req.kind == RequestKind::kPush) {
+        try {
+          shard.check_push(e.base, static_cast<PushPolicy>(e.policy));
+        } catch (const InvalidArgument& x) {
+          throw InvalidArgument(fmt::format("shard {} of '{}': {}", e.shard, t->name, x.what()));
+        }
+      }
+      value_bytes += shard.nbytes();
+      shards.push_back(&shard);
+      held.push_back(std::move(t));
+    }
+    const std::size_t want = head + (req.kind == RequestKind::kPush ? value_bytes : 0);
+    if (message.size() != want) {
+      throw InvalidArgument(fmt::format("a request of {} bytes where its entries make {}",
+                                        message.size(), want));
+    }
+    reply.resize(sizeof(ReplyHeader) + entries.size() * sizeof(EntryReply));
+    const ReplyHeader h{ReplyStatus::kApplied, req.entries};
+    std::memcpy(reply.data(), &h, sizeof h);
+    if (req.kind == RequestKind::kPull) values.resize(value_bytes);
+    std::size_t at = 0;  // into the deltas (push) or the values (pull)
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      Shard& shard = *shards[i];
+      EntryReply r{};
+      if (req.kind == RequestKind::kPull) {
+        // The snapshot, with its version, straight into the data message.
+        r.version = shard.read(values.data() + at);
+        r.status = ReplyStatus::kApplied;
+        r.factor = 1.0;
+      } else {
+        const PushOutcome o = shard.push(message.data() + head + at, entries[i].base,
+                                         entries[i].staleness,
+                                         static_cast<PushPolicy>(entries[i].policy));
+        r.status = o.applied ? ReplyStatus::kApplied : ReplyStatus::kRejected;
+        r.version = o.version;
+        r.lag = o.lag;
+        r.factor = o.factor;
+      }
+      at += shard.nbytes();
+      std::memcpy(reply.data() + sizeof h + i * sizeof r, &r, sizeof r);
+    }
   } catch (const std::exception& e) {
-    reply.status = ReplyStatus::kError;
+    const ReplyHeader h{ReplyStatus::kError, 0};
     const std::string text = e.what();
-    payload.assign(reinterpret_cast<const std::byte*>(text.data()),
-                   reinterpret_cast<const std::byte*>(text.data()) +
-                       std::min(text.size(), kErrorTextMax));
+    reply.assign(sizeof h + std::min(text.size(), kErrorTextMax), std::byte{0});
+    std::memcpy(reply.data(), &h, sizeof h);
+    std::memcpy(reply.data() + sizeof h, text.data(), reply.size() - sizeof h);
+    values.clear();
   }
   if (reply_tag < kFirstReplyTag) return;  // nowhere to answer
-  const std::span<const std::byte> parts[] = {bytes_of(reply), payload};
   try {
-    channel->send(source, reply_tag, parts, deadline());
+    channel->send(source, reply_tag, std::move(reply), deadline());
+    // The caller posted a receive for the values after the reply's, on the
+    // same tag: MPI keeps the two in order.
+    if (!values.empty()) channel->send(source, reply_tag, std::move(values), deadline());
   } catch (const std::exception& e) {
     log.warn("parameter store: the reply to rank {} was not taken: {}", members[source],
              e.what());

@@ -10,7 +10,9 @@ store (gyre.ps): no collective per step; each rank steps on its own.
 A step: the wrapped optimizer steps on the parameters this rank last pulled;
 the difference it made (the update) is pushed to the parameters' owners with
 the versions it was computed from; then the parameters are pulled fresh
-(values and versions) for the next step. Every rank starts from rank 0's
+(values and versions) for the next step. Each is one request per owner for
+all the parameters it holds (and the clock below), whatever the number of
+parameters: ParameterStore.push_many / pull_many. Every rank starts from rank 0's
 parameters (registration is collective).
 
 ``staleness`` bounds two things:
@@ -85,11 +87,12 @@ class AsyncOptimizer(OptimizerWrapper):
         for name, p in self._params:
             self.store.register(name, p.data)
         self.store.register(_CLOCK, torch.zeros(len(self._ranks), dtype=torch.int64))
+        self._names = names + [_CLOCK]
         self._versions: Dict[str, Version] = {}
         self._base: Dict[str, torch.Tensor] = {}
-        for name, p in self._params:
-            self._pull(name, p)
-        self._clock_base: Version = self.store.pull(_CLOCK)[1]
+        self._clock_base: Version = Version([0])
+        self._clock_seen: List[int] = [0] * len(self._ranks)
+        self._pull_all()
         self._tick = torch.zeros(len(self._ranks), dtype=torch.int64)
         self._tick[self._me] = 1
         self.steps = 0
@@ -109,17 +112,20 @@ class AsyncOptimizer(OptimizerWrapper):
     def step(self, closure: Any = None) -> Any:
         self._wait_for_slowest()
         loss = self.optimizer.step(closure)
+        # One push request to each owner for every parameter it holds and the
+        # clock, then one pull request likewise (docs/training-modes.md).
         with torch.no_grad():
-            for name, p in self._params:
-                delta = p.data - self._base[name]
-                ok, version = self.store.push(name, delta, self._versions[name],
-                                              staleness=self.staleness, policy=self.policy)
-                shards = len(version)
-                self.updates_rejected += len(version.rejected)
-                self.updates_applied += shards - len(version.rejected)
-                self._pull(name, p)
+            deltas = [p.data - self._base[name] for name, p in self._params]
+        n = len(self._params)
+        results = self.store.push_many(
+            self._names, deltas + [self._tick],
+            [self._versions[name] for name, _ in self._params] + [self._clock_base],
+            staleness=[self.staleness] * n + [None], policy=[self.policy] * n + ["apply"])
+        for _, version in results[:n]:
+            self.updates_rejected += len(version.rejected)
+            self.updates_applied += len(version) - len(version.rejected)
         self.updates_scaled = self.store.stats()["pushes_scaled"]
-        self.store.push(_CLOCK, self._tick, self._clock_base, staleness=None, policy="apply")
+        self._pull_all()
         self.steps += 1
         return loss
 
@@ -129,7 +135,8 @@ class AsyncOptimizer(OptimizerWrapper):
         """Every rank's completed steps (by index in the process set), as the
         store holds them now."""
         value, self._clock_base = self.store.pull(_CLOCK)
-        return [int(v) for v in value]
+        self._clock_seen = [int(v) for v in value]
+        return list(self._clock_seen)
 
     def lag_behind_fastest(self) -> List[int]:
         """For each rank, how many steps it is behind the fastest."""
@@ -138,6 +145,10 @@ class AsyncOptimizer(OptimizerWrapper):
 
     def _wait_for_slowest(self) -> None:
         if self.staleness is None:
+            return
+        # The clock pulled with the parameters at the end of the last step
+        # is enough when it already allows this step (clocks only grow).
+        if min(self._clock_seen) >= self.steps - self.staleness:
             return
         start = time.monotonic()
         nap = 0.0
@@ -157,12 +168,19 @@ class AsyncOptimizer(OptimizerWrapper):
             time.sleep(nap)
         self.waited_s += time.monotonic() - start
 
-    def _pull(self, name: str, p: torch.nn.Parameter) -> None:
-        value, version = self.store.pull(name)
+    def _pull_all(self) -> None:
+        """Every parameter and the clock, in one request per owner: into the
+        tensors the updates are measured from (one copy from the owners'
+        snapshots), then into the parameters."""
+        outs = [self._base.get(name) for name, _ in self._params] + [None]
+        pulled = self.store.pull_many(self._names, outs)
         with torch.no_grad():
-            p.data.copy_(value)
-        self._base[name] = value
-        self._versions[name] = version
+            for (name, p), (value, version) in zip(self._params, pulled):
+                p.data.copy_(value)
+                self._base[name] = value
+                self._versions[name] = version
+        clock, self._clock_base = pulled[-1]
+        self._clock_seen = [int(v) for v in clock]
 
     def close(self) -> None:
         """Collective: every rank has finished stepping; stops the store."""

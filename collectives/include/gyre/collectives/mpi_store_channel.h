@@ -55,6 +55,12 @@ class MpiStoreChannel {
     std::unique_ptr<State> state_;
   };
   std::unique_ptr<Receive> post_receive(int peer, int tag, std::span<std::byte> out);
+  // The same into several places: the message's bytes fill `parts` one
+  // after the other (an MPI datatype of their addresses: no copy on the
+  // way), and it must be exactly their total size. The parts stay alive
+  // and untouched until the receive is waited for or destroyed.
+  std::unique_ptr<Receive> post_receive(int peer, int tag,
+                                        std::span<const std::span<std::byte>> parts);
 
   // Sends `parts` as one message (gathered into a buffer of the channel's)
   // and waits for the send to complete, at most until `deadline` (then
@@ -62,10 +68,20 @@ class MpiStoreChannel {
   // buffer, and its communicator, for the rest of its life).
   void send(int peer, int tag, std::span<const std::span<const std::byte>> parts,
             Clock::time_point deadline);
+  // The same for a message already in one buffer of the caller's, which
+  // the channel takes (no copy).
+  void send(int peer, int tag, std::vector<std::byte>&& message, Clock::time_point deadline);
 
   // One whole message of `tag` from any rank, if one has arrived (matched
   // probe): its source, its bytes in `out`. Never blocks.
   std::optional<int> receive_any(int tag, std::vector<std::byte>& out);
+
+  // The channel's ranks this process knows to have died (ULFM's failure
+  // detector), in increasing order; empty without ULFM or with fault
+  // tolerance off. Under ULFM the first call that sees a death revokes the
+  // channel (every member's pending and later calls then fail): this says
+  // which member it was, whichever peer the failed call was with.
+  std::vector<int> failed_ranks() const;
 
  private:
   struct Impl;
