@@ -30,6 +30,7 @@
 #include "gyre/collectives/algorithms.h"
 #include "gyre/collectives/local_transport.h"
 #include "gyre/error.h"
+#include "counting_transport.h"
 #include "test_support.h"
 
 using namespace gyre;
@@ -39,34 +40,6 @@ using gyre::transport::run_local_world;
 namespace {
 
 constexpr std::chrono::milliseconds kTimeout{60000};
-
-// Counts the messages a rank sends and the bytes in them, forwarding
-// everything to the transport it wraps.
-class CountingTransport final : public transport::Transport {
- public:
-  explicit CountingTransport(transport::Transport& inner) : inner_(inner) {
-    set_timeout(inner.timeout());
-  }
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  transport::Transfer isend(int peer, int tag, std::span<const std::byte> data) override {
-    ++messages;
-    bytes += data.size();
-    return inner_.isend(peer, tag, data);
-  }
-  transport::Transfer irecv(int peer, int tag, std::span<std::byte> data) override {
-    return inner_.irecv(peer, tag, data);
-  }
-  bool test(transport::Transfer& req) override { return inner_.test(req); }
-  void wait(transport::Transfer& req) override { inner_.wait(req); }
-  std::string name() const override { return "counting"; }
-
-  std::size_t messages = 0;
-  std::size_t bytes = 0;
-
- private:
-  transport::Transport& inner_;
-};
 
 // test::expected, with integer sums and products wrapped to the type's
 // width as the kernels wrap them (16 ranks overflow int8 and uint8), and an
@@ -391,7 +364,7 @@ TEST_CASE("allreduce: large = kRabenseifner runs Rabenseifner's algorithm above 
       std::vector<std::size_t> messages(n);
       std::vector<std::vector<float>> buf(n, std::vector<float>(count));
       run_local_world(n, [&](transport::Transport& inner) {
-        CountingTransport t(inner);
+        test::CountingTransport t(inner);
         auto& b = buf[t.rank()];
         for (std::size_t i = 0; i < count; ++i) b[i] = static_cast<float>(t.rank() + i % 5);
         AllreduceOptions o;

@@ -13,6 +13,7 @@
 
 #include "backends/cpu/cpu_ring_backend.h"
 #include "execution/plan.h"
+#include "../collectives/counting_transport.h"
 #include "gyre/collectives/local_transport.h"
 
 using namespace gyre;
@@ -85,34 +86,6 @@ TEST_CASE("cpu backend: a rank without an entry contributes zeros and discards r
   }
 }
 
-namespace {
-
-// Counts the messages a rank sends, forwarding to the transport it wraps.
-class CountingTransport final : public transport::Transport {
- public:
-  explicit CountingTransport(transport::Transport& inner) : inner_(inner) {
-    set_timeout(inner.timeout());
-  }
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  transport::Transfer isend(int peer, int tag, std::span<const std::byte> data) override {
-    ++messages;
-    return inner_.isend(peer, tag, data);
-  }
-  transport::Transfer irecv(int peer, int tag, std::span<std::byte> data) override {
-    return inner_.irecv(peer, tag, data);
-  }
-  bool test(transport::Transfer& req) override { return inner_.test(req); }
-  void wait(transport::Transfer& req) override { inner_.wait(req); }
-  std::string name() const override { return "counting"; }
-  std::size_t messages = 0;
-
- private:
-  transport::Transport& inner_;
-};
-
-}  // namespace
-
 TEST_CASE("cpu backend: GYRE_RABENSEIFNER_ALLREDUCE picks the large allreduce, -1 by the cost "
           "model",
           "[backend][rabenseifner]") {
@@ -132,7 +105,7 @@ TEST_CASE("cpu backend: GYRE_RABENSEIFNER_ALLREDUCE picks the large allreduce, -
       std::vector<std::size_t> messages(n);
       std::vector<std::vector<float>> out(n);
       transport::run_local_world(n, [&](transport::Transport& inner) {
-        CountingTransport t(inner);
+        test::CountingTransport t(inner);
         CpuRingBackend be(t, opt);
         const int r = t.rank();
         std::vector<float> x(count);

@@ -3,12 +3,16 @@
 // sizes (0 elements included), ordering of messages with one tag, tags kept
 // apart, any source with the sender returned, mismatched counts and dtypes
 // failing on both ranks without writing, refusals at the call, a process
-// set, a missing peer ending at the deadline, and shutdown with a pending
-// recv.
+// set, a missing peer ending at the deadline, shutdown with a pending recv,
+// and pairs completing while allreduces run. The core_p2p_*_on_coordinator
+// entries run the same cases with GYRE_P2P_ON_COORDINATOR=1 (the engine
+// driven by the runtime's loop instead of its own thread).
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -24,6 +28,7 @@ Options test_options(double deadline_s = 60) {
   o.cycle_time_ms = 0.5;
   o.op_timeout_s = 60;
   o.stall_shutdown_s = deadline_s;
+  o.p2p_on_coordinator = Options::from_env().p2p_on_coordinator;
   return o;
 }
 
@@ -250,4 +255,35 @@ TEST_CASE("p2p: shutdown fails a pending recv with StateError", "[mpi]") {
     barrier();
   }
   if (h.valid()) CHECK_THROWS_AS(h.wait(), StateError);
+}
+
+TEST_CASE("p2p: send/recv pairs complete while allreduces run", "[mpi]") {
+  Session s;
+  const int r = rank(), n = size();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  constexpr int kAllreduces = 20, kExchanges = 50;
+  std::vector<float> in(std::size_t{1} << 18, 1.0f), out(in.size());
+  std::atomic<int> wrong_sums{0};
+  std::thread reducer([&] {
+    for (int k = 0; k < kAllreduces; ++k) {
+      allreduce_async("p2p.beside", TensorView{in.data(), DataType::kFloat32,
+                                               {static_cast<std::int64_t>(in.size())}},
+                      TensorView{out.data(), DataType::kFloat32,
+                                 {static_cast<std::int64_t>(out.size())}},
+                      ReduceOp::kSum)
+          .wait();
+      for (float x : out) wrong_sums += x != static_cast<float>(n);
+    }
+  });
+  int wrong_messages = 0;
+  for (int k = 0; k < kExchanges; ++k) {
+    std::int64_t got = -1, mine = 1000 * r + k;
+    Handle h = recv_async(TensorView{&got, DataType::kInt64, {1}}, prev, 5);
+    send_async(TensorView{&mine, DataType::kInt64, {1}}, next, 5).wait();
+    h.wait();
+    wrong_messages += got != 1000 * prev + k;
+  }
+  reducer.join();
+  CHECK(wrong_messages == 0);
+  CHECK(wrong_sums.load() == 0);
 }

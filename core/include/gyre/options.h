@@ -77,6 +77,10 @@ struct Options {
   // GYRE_OP_TIMEOUT_S: a transfer with no progress for this long aborts the
   // job (MPI_Abort) after logging who was waited for; 0: never.
   double op_timeout_s = 300.0;
+  // GYRE_P2P_ON_COORDINATOR: 1 drives send_async/recv_async from the world
+  // runtime's background loop (between its rounds) instead of a thread of
+  // their own; kept to measure that choice (docs/architecture.md).
+  long p2p_on_coordinator = 0;
   // GYRE_MAX_VERSION_LAG: largest difference of committed steps allowed
   // between the ranks taking part in one operation.
   long max_version_lag = 0;

@@ -146,7 +146,11 @@ RebuildInfo rebuild() {
       ri.initial_step = info.step;
       auto rt = std::make_shared<core::Runtime>(g_rebuild->options, world.make_transport(),
                                                 std::move(ri));
-      g_p2p = start_p2p(g_rebuild->options);
+      // Made after the runtime, so nothing drives it but a thread of its
+      // own (GYRE_P2P_ON_COORDINATOR applies to init()'s runtime only).
+      Options own_thread = g_rebuild->options;
+      own_thread.p2p_on_coordinator = 0;
+      g_p2p = start_p2p(own_thread);
       g_runtime = std::move(rt);
       g_rebuild.reset();
       info.rebuilds = world.rebuilds();

@@ -107,8 +107,10 @@ std::shared_ptr<core::P2pEngine> start_p2p(const Options& options) {
   // communicator's duplication have not been made safe against a dead rank
   // (a survivor's rebuild() could then stall), so point-to-point is refused.
   if (!world.thread_multiple() || world.fault_tolerant()) return nullptr;
-  return std::make_shared<core::P2pEngine>(transport::MpiP2pChannel::create(),
-                                           options.stall_shutdown_s);
+  return std::make_shared<core::P2pEngine>(
+      transport::MpiP2pChannel::create(), options.stall_shutdown_s,
+      options.p2p_on_coordinator != 0 ? core::P2pEngine::Driver::kCaller
+                                       : core::P2pEngine::Driver::kOwnThread);
 }
 
 std::string p2p_unavailable(const char* call) {
@@ -264,6 +266,7 @@ void start(const Options& options, const std::string& failure,
   // seconds under CPU load (and past GYRE_OP_TIMEOUT_S once, across two
   // simulated hosts); measured in docs/architecture.md.
   std::shared_ptr<core::P2pEngine> p2p = start_p2p(options);
+  if (options.p2p_on_coordinator != 0) info.p2p = p2p;
   std::shared_ptr<core::Runtime> rt;
   try {
     rt = std::make_shared<core::Runtime>(options, std::move(transport), std::move(info));

@@ -47,7 +47,9 @@ std::vector<int> ranks_of(const char* call, int process_set);
 
 // The point-to-point engine over a new duplicate of the world (collective:
 // every rank calls it once its runtime has started); null without
-// MPI_THREAD_MULTIPLE, where point-to-point calls are refused.
+// MPI_THREAD_MULTIPLE, where point-to-point calls are refused. With
+// options.p2p_on_coordinator it has no thread: the runtime made with it in
+// RuntimeInfo::p2p drives it.
 std::shared_ptr<core::P2pEngine> start_p2p(const Options& options);
 
 // Why point-to-point calls are refused when there is no engine.

@@ -171,7 +171,16 @@ void TensorQueue::wait_for_work(std::chrono::microseconds timeout,
     }
   }
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_until(lock, deadline, [&] { return !fresh_.empty() || woken_; });
+  cv_.wait_until(lock, deadline, [&] { return !fresh_.empty() || woken_ || nudged_; });
+  nudged_ = false;
+}
+
+void TensorQueue::nudge() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    nudged_ = true;
+  }
+  cv_.notify_one();
 }
 
 void TensorQueue::wake() {

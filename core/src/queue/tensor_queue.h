@@ -112,7 +112,13 @@ class TensorQueue {
   // scheduler wake-up on both sides.
   void wait_for_work(std::chrono::microseconds timeout,
                      std::chrono::microseconds spin = std::chrono::microseconds(0));
+  // Ends the current wait_for_work() (a round is then due: see has_work()).
   void wake();
+  // Ends the current (or next) wait_for_work() without making a round due:
+  // point-to-point work for a loop that drives the engine (p2p_engine.h).
+  void nudge();
+  // Enqueued work or a wake() since the last drain: a round is due.
+  bool has_work() const { return has_work_.load(std::memory_order_acquire); }
 
   std::vector<std::string> pending_names() const;
   std::size_t size() const;
@@ -123,7 +129,7 @@ class TensorQueue {
   // in_use() with mu_ held.
   bool in_use_locked(const std::string& name) const;
 
-  // Guards table_, latest_, fresh_, submitted_, woken_ and closed_reason_.
+  // Guards table_, latest_, fresh_, submitted_, woken_, nudged_ and closed_reason_.
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::unordered_map<std::string, LocalEntry> table_;
@@ -134,6 +140,7 @@ class TensorQueue {
   std::vector<Request> fresh_;  // enqueued since the last drain
   std::unordered_map<std::string, std::uint64_t> submitted_;  // name -> submissions
   bool woken_ = false;
+  bool nudged_ = false;  // nudge() since the last wait_for_work() returned
   // !fresh_.empty() || woken_, readable without mu_ (wait_for_work's polls).
   std::atomic<bool> has_work_{false};
   std::optional<std::string> closed_reason_;

@@ -109,6 +109,10 @@ const OptionSpec kTable[] = {
   {"GYRE_OP_TIMEOUT_S", "op_timeout_s",
    RealOption{&O::op_timeout_s, 0, kMaxSeconds}, "300", false,
    "Deadline for any single transfer of the background thread (negotiation or data)."},
+  {"GYRE_P2P_ON_COORDINATOR", "p2p_on_coordinator",
+   IntegerOption{&O::p2p_on_coordinator, 0, 1}, "0", false,
+   "1: point-to-point operations (`send_async`, `recv_async`) are driven by the world runtime's "
+   "background loop, between its negotiation rounds, instead of by a thread of their own."},
   {"GYRE_MAX_VERSION_LAG", "max_version_lag",
    IntegerOption{&O::max_version_lag, 0, kMaxVersionLag}, "0", true,
    "Largest difference in committed steps (`commit_step()`) allowed between the requests of one "

@@ -1,4 +1,4 @@
-// P2pEngine: the protocol of p2p_engine.h on the engine's thread.
+// P2pEngine: the protocol of p2p_engine.h on its driving thread.
 #include "runtime/p2p_engine.h"
 
 #include <algorithm>
@@ -21,18 +21,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using Channel = transport::MpiP2pChannel;
-using p2p::Ack;
-using p2p::bytes_of;
-using p2p::describe;
-using p2p::dtype_text;
-using p2p::Header;
-using p2p::kAckTag;
-using p2p::kHeaderTag;
-using p2p::kPayloadTag;
-using p2p::kPieceBytes;
-using p2p::kRefusedCount;
-using p2p::kWithdrawnCount;
-using p2p::parse;
+// The wire messages and their helpers (p2p_wire.h).
+using namespace p2p;
 
 }  // namespace
 
@@ -325,11 +315,12 @@ struct P2pEngine::Engine {
   }
 };
 
-P2pEngine::P2pEngine(std::unique_ptr<transport::MpiP2pChannel> channel, double deadline_s)
-    : rank_(channel->rank()), engine_(std::make_unique<Engine>()) {
+P2pEngine::P2pEngine(std::unique_ptr<transport::MpiP2pChannel> channel, double deadline_s,
+                     Driver driver)
+    : rank_(channel->rank()), driver_(driver), engine_(std::make_unique<Engine>()) {
   engine_->ch = std::move(channel);
   engine_->deadline_s = deadline_s;
-  thread_ = std::thread([this] { loop(); });
+  if (driver_ == Driver::kOwnThread) thread_ = std::thread([this] { loop(); });
 }
 
 P2pEngine::~P2pEngine() { stop(); }
@@ -345,6 +336,9 @@ void P2pEngine::submit(P2pOp op) {
       refuse = broken_;
     } else {
       inbox_.push_back(std::move(op));
+      // Under mu_: once stop() has set stopping_, the driving loop (and
+      // what wake_ touches) may be gone.
+      if (wake_) wake_();
     }
   }
   if (refuse) {
@@ -354,14 +348,78 @@ void P2pEngine::submit(P2pOp op) {
   cv_.notify_one();
 }
 
+void P2pEngine::set_wake(std::function<void()> wake) {
+  std::lock_guard<std::mutex> lock(mu_);
+  wake_ = std::move(wake);
+}
+
 void P2pEngine::stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ && !thread_.joinable()) return;
+    if (stopping_ && !thread_.joinable() && driver_ == Driver::kOwnThread) return;
     stopping_ = true;
+    wake_ = nullptr;
   }
   cv_.notify_one();
   if (thread_.joinable()) thread_.join();
+  if (driver_ == Driver::kCaller) {
+    std::lock_guard<std::mutex> lock(drive_mu_);
+    if (torn_down_) return;
+    torn_down_ = true;
+    teardown();
+  }
+}
+
+P2pEngine::Pass P2pEngine::service() {
+  std::lock_guard<std::mutex> drive(drive_mu_);
+  if (torn_down_) return {};
+  std::vector<P2pOp> incoming;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ || broken_) return {};
+    incoming.swap(inbox_);
+  }
+  // As the own thread's loop: with nothing pending, no MPI call at all.
+  if (incoming.empty() && !engine_->busy()) return {};
+  Pass p;
+  p.moved = pass(std::move(incoming));
+  p.pending = engine_->busy();
+  return p;
+}
+
+bool P2pEngine::pass(std::vector<P2pOp> incoming) {
+  Engine& e = *engine_;
+  const auto now = Clock::now();
+  const std::size_t before = e.sends.size() + e.recvs.size() + e.arrived.size();
+  try {
+    for (auto& op : incoming) e.start(std::move(op), now);
+    e.receive_control();
+    e.match();
+    e.progress(e.sends);
+    e.progress(e.recvs);
+    e.reap_control();
+    e.expire(e.sends, now);
+    e.expire(e.recvs, now);
+  } catch (...) {
+    // MPI failed (a peer died under ULFM, a revoked communicator): this
+    // and every later operation fail with its error.
+    const auto err = std::current_exception();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      broken_ = err;
+      for (auto& op : inbox_) {
+        if (op.state) op.state->complete_one(err);
+      }
+      inbox_.clear();
+    }
+    for (auto& op : incoming) {
+      if (op.state) op.state->complete_one(err);
+    }
+    e.fail_all(err);
+    e.abandon_control();
+  }
+  const std::size_t after = e.sends.size() + e.recvs.size() + e.arrived.size();
+  return !incoming.empty() || after != before;
 }
 
 void P2pEngine::loop() {
@@ -394,38 +452,13 @@ void P2pEngine::loop() {
       incoming.swap(inbox_);
     }
     if (incoming.empty() && idle_passes <= 16) std::this_thread::yield();
-    const auto now = Clock::now();
-    const std::size_t before = e.sends.size() + e.recvs.size() + e.arrived.size();
-    try {
-      for (auto& op : incoming) e.start(std::move(op), now);
-      e.receive_control();
-      e.match();
-      e.progress(e.sends);
-      e.progress(e.recvs);
-      e.reap_control();
-      e.expire(e.sends, now);
-      e.expire(e.recvs, now);
-    } catch (...) {
-      // MPI failed (a peer died under ULFM, a revoked communicator): this
-      // and every later operation fail with its error.
-      const auto err = std::current_exception();
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        broken_ = err;
-        for (auto& op : inbox_) {
-          if (op.state) op.state->complete_one(err);
-        }
-        inbox_.clear();
-      }
-      for (auto& op : incoming) {
-        if (op.state) op.state->complete_one(err);
-      }
-      e.fail_all(err);
-      e.abandon_control();
-    }
-    const std::size_t after = e.sends.size() + e.recvs.size() + e.arrived.size();
-    idle_passes = (!incoming.empty() || after != before) ? 0 : idle_passes + 1;
+    idle_passes = pass(std::move(incoming)) ? 0 : idle_passes + 1;
   }
+  teardown();
+}
+
+void P2pEngine::teardown() {
+  Engine& e = *engine_;
   e.fail_all(std::make_exception_ptr(
       StateError("point-to-point operation: gyre shut down while it was pending")));
   {

@@ -31,13 +31,20 @@
 // the peer. A failure of MPI itself (a peer's death under ULFM:
 // RankFailedError) fails every pending operation and every later one.
 //
+// Who drives it: its own thread (the default), or, with
+// GYRE_P2P_ON_COORDINATOR=1, the world runtime's background loop, which
+// calls service() between its rounds and while it waits for work. The
+// second is kept to measure the choice: docs/architecture.md ("Point to
+// point: a thread of its own") gives the figures.
+//
 // Threads: submit() and stop() on any thread; everything else on the
-// engine's own thread, the only one that drives the channel.
+// driving thread, the only one that drives the channel.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -64,7 +71,9 @@ struct P2pOp {
 
 class P2pEngine {
  public:
-  P2pEngine(std::unique_ptr<transport::MpiP2pChannel> channel, double deadline_s);
+  enum class Driver { kOwnThread, kCaller };
+  P2pEngine(std::unique_ptr<transport::MpiP2pChannel> channel, double deadline_s,
+            Driver driver = Driver::kOwnThread);
   ~P2pEngine();  // stop()
   P2pEngine(const P2pEngine&) = delete;
   P2pEngine& operator=(const P2pEngine&) = delete;
@@ -73,17 +82,39 @@ class P2pEngine {
   // Queues `op` for the engine's thread; its state completes there (with the
   // source rank of a receive in OpState::source_rank).
   void submit(P2pOp op);
-  // Stops the thread; what is pending fails with StateError. Idempotent.
+  // Stops the engine (joins its thread, if it has one); what is pending
+  // fails with StateError. Idempotent.
   void stop();
 
+  // Driver::kCaller only. set_wake: called (under the engine's lock) by
+  // every submit() until stop(), to wake the driving loop; set before the
+  // first submit. service(): one pass over the protocol on the driving
+  // thread; `pending` while operations wait for progress, `moved` when
+  // this pass changed something (the caller polls sooner).
+  struct Pass {
+    bool pending = false;
+    bool moved = false;
+  };
+  void set_wake(std::function<void()> wake);
+  Pass service();
+
  private:
-  struct Engine;  // the engine thread's state (p2p_engine.cc)
+  struct Engine;  // the driving thread's state (p2p_engine.cc)
   void loop();
+  // One pass over `incoming` and what is pending; true if it changed anything.
+  bool pass(std::vector<P2pOp> incoming);
+  // After the last pass: fails what is left, quiesces and frees the channel.
+  void teardown();
 
   const int rank_;
-  std::unique_ptr<Engine> engine_;  // touched by the engine thread only
-  // Guards inbox_, stopping_ and broken_.
+  const Driver driver_;
+  std::unique_ptr<Engine> engine_;  // touched by the driving thread only
+  // Driver::kCaller: guards engine_ and torn_down_ (service() against stop()).
+  std::mutex drive_mu_;
+  bool torn_down_ = false;
+  // Guards inbox_, stopping_, broken_ and wake_.
   std::mutex mu_;
+  std::function<void()> wake_;
   std::condition_variable cv_;
   std::vector<P2pOp> inbox_;
   bool stopping_ = false;

@@ -111,6 +111,7 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
   // microseconds), then naps, so that a late peer costs no core time.
   t_->set_wait_policy({std::chrono::microseconds(static_cast<long>(opt_.spin_wait_us)),
                        kMaxNap});
+  if (info_.p2p) info_.p2p->set_wake([this] { queue_.nudge(); });
   log_.debug("runtime started: {} ranks over {}, fusion threshold {} B, cycle {} ms", size_,
              t_->name(), opt_.fusion_threshold_bytes, opt_.cycle_time_ms);
   thread_ = std::thread([this] { loop(); });
@@ -309,7 +310,7 @@ void Runtime::loop() {
         idle_sleep = last_round_idle_ ? std::min(2 * idle_sleep, idle_max) : cycle;
         // After a round that ran operations the caller's next one often
         // follows at once: poll for it first (see TensorQueue).
-        queue_.wait_for_work(idle_sleep, last_round_ran_ ? spin : std::chrono::microseconds(0));
+        wait_for_work(idle_sleep, last_round_ran_ ? spin : std::chrono::microseconds(0));
       }
       if (!round()) break;
       if (first) {
@@ -321,6 +322,39 @@ void Runtime::loop() {
     fatal(e);
   }
   stopped_ = true;
+  // Nothing drives the engine any more: what is pending fails, later
+  // operations are refused (StateError), none waits for a loop that is gone.
+  if (info_.p2p) info_.p2p->stop();
+}
+
+void Runtime::wait_for_work(std::chrono::microseconds timeout, std::chrono::microseconds spin) {
+  if (!info_.p2p) {
+    queue_.wait_for_work(timeout, spin);
+    return;
+  }
+  // The engine's own thread's policy (p2p_engine.cc): while operations are
+  // pending, a few passes back to back, then naps doubling from 10 us to
+  // 1 ms; with none, sleep until a submission nudges the queue.
+  const auto round_due = std::chrono::steady_clock::now() + timeout;
+  int quiet = 0;
+  for (;;) {
+    const P2pEngine::Pass p = info_.p2p->service();
+    quiet = p.moved ? 0 : quiet + 1;
+    const auto now = std::chrono::steady_clock::now();
+    if (queue_.has_work() || now >= round_due) return;
+    auto wait = std::chrono::duration_cast<std::chrono::microseconds>(round_due - now);
+    if (p.pending) {
+      wait = std::min(wait, quiet <= 16 ? std::chrono::microseconds(0)
+                                        : std::chrono::microseconds(std::min(
+                                              1000, 10 << std::min(quiet - 16, 7))));
+    }
+    if (wait.count() == 0) {
+      std::this_thread::yield();
+    } else {
+      queue_.wait_for_work(wait, spin);
+      spin = std::chrono::microseconds(0);
+    }
+  }
 }
 
 void Runtime::fatal(const std::exception& e) {

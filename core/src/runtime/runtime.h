@@ -34,6 +34,7 @@
 #include "negotiation/version_vector.h"
 #include "queue/tensor_queue.h"
 #include "runtime/logging.h"
+#include "runtime/p2p_engine.h"
 #include "runtime/stall_inspector.h"
 #include "runtime/timeline.h"
 
@@ -76,6 +77,10 @@ struct RuntimeInfo {
   // A process set's runtime: its id, which the errors of its stop name
   // ("process set 2 was removed"); 0: the world's runtime.
   int process_set = 0;
+  // GYRE_P2P_ON_COORDINATOR=1: the point-to-point engine (Driver::kCaller)
+  // this loop drives between its rounds and while it waits for work, and
+  // stops when the loop ends. Null: the engine has its own thread.
+  std::shared_ptr<P2pEngine> p2p;
 };
 
 // The deadline of the first contact between the ranks (the start-up
@@ -142,6 +147,9 @@ class Runtime {
 
  private:
   void loop();
+  // The wait between rounds: queue_.wait_for_work(), or with info_.p2p,
+  // serving the engine until a round is due (work, or `timeout` passed).
+  void wait_for_work(std::chrono::microseconds timeout, std::chrono::microseconds spin);
   std::chrono::microseconds spin_time() const;
   // The start-up agreement, the first exchange between the ranks: each
   // rank's local failure (start_failure, a timeline file that cannot be
