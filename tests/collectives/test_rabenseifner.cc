@@ -30,7 +30,7 @@
 #include "gyre/collectives/algorithms.h"
 #include "gyre/collectives/local_transport.h"
 #include "gyre/error.h"
-#include "counting_transport.h"
+#include "gyre/collectives/counting_transport.h"
 #include "test_support.h"
 
 using namespace gyre;
@@ -364,14 +364,14 @@ TEST_CASE("allreduce: large = kRabenseifner runs Rabenseifner's algorithm above 
       std::vector<std::size_t> messages(n);
       std::vector<std::vector<float>> buf(n, std::vector<float>(count));
       run_local_world(n, [&](transport::Transport& inner) {
-        test::CountingTransport t(inner);
+        transport::CountingTransport t(inner);
         auto& b = buf[t.rank()];
         for (std::size_t i = 0; i < count; ++i) b[i] = static_cast<float>(t.rank() + i % 5);
         AllreduceOptions o;
         o.small_bytes = 16;
         o.large = large;
         allreduce(t, b.data(), b.data(), count, DataType::kFloat32, ReduceOp::kSum, o);
-        messages[t.rank()] = t.messages;
+        messages[t.rank()] = t.messages();
       }, kTimeout);
       INFO("n=" << n << " large=" << large_allreduce_name(large));
       for (int r = 0; r < n; ++r) {

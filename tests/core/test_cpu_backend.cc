@@ -13,7 +13,7 @@
 
 #include "backends/cpu/cpu_ring_backend.h"
 #include "execution/plan.h"
-#include "../collectives/counting_transport.h"
+#include "gyre/collectives/counting_transport.h"
 #include "gyre/collectives/local_transport.h"
 
 using namespace gyre;
@@ -105,14 +105,14 @@ TEST_CASE("cpu backend: GYRE_RABENSEIFNER_ALLREDUCE picks the large allreduce, -
       std::vector<std::size_t> messages(n);
       std::vector<std::vector<float>> out(n);
       transport::run_local_world(n, [&](transport::Transport& inner) {
-        test::CountingTransport t(inner);
+        transport::CountingTransport t(inner);
         CpuRingBackend be(t, opt);
         const int r = t.rank();
         std::vector<float> x(count);
         for (std::size_t i = 0; i < count; ++i) x[i] = static_cast<float>(r + i % 3);
         out[r].resize(count);
         be.allreduce(x.data(), out[r].data(), count, DataType::kFloat32, Reduction{}, kWhat);
-        messages[r] = t.messages;
+        messages[r] = t.messages();
       }, kTimeout);
       INFO("n=" << n << " GYRE_RABENSEIFNER_ALLREDUCE=" << setting);
       const int p = n == 3 ? 2 : n, extra = n - p, log_p = n == 8 ? 3 : n == 4 ? 2 : 1;

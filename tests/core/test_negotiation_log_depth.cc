@@ -16,9 +16,12 @@
 
 #include "gyre/collectives/local_transport.h"
 #include "negotiation/negotiator.h"
+#include "negotiator_ranks.h"
 
 using namespace gyre;
 using namespace gyre::core;
+using gyre::core::test::expect;
+using gyre::core::test::on_ranks;
 
 namespace {
 
@@ -28,37 +31,6 @@ Request named(const std::string& name, std::int64_t len, std::uint64_t seq) {
   r.shape = {len};
   r.seq = seq;
   return r;
-}
-
-// Runs fn(rank, negotiator, version vector) on n rank threads; rethrows the
-// first failure.
-template <typename F>
-void on_ranks(int n, const NegotiatorOptions& opt, F&& fn) {
-  auto world = transport::make_local_world(n);
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        transport::LocalTransport t(world, r);
-        t.set_timeout(std::chrono::seconds(30));
-        VersionVector vv(r, n);
-        Negotiator neg(t, opt, vv);
-        fn(r, neg, vv);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-        transport::fail_local_world(*world, r);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
-
-void expect(bool ok, int rank, const std::string& what) {
-  if (!ok) throw std::runtime_error(fmt::format("rank {}: expected {}", rank, what));
 }
 
 std::uint64_t ceil_log2(int n) {
