@@ -93,19 +93,19 @@ TEST_CASE("queue: take_for hands a response its entry, never a later enqueue's",
   resp.per_rank.resize(2);
   // Rank 1 joined (no request): no entry of its own.
   resp.per_rank[0] = named("t", 4);
-  CHECK_FALSE(q.take_for(resp, 1));
+  CHECK_FALSE(take_entry(q, resp, 1));
   // Rank 0's request in this response was a failure it announced: the
   // pending entry "t" is a later enqueue and stays.
   resp.per_rank[0]->error_kind = ErrorKind::kInvalidArgument;
-  CHECK_FALSE(q.take_for(resp, 0));
+  CHECK_FALSE(take_entry(q, resp, 0));
   CHECK(q.size() == 1);
   resp.per_rank[0]->error_kind = ErrorKind::kNone;
   // The entry is this rank's first submission of "t": a response to
   // another one (an earlier announced failure) does not take it.
   resp.per_rank[0]->seq = 2;
-  CHECK_FALSE(q.take_for(resp, 0));
+  CHECK_FALSE(take_entry(q, resp, 0));
   resp.per_rank[0]->seq = 1;
-  auto got = q.take_for(resp, 0);
+  auto got = take_entry(q, resp, 0);
   REQUIRE(got);
   CHECK(got->state == e.state);
   CHECK(q.size() == 0);
@@ -202,7 +202,7 @@ TEST_CASE("queue: the latest push keeps its names until its completion is taken 
     resp.per_rank.resize(1);
     resp.per_rank[0] = named(name, 4);
     resp.per_rank[0]->seq = 1;
-    auto e = q.take_for(resp, 0);
+    auto e = take_entry(q, resp, 0);
     REQUIRE(e);
     e->state->complete_one();
   };

@@ -43,8 +43,6 @@ MAX_LINES = 500
 # of today's tree, docs/architecture.md "Includes between the stages".
 KNOWN_STAGE_CROSSINGS = {
     ("api/operations.cc", "backends/registry.h"),
-    ("queue/tensor_queue.h", "negotiation/message.h"),
-    ("queue/tensor_queue.cc", "negotiation/coordinator.h"),
     ("execution/executor.h", "backends/registry.h"),
 }
 SOURCES = (".h", ".cc", ".cu", ".cuh", ".hpp", ".cpp")

@@ -59,7 +59,7 @@ void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at
   std::vector<FusionItem> items(responses.size());
   for (std::size_t i = 0; i < responses.size(); ++i) {
     Response& r = responses[i];
-    entries[i] = std::move(r.local);  // handed over by TensorQueue::take_for()
+    entries[i] = std::move(r.local);  // handed over by take_entry()
     if (entries[i]) {
       auto sent = entries[i]->sent == Clock::time_point{} ? agreed_at : entries[i]->sent;
       trace(entries[i], "QUEUE", entries[i]->enqueued, sent, r.agreed.nbytes());

@@ -8,7 +8,6 @@
 #include <fmt/format.h>
 
 #include "gyre/error.h"
-#include "negotiation/coordinator.h"
 
 namespace gyre::core {
 
@@ -114,25 +113,20 @@ std::vector<Request> TensorQueue::drain_new() {
   return out;
 }
 
-std::optional<LocalEntry> TensorQueue::take_for(const Response& resp, int rank) {
-  const auto r = static_cast<std::size_t>(rank);
-  if (r >= resp.per_rank.size()) return std::nullopt;
-  const std::optional<Request>& mine = resp.per_rank[r];
-  if (!mine && r < resp.joined.size() && resp.joined[r]) {
-    std::uint64_t seq = 0;
-    for (const auto& q : resp.per_rank) {
-      if (q) seq = std::max(seq, q->seq);
-    }
+std::optional<LocalEntry> TensorQueue::take_for(const std::string& name,
+                                                const std::optional<Request>& mine, bool joined,
+                                                std::uint64_t latest_seq) {
+  if (!mine && joined) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!is_internal(resp.name)) {
-      auto& count = submitted_[resp.name];
-      count = std::max(count, seq);
+    if (!is_internal(name)) {
+      auto& count = submitted_[name];
+      count = std::max(count, latest_seq);
     }
     return std::nullopt;
   }
   if (!mine || mine->error_kind != ErrorKind::kNone) return std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = table_.find(resp.name);
+  auto it = table_.find(name);
   // An entry of another number is a later submission of the name.
   if (it == table_.end() || it->second.request.seq != mine->seq) return std::nullopt;
   LocalEntry e = std::move(it->second);

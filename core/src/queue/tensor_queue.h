@@ -42,13 +42,12 @@
 #include <vector>
 
 #include "gyre/gyre.h"
-#include "negotiation/message.h"
+#include "queue/request.h"
 #include "queue/op_state.h"
 
 namespace gyre::core {
 
 using Clock = std::chrono::steady_clock;
-struct Response;  // negotiation/coordinator.h
 
 struct LocalEntry {
   Request request;
@@ -88,16 +87,20 @@ class TensorQueue {
 
   // Background thread: the requests enqueued since the last call.
   std::vector<Request> drain_new();
-  // Background thread: removes and returns the entry that answers `resp`,
-  // the agreed response to this rank's (`rank`) request. None when this rank
-  // takes part without an entry: it joined, it never enqueued the name (a
-  // stall failure), or its request was a failure it announced (refused at
-  // enqueue: such requests have no entry, and an entry of that name now
-  // belongs to a later enqueue, which a coming round answers).
-  // A rank that took part in `resp` as a joined rank counts it as a
-  // submission of its own, so that its later submissions of the name carry
-  // the numbers the other ranks' do.
-  std::optional<LocalEntry> take_for(const Response& resp, int rank);
+  // Background thread: removes and returns the entry that answers the
+  // agreed operation `name`, whose request from this rank was `mine` (none:
+  // this rank sent none). None when this rank takes part without an entry:
+  // it joined (`joined`), it never enqueued the name (a stall failure), or
+  // its request was a failure it announced (refused at enqueue: such
+  // requests have no entry, and an entry of that name now belongs to a
+  // later enqueue, which a coming round answers).
+  // A rank that took part as a joined rank counts the operation as a
+  // submission of its own, numbered `latest_seq` (the highest any rank
+  // sent), so that its later submissions of the name carry the numbers the
+  // other ranks' do. negotiation/coordinator.h's take_entry() reads these
+  // from a Response.
+  std::optional<LocalEntry> take_for(const std::string& name, const std::optional<Request>& mine,
+                                     bool joined, std::uint64_t latest_seq);
   // Background thread: every name starts again at 1 (an agreed resync: the
   // ranks have repaired their state and count iterations afresh).
   void restart_sequences();

@@ -431,7 +431,7 @@ bool Runtime::round() {
   last_round_idle_ = agreed.idle && queue_.size() == 0;
   last_round_ran_ = !agreed.responses.empty();
   for (Response& resp : agreed.responses) {
-    resp.local = queue_.take_for(resp, rank_);
+    resp.local = take_entry(queue_, resp, rank_);
     // A resync repairs the ranks' state: from here they count iterations
     // of every name afresh, alike.
     if (resp.ok() && resp.collective == Collective::kResync) queue_.restart_sequences();
