@@ -69,6 +69,10 @@ if [ "$with_python" = 1 ]; then
     GYRE_ELASTIC_TIMEOUT_S=300 bash "$GYRE_ROOT/tests/elastic/run_elastic.sh" "$venv/bin/mpirun" 3 \
       -x GYRE_TEST_KILL_RANK=$kill_rank "$venv/bin/python" \
       "$GYRE_ROOT/tests/elastic/elastic_train.py" || status=1
+    echo "== Python: elastic LocalSGD (period 4, DiLoCo), 3 ranks, rank $kill_rank killed between outer rounds"
+    GYRE_ELASTIC_TIMEOUT_S=300 bash "$GYRE_ROOT/tests/elastic/run_elastic.sh" "$venv/bin/mpirun" 3 \
+      -x GYRE_TEST_KILL_RANK=$kill_rank "$venv/bin/python" \
+      "$GYRE_ROOT/tests/elastic/elastic_local_sgd.py" || status=1
   done
 fi
 # Growing back and min_np (docs/elastic.md, "Growing back"): the C++ tests
@@ -96,5 +100,10 @@ if [ "$with_python" = 1 ]; then
     -x GYRE_TEST_KILL_IN_SEND=1 -x GYRE_CYCLE_TIME_MS=5 -x GYRE_ALLREDUCE_SMALL_BYTES=0 \
     -x LD_PRELOAD="$GYRE_BUILD/tests/elastic/libgyre_test_kill_in_send.so" \
     "$venv/bin/python" "$GYRE_ROOT/tests/elastic/elastic_train.py" || status=1
+  echo "== Python: elastic LocalSGD, 3 ranks, rank 1 killed inside an outer round's allreduce"
+  GYRE_ELASTIC_TIMEOUT_S=300 bash "$GYRE_ROOT/tests/elastic/run_elastic.sh" "$venv/bin/mpirun" 3 \
+    -x GYRE_TEST_KILL_IN_SEND=1 -x GYRE_CYCLE_TIME_MS=5 -x GYRE_ALLREDUCE_SMALL_BYTES=0 \
+    -x LD_PRELOAD="$GYRE_BUILD/tests/elastic/libgyre_test_kill_in_send.so" \
+    "$venv/bin/python" "$GYRE_ROOT/tests/elastic/elastic_local_sgd.py" || status=1
 fi
 exit "$status"

@@ -299,3 +299,58 @@ def test_streaming_refusals():
         hvd.LocalSGD(sgd, model, period=4, sync_delay=4)
     with pytest.raises(gyre.InvalidArgumentError, match="mixing"):
         hvd.LocalSGD(sgd, model, period=4, mixing=1.5)
+
+
+def test_under_a_torch_state_commits_restores_and_syncs(rank, size):
+    """LocalSGD as a TorchState's optimizer (gyre.torch.elastic): the
+    TorchState counts one commit per round (the round itself none), the
+    fragment versions are those commits; restore() brings back the model,
+    the synchronised parameters, the outer (DiLoCo) momentum and the counters
+    of the last commit after local steps moved them on; sync() from a root
+    makes every rank's LocalSGD state that root's; training goes on and the
+    next round leaves identical parameters."""
+    model = _net()
+    opt = hvd.LocalSGD(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5), model,
+                       period=2, outer_optimizer=hvd.LocalSGD.diloco_outer)
+    state = hvd.elastic.TorchState(model, opt, step=0)
+    assert opt._gyre_auto_commit is False
+
+    def train(step):
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        before = gyre.committed_steps()
+        opt.step()
+        assert gyre.committed_steps() == before  # the round does not count it
+        state.step = step + 1
+        if opt.completed_round:
+            state.commit()
+            assert gyre.committed_steps() == before + 1
+            assert opt.fragment_versions() == [gyre.committed_steps()]
+        return opt.completed_round
+
+    rounds = [train(s) for s in range(4)]
+    assert rounds == [False, True, False, True]
+    held = _flat(model).clone()
+    outer = opt.outer_optimizer.state_dict()["state"][0]["momentum_buffer"].clone()
+    version = opt.fragment_versions()
+    assert _all_equal(held) and _all_equal(outer.reshape(-1))
+    train(4)  # a local step after the commit
+    assert not torch.equal(_flat(model), held)
+    state.restore()
+    assert torch.equal(_flat(model), held)
+    assert torch.equal(torch.cat([s.detach().reshape(-1) for s in opt._synced]), held)
+    assert torch.equal(opt.outer_optimizer.state_dict()["state"][0]["momentum_buffer"], outer)
+    assert (opt.local_step, opt.rounds, state.step, opt.fragment_versions()) == (4, 2, 4, version)
+    # sync() from the last rank: its state everywhere (inner momentum too).
+    root = size - 1
+    state._sync_root = root
+    state.sync()
+    inner = torch.cat([opt.state[p]["momentum_buffer"].reshape(-1) for p in model.parameters()])
+    root_inner = hvd.broadcast(inner, root_rank=root, name="test.lsgd.state.inner")
+    assert torch.equal(inner, root_inner)
+    assert all(s.grad is None for s in opt._synced)
+    assert _all_equal(_flat(model))
+    for s in range(4, 6):
+        train(s)
+    assert opt.rounds == 3 and _all_equal(_flat(model))

@@ -171,9 +171,11 @@ class TorchState(ObjectState):
                  optimizer: Optional[torch.optim.Optimizer] = None, **kwargs: Any) -> None:
         self.model = model
         self.optimizer = optimizer
-        if optimizer is not None and hasattr(optimizer, "_gyre_names"):
-            # A DistributedOptimizer commits a step per optimizer.step(); here
-            # commit() does, so that every committed step has a saved state.
+        if optimizer is not None and (hasattr(optimizer, "_gyre_names") or
+                                      hasattr(optimizer, "_gyre_elastic_sync")):
+            # A DistributedOptimizer commits a step per optimizer.step(), a
+            # LocalSGD one per outer round; here commit() does, so that every
+            # committed step has a saved state.
             optimizer._gyre_auto_commit = False
         self._samplers = {k: v for k, v in kwargs.items() if isinstance(v, ElasticSampler)}
         for k, v in self._samplers.items():
@@ -202,6 +204,17 @@ class TorchState(ObjectState):
                                                          with_module=True)
         super().__init__(**others)
         self.save()
+
+    def commit(self) -> None:
+        """State's commit(); an optimizer that versions its rounds
+        (LocalSGD) learns the commit's number first, so that the saved
+        state holds it."""
+        committing = getattr(self.optimizer, "_gyre_committing", None)
+        if committing is not None:
+            committing(gyre.committed_steps() + 1)
+        self.save()
+        gyre.commit_step()
+        self.check_host_updates()
 
     def wait_for_commit(self) -> None:
         """Returns once the background copy of the last ``commit()`` is
@@ -265,16 +278,18 @@ class TorchState(ObjectState):
         if self.model is not None and self._model_saved is not None:
             self.model.load_state_dict(self._model_saved)  # copies into the parameters
         if self.optimizer is not None:
+            # A DistributedOptimizer forgets the allreduces of the failed
+            # step, a LocalSGD its rounds in flight (before its state is
+            # loaded, which it refuses while a round is in flight).
+            reset = getattr(self.optimizer, "_gyre_elastic_reset", None)
+            if reset is not None:
+                reset()
             if self._optimizer_saved is not None:
                 # The optimizer keeps the tensors it is given (its state is
                 # replaced, not copied into): hand it copies, so that the
                 # commit stays intact for a second restore before the next
                 # commit.
                 self.optimizer.load_state_dict(copy.deepcopy(self._optimizer_saved))
-            # A DistributedOptimizer forgets the allreduces of the failed step.
-            reset = getattr(self.optimizer, "_gyre_elastic_reset", None)
-            if reset is not None:
-                reset()
         for k, s in self._samplers.items():
             if k in self._samplers_saved:
                 s.load_state_dict(self._samplers_saved[k])
@@ -285,7 +300,10 @@ class TorchState(ObjectState):
         root = self._sync_root
         if self.model is not None:
             broadcast_parameters(self.model.state_dict(), root_rank=root)
-        if self.optimizer is not None:
+        elastic_sync = getattr(self.optimizer, "_gyre_elastic_sync", None)
+        if elastic_sync is not None:  # LocalSGD: inner and outer state, synced parameters
+            elastic_sync(root)
+        elif self.optimizer is not None:
             broadcast_optimizer_state(self.optimizer, root_rank=root)
         for k, s in self._samplers.items():
             s.load_state_dict(broadcast_object(s.state_dict(), root_rank=root,

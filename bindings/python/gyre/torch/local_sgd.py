@@ -36,6 +36,17 @@ counts it in the version vector, and ``fragment_versions()`` says which
 commit each fragment of this rank's parameters includes (the value of
 ``gyre.committed_steps()`` right after that fragment's last round; 0: none
 yet). Every rank must call step() the same number of times.
+
+Elastic training (gyre.torch.elastic, docs/training-modes.md): pass the
+LocalSGD as a TorchState's optimizer and call ``state.commit()`` after the
+steps whose ``completed_round`` is True. The TorchState then counts the
+commits (a round no longer calls ``gyre.commit_step()`` itself; the
+fragments' versions are those of the commits made after their rounds), saves
+the synchronised parameters and the outer optimizer's state with the inner
+optimizer's, and after a rank's death every survivor goes back to the last
+such commit, synchronised from one rank. Only with the global process set
+(the rebuild drops the others), and commits only when no round is in flight
+(``sync_delay=0``, or after ``sync()``).
 """
 
 from __future__ import annotations
@@ -163,6 +174,13 @@ class LocalSGD(OptimizerWrapper):
             for f in range(fragments)]
         self.local_step = 0
         self.rounds = 0
+        # Whether the last step() or sync() completed a round (of a fragment).
+        self.completed_round = False
+        # False under a TorchState, which counts the commits itself
+        # (gyre.torch.elastic); then the fragments whose rounds completed
+        # since the last commit take that commit's version.
+        self._gyre_auto_commit = True
+        self._uncommitted: List[_Fragment] = []
 
     # -- the optimizer's interface (and OptimizerWrapper's) --------------------
 
@@ -188,6 +206,7 @@ class LocalSGD(OptimizerWrapper):
             f.rounds, f.version = r, v
 
     def step(self, closure: Any = None) -> Any:
+        self.completed_round = False
         loss = self.optimizer.step(closure)
         self.local_step += 1
         if self.local_step <= self.warmup_steps:
@@ -211,6 +230,7 @@ class LocalSGD(OptimizerWrapper):
     def sync(self) -> None:
         """One outer round of every fragment now (collective): rounds in
         flight complete first."""
+        self.completed_round = False
         for frag in self._fragments:
             self._finish(frag)
         for frag in self._fragments:
@@ -310,8 +330,64 @@ class LocalSGD(OptimizerWrapper):
         frag.at_start, frag.buffers_at_start = [], []
         frag.rounds += 1
         self.rounds += 1
-        gyre.commit_step()
-        frag.version = gyre.committed_steps()
+        self.completed_round = True
+        if self._gyre_auto_commit:
+            gyre.commit_step()
+            frag.version = gyre.committed_steps()
+        elif frag not in self._uncommitted:
+            self._uncommitted.append(frag)
+
+    # -- elastic training (gyre.torch.elastic.TorchState) -----------------------
+
+    def register_step_pre_hook(self, hook: Callable) -> Any:
+        """The inner optimizer's: ``hook`` runs before every step()."""
+        return self.optimizer.register_step_pre_hook(hook)
+
+    def _gyre_committing(self, version: int) -> None:
+        """A TorchState is about to save and count commit ``version``: the
+        fragments whose rounds completed since its last commit take it."""
+        for frag in self._uncommitted:
+            frag.version = version
+        self._uncommitted = []
+
+    def _gyre_elastic_reset(self) -> None:
+        """After a rank's death and the rebuild: the rounds in flight failed
+        with the old world; forget them (the restore that follows puts the
+        parameters back to the last commit)."""
+        for frag in self._fragments:
+            frag.handle = None
+            frag.packed = None
+            frag.at_start, frag.buffers_at_start = [], []
+        self._uncommitted = []
+        self.completed_round = False
+
+    def _gyre_elastic_sync(self, root_rank: int) -> None:
+        """Every rank takes ``root_rank``'s inner and outer optimizer state,
+        synchronised parameters and counters (TorchState.sync())."""
+        from gyre.objects import broadcast_object
+        from .functions import broadcast_optimizer_state
+
+        self._require_idle("sync of the elastic state")
+        broadcast_optimizer_state(self.optimizer, root_rank=root_rank, process_set=self.process_set)
+        broadcast_optimizer_state(self.outer_optimizer, root_rank=root_rank,
+                                  process_set=self.process_set)
+        # broadcast_optimizer_state gives parameters without state a zero
+        # gradient (as Horovod's scripts expect); the outer optimizer's
+        # parameters must have none between rounds.
+        for s in self._synced:
+            s.grad = None
+        with torch.no_grad():
+            for i, s in enumerate(self._synced):
+                s.copy_(gyre.broadcast(s.detach(), root_rank, name=f"gyre.local_sgd.elastic.{i}",
+                                       process_set=self.process_set))
+        counters = broadcast_object(
+            {"local_step": self.local_step, "rounds": self.rounds,
+             "fragments": [(f.rounds, f.version) for f in self._fragments]},
+            root_rank=root_rank, name="gyre.local_sgd.elastic.counters",
+            process_set=self.process_set)
+        self.local_step, self.rounds = counters["local_step"], counters["rounds"]
+        for f, (r, v) in zip(self._fragments, counters["fragments"]):
+            f.rounds, f.version = r, v
 
     def _merge(self, local: List[torch.Tensor], synced: List[torch.Tensor],
                at_start: List[torch.Tensor], drift: bool) -> None:

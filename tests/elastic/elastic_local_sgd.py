@@ -1,0 +1,216 @@
+"""Elastic local SGD / DiLoCo with gyre.torch.elastic under an MPI with ULFM
+and `mpirun --with-ft ulfm -np 3` (run by run_elastic.sh): 3 ranks train a
+small model with LocalSGD (period 4, DiLoCo's outer optimizer, inner SGD with
+momentum) held by a TorchState, committed after every outer round. One rank
+(GYRE_TEST_KILL_RANK, default 1) SIGKILLs itself at local step 6, between
+the first round (step 4) and the second (step 8); with
+GYRE_TEST_KILL_IN_SEND=1 (tests/elastic/kill_in_send.cc preloaded) it dies
+instead inside the second round's allreduce, after half of its data sends.
+
+Either way the survivors must get the failure as an error in the second
+round (not a hang), rebuild, come back to the last commit (the parameters
+right after the first round: bit for bit what each held then, identical on
+every survivor, with the synchronised parameters, the outer momentum and the
+step counters of that commit), train on to 5 rounds on 2 ranks, hold
+identical parameters after every round (allgather of a checksum) and end
+equal to a reference computed here in one process without gyre.
+
+Prints "elastic: rank N PASS ..." per survivor."""
+import copy
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import gyre.torch as hvd
+
+PERIOD, ROUNDS, BS, KILL_STEP = 4, 5, 8, 6
+STEPS = PERIOD * ROUNDS
+KILL_RANK = int(os.environ.get("GYRE_TEST_KILL_RANK", "1"))
+KILL_IN_SEND = os.environ.get("GYRE_TEST_KILL_IN_SEND") == "1"
+HIDDEN, LR = 16, 0.05
+SEND_MIN_BYTES = 1 << 30
+if KILL_IN_SEND:
+    import ctypes
+    _inject = ctypes.CDLL(None)  # the preloaded library's functions
+    _inject.gyre_test_arm_kill.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_int]
+    _inject.gyre_test_sends.restype = ctypes.c_long
+    # ~40 KiB of pseudo-gradients in the round's fused allreduce, its ring
+    # chunks far above the negotiation's messages (GYRE_ALLREDUCE_SMALL_BYTES=0).
+    HIDDEN, LR = 1024, 0.002
+    SEND_MIN_BYTES = 2048
+torch.set_num_threads(1)
+
+
+def new_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, HIDDEN), torch.nn.Tanh(),
+                               torch.nn.Linear(HIDDEN, 1))
+
+
+def new_inner(params):
+    return torch.optim.SGD(params, lr=LR, momentum=0.9)
+
+
+def batch(rank, size, step):
+    """Rank `rank` of `size`'s batch at local step `step`."""
+    g = torch.Generator().manual_seed(10000 * size + 100 * rank + step)
+    x = torch.randn(BS, 8, generator=g)
+    return x, torch.sin(x.sum(dim=1, keepdim=True))
+
+
+def loss_of(model, rank, size, step):
+    x, y = batch(rank, size, step)
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def flat(tensors):
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+def checksum(model):
+    """Two float64 sums of the parameters: plain and weighted by position."""
+    v = flat(model.parameters()).double()
+    return torch.stack([v.sum(), (v * torch.arange(1, v.numel() + 1, dtype=torch.float64)).sum()])
+
+
+def reference(root_old_rank):
+    """The expected parameters, in one process: ROUNDS rounds of 3 simulated
+    ranks until the commit of the first round (step PERIOD), then from that
+    commit on 2 ranks, whose inner momentum is the sync root's at the commit."""
+    models = [new_model() for _ in range(3)]
+    inners = [new_inner(m.parameters()) for m in models]
+    synced = [torch.nn.Parameter(p.detach().clone()) for p in models[0].parameters()]
+    outer = hvd.LocalSGD.diloco_outer(synced)
+    for step in range(STEPS):
+        if step == PERIOD:  # the commit the survivors go back to
+            keep = inners[root_old_rank].state_dict()
+            models, inners = models[:2], inners[:2]
+            for inner in inners:
+                # (load_state_dict may keep the tensors it is given: a copy each)
+                inner.load_state_dict(copy.deepcopy(keep))
+        size = len(models)
+        for r, (m, inner) in enumerate(zip(models, inners)):
+            inner.zero_grad()
+            loss_of(m, r, size, step).backward()
+            inner.step()
+        if (step + 1) % PERIOD == 0:
+            with torch.no_grad():
+                for i, s in enumerate(synced):
+                    locals_ = [list(m.parameters())[i] for m in models]
+                    s.grad = torch.stack([s.detach() - p.detach() for p in locals_]).mean(dim=0)
+                outer.step()
+                for m in models:
+                    for p, s in zip(m.parameters(), synced):
+                        p.copy_(s)
+    return flat(models[0].parameters())
+
+
+def fail(msg):
+    print(f"elastic: rank {start_rank} FAIL: {msg}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+hvd.init()
+start_rank = hvd.rank()
+if not hvd.elastic_enabled():
+    fail("needs a ULFM build run with mpirun --with-ft ulfm")
+model = new_model()
+opt = hvd.LocalSGD(new_inner(model.parameters()), model, period=PERIOD,
+                   outer_optimizer=hvd.LocalSGD.diloco_outer)
+state = hvd.elastic.TorchState(model, opt, step=0)
+held = {}        # state.step -> (parameters, synced, outer momentum) right after its commit
+agreed = []      # per round committed: did every rank's checksum agree
+resets = []
+step_done_at = []
+sends_per_round = [0]
+
+
+def outer_momentum():
+    st = opt.outer_optimizer.state
+    return [st[s]["momentum_buffer"].clone() for s in opt._synced if "momentum_buffer" in st[s]]
+
+
+def check_restored():
+    resets.append(hvd.size())
+    if state.step != PERIOD:
+        fail(f"restored to step {state.step}, expected the commit of the first round ({PERIOD})")
+    if opt.local_step != PERIOD or opt.rounds != 1:
+        fail(f"LocalSGD restored to local step {opt.local_step}, round {opt.rounds}")
+    params, synced, momentum = held[state.step]
+    if not torch.equal(flat(model.parameters()), params):
+        fail("the restored parameters differ from what this rank held at the commit")
+    if not torch.equal(flat(opt._synced), synced):
+        fail("the restored synchronised parameters differ from the commit's")
+    now = outer_momentum()
+    if len(now) != len(momentum) or not all(torch.equal(a, b) for a, b in zip(now, momentum)):
+        fail("the restored outer (DiLoCo) momentum differs from the commit's")
+    sums = hvd.allgather(checksum(model).unsqueeze(0), name="check.restored")
+    if not all(torch.equal(sums[0], sums[i]) for i in range(sums.shape[0])):
+        fail(f"the restored parameters differ across the survivors: {sums.tolist()}")
+
+
+state.register_reset_callbacks([check_restored])
+
+
+@hvd.elastic.run
+def train(state):
+    while state.step < STEPS:
+        step = state.step
+        if start_rank == KILL_RANK and KILL_IN_SEND:
+            if step == PERIOD - 1:  # count the first round's data sends
+                _inject.gyre_test_arm_kill(0, SEND_MIN_BYTES, start_rank)
+            elif step == 2 * PERIOD - 1:  # die inside the second round's
+                if sends_per_round[0] < 2:
+                    fail(f"the first round made {sends_per_round[0]} data sends")
+                _inject.gyre_test_arm_kill(sends_per_round[0] // 2 + 1, SEND_MIN_BYTES, start_rank)
+        elif start_rank == KILL_RANK and step == KILL_STEP:
+            os.kill(os.getpid(), signal.SIGKILL)
+        opt.zero_grad()
+        loss_of(model, hvd.rank(), hvd.size(), step).backward()
+        opt.step()
+        if start_rank == KILL_RANK and KILL_IN_SEND and step == PERIOD - 1:
+            sends_per_round[0] = _inject.gyre_test_sends()
+        state.step = step + 1
+        if opt.completed_round != (state.step % PERIOD == 0):
+            fail(f"completed_round is {opt.completed_round} after local step {state.step}")
+        if opt.completed_round:
+            state.commit()
+            held[state.step] = (flat(model.parameters()).clone(), flat(opt._synced).clone(),
+                                outer_momentum())
+            sums = hvd.allgather(checksum(model).unsqueeze(0), name=f"check.round.{state.step}")
+            agreed.append((state.step, hvd.size(),
+                           all(torch.equal(sums[0], sums[i]) for i in range(sums.shape[0]))))
+        step_done_at.append((state.step, time.monotonic()))
+    return state.step
+
+
+steps = train(state)
+if resets != [2]:
+    fail(f"reset callbacks saw sizes {resets}, expected one reset to 2 ranks")
+if steps != STEPS or opt.rounds != ROUNDS:
+    fail(f"finished at step {steps} after {opt.rounds} rounds, expected {STEPS} and {ROUNDS}")
+# Every round committed after the recovery agreed, on 2 ranks.
+after = [(s, n, ok) for s, n, ok in agreed if n == 2]
+if [s for s, _, _ in after] != list(range(2 * PERIOD, STEPS + 1, PERIOD)) or \
+        not all(ok for _, _, ok in after):
+    fail(f"rounds after the recovery (step, ranks, checksums agree): {after}")
+if hvd.committed_steps() != ROUNDS or opt.fragment_versions() != [ROUNDS]:
+    fail(f"committed {hvd.committed_steps()}, fragment versions {opt.fragment_versions()}")
+# The reference: the survivors' inner momentum is the sync root's at the commit.
+old_ranks = [int(r) for r in hvd.allgather(torch.tensor([start_rank]), name="check.old_ranks")]
+root_old = old_ranks[int(state._last_rebuild["root"])]
+want = reference(root_old)
+mine = flat(model.parameters())
+if not torch.allclose(mine, want, rtol=1e-5, atol=1e-6):
+    fail(f"the parameters differ from the reference by {(mine - want).abs().max():.3g}")
+failed_at = getattr(state, "_failure_seen_at", None)
+later = [t for _, t in step_done_at if failed_at is not None and t > failed_at]
+if not later:
+    fail("no failure was seen, or no step completed after it")
+print(f"elastic: rank {start_rank} PASS: {steps} local steps, {opt.rounds} rounds, now rank "
+      f"{hvd.rank()} of {hvd.size()}, back to step {PERIOD} after the failure, rebuild "
+      f"{state._last_rebuild['seconds']:.3f} s, recovery {later[0] - failed_at:.3f} s", flush=True)
+hvd.shutdown()
