@@ -7,6 +7,7 @@
 // exchange gives. Ranks as threads over a LocalTransport world.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <exception>
 #include <string>
 #include <thread>
@@ -175,6 +176,36 @@ TEST_CASE("log-depth negotiation: a hit held past the hold limit reaches the Coo
     c = counted_round(neg, r == 2 ? std::vector<Request>{} : std::vector<Request>{named("s", 4, 2)});
     expect(names(c.agreed) == std::vector<std::string>{"s"} && c.agreed.responses[0].ok(), r,
            "s runs once the others submit it");
+  });
+}
+
+TEST_CASE("log-depth negotiation: the hold limit is each hit's own, not the rank's",
+          "[negotiator][log-depth]") {
+  // Rank 0 is always one operation ahead: every round it holds a different
+  // hit for one round. Over more than the limit in all, no hit is held
+  // longer than a round, so every round stays in log depth.
+  NegotiatorOptions opt;
+  opt.hold_limit_s = 0.1;
+  constexpr int kOps = 8;
+  on_ranks(3, opt, [&](int r, Negotiator& neg) {
+    std::vector<Request> first;
+    for (int k = 0; k <= kOps; ++k) first.push_back(named(fmt::format("op.{}", k), 4, 1));
+    counted_round(neg, first);
+    const auto start = std::chrono::steady_clock::now();
+    for (int k = 1; k <= kOps; ++k) {
+      // Rounds 30 ms apart: the time passes that the limit counts.
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      // Rank 0 submits op.k (and op.0 with op.1 in the first round), the
+      // others op.k-1.
+      std::vector<Request> mine{named(fmt::format("op.{}", r == 0 ? k : k - 1), 4, 2)};
+      if (r == 0 && k == 1) mine.insert(mine.begin(), named("op.0", 4, 2));
+      Counted c = counted_round(neg, mine);
+      expect(c.log_depth, r, fmt::format("round {} in log depth", k));
+      expect(names(c.agreed) == std::vector<std::string>{fmt::format("op.{}", k - 1)}, r,
+             "the operation every rank has now submitted runs");
+    }
+    expect(std::chrono::steady_clock::now() - start > std::chrono::milliseconds(200), r,
+           "the rounds spanned more than the hold limit");
   });
 }
 

@@ -36,7 +36,10 @@ Agreement Negotiator::round(std::vector<Request> fresh, RoundFlags flags) {
   // must arrive in the order it made them. They were counted when first sent.
   const std::size_t resent = held_.size();
   std::vector<Request> all = std::move(held_);
+  std::vector<Clock::time_point> all_held_at = std::move(held_at_);
   held_.clear();
+  held_at_.clear();
+  const auto now = Clock::now();
   all.insert(all.end(), std::make_move_iterator(fresh.begin()),
              std::make_move_iterator(fresh.end()));
 
@@ -45,6 +48,7 @@ Agreement Negotiator::round(std::vector<Request> fresh, RoundFlags flags) {
   mine.joined = flags.joined;
   mine.step = vv_.own();
   std::vector<Request> hits;  // the requests mine.cache_hits stand for
+  std::vector<Clock::time_point> hits_held_at;  // when each was first held
   for (std::size_t i = 0; i < all.size(); ++i) {
     Request& r = all[i];
     const bool first_time = i >= resent;
@@ -62,6 +66,7 @@ Agreement Negotiator::round(std::vector<Request> fresh, RoundFlags flags) {
         mine.cache_hits.push_back(*slot);
         if (first_time) cache_hits_sent_.fetch_add(1, std::memory_order_relaxed);
         hits.push_back(std::move(r));
+        hits_held_at.push_back(first_time ? now : all_held_at[i]);
         continue;
       }
     }
@@ -73,12 +78,11 @@ Agreement Negotiator::round(std::vector<Request> fresh, RoundFlags flags) {
   mine.stall_failures = std::move(flags.stall_failures);
 
   if (log_depth_possible()) {
-    if (std::optional<Agreement> fast = log_depth_round(mine, hits)) {
+    if (std::optional<Agreement> fast = log_depth_round(mine, hits, hits_held_at, now)) {
       log_depth_rounds_.fetch_add(1, std::memory_order_relaxed);
       return std::move(*fast);
     }
   }
-  held_since_.reset();
 
   std::vector<RoundMessage> msgs = exchange(mine);
   Agreement out;
@@ -170,11 +174,12 @@ bool bit(const std::vector<std::uint64_t>& v, std::size_t at, std::uint32_t slot
 
 }  // namespace
 
-std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
-                                                     std::vector<Request>& hits) {
-  const auto now = Clock::now();
-  const bool held_too_long =
-      held_since_ && now - *held_since_ > std::chrono::duration<double>(opt_.hold_limit_s);
+std::optional<Agreement> Negotiator::log_depth_round(
+    const RoundMessage& mine, std::vector<Request>& hits,
+    const std::vector<Clock::time_point>& held_at, Clock::time_point now) {
+  const bool held_too_long = std::any_of(held_at.begin(), held_at.end(), [&](auto t) {
+    return now - t > std::chrono::duration<double>(opt_.hold_limit_s);
+  });
   const bool needs_full = mine.shutdown || mine.joined || !mine.requests.empty() ||
                           !mine.stall_failures.empty() || held_too_long;
   const std::size_t slots = cache_.slot_count();  // alike on every rank
@@ -225,10 +230,9 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
   for (std::size_t i = 0; i < hits.size(); ++i) {
     if (!std::binary_search(run.begin(), run.end(), mine.cache_hits[i])) {
       held_.push_back(std::move(hits[i]));
+      held_at_.push_back(held_at[i]);
     }
   }
-  if (held_.empty()) held_since_.reset();
-  else if (!held_since_) held_since_ = now;
 
   Agreement out;
   bool any_hit = false;

@@ -22,7 +22,9 @@
 // same way). Otherwise the round goes on with the full exchange below, as
 // if the log-depth step had not happened. A hit held longer than
 // hold_limit_s asks for the full exchange, so that the Coordinator (and
-// its stall inspector) sees an operation some rank never submits.
+// its stall inspector) sees an operation some rank never submits (the
+// limit is each hit's own: a rank that is always one operation ahead holds
+// a different one each round and never reaches it).
 //
 // Thread: background thread only (round() is a collective: every rank of the
 // transport calls it in the same sequence).
@@ -98,8 +100,11 @@ class Negotiator {
   std::vector<RoundMessage> exchange(const RoundMessage& mine);
   // The log-depth round; nullopt when the full exchange must follow.
   // `hits[i]` is the request mine.cache_hits[i] stands for.
-  std::optional<Agreement> log_depth_round(const RoundMessage& mine,
-                                           std::vector<Request>& hits);
+  // `held_at[i]` when it was first held (`now`, the round's start, if it
+  // was not).
+  std::optional<Agreement> log_depth_round(const RoundMessage& mine, std::vector<Request>& hits,
+                                           const std::vector<Clock::time_point>& held_at,
+                                           Clock::time_point now);
   // Whether every rank tries the log-depth round now (state alike everywhere).
   bool log_depth_possible() const;
 
@@ -117,7 +122,7 @@ class Negotiator {
   // This rank's cache hits that some rank had not submitted in the last
   // log-depth round: sent again first in the next round, in order.
   std::vector<Request> held_;
-  std::optional<Clock::time_point> held_since_;  // when held_ last became non-empty
+  std::vector<Clock::time_point> held_at_;  // when each of held_ was first held
 };
 
 }  // namespace gyre::core
