@@ -25,22 +25,17 @@ import time
 import torch
 
 import gyre.torch as hvd
+import kill_in_send
 
 PERIOD, ROUNDS, BS, KILL_STEP = 4, 5, 8, 6
 STEPS = PERIOD * ROUNDS
 KILL_RANK = int(os.environ.get("GYRE_TEST_KILL_RANK", "1"))
-KILL_IN_SEND = os.environ.get("GYRE_TEST_KILL_IN_SEND") == "1"
+KILL_IN_SEND = kill_in_send.ENABLED
 HIDDEN, LR = 16, 0.05
-SEND_MIN_BYTES = 1 << 30
 if KILL_IN_SEND:
-    import ctypes
-    _inject = ctypes.CDLL(None)  # the preloaded library's functions
-    _inject.gyre_test_arm_kill.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_int]
-    _inject.gyre_test_sends.restype = ctypes.c_long
     # ~40 KiB of pseudo-gradients in the round's fused allreduce, its ring
     # chunks far above the negotiation's messages (GYRE_ALLREDUCE_SMALL_BYTES=0).
     HIDDEN, LR = 1024, 0.002
-    SEND_MIN_BYTES = 2048
 torch.set_num_threads(1)
 
 
@@ -161,18 +156,18 @@ def train(state):
         step = state.step
         if start_rank == KILL_RANK and KILL_IN_SEND:
             if step == PERIOD - 1:  # count the first round's data sends
-                _inject.gyre_test_arm_kill(0, SEND_MIN_BYTES, start_rank)
+                kill_in_send.count_sends(start_rank)
             elif step == 2 * PERIOD - 1:  # die inside the second round's
                 if sends_per_round[0] < 2:
                     fail(f"the first round made {sends_per_round[0]} data sends")
-                _inject.gyre_test_arm_kill(sends_per_round[0] // 2 + 1, SEND_MIN_BYTES, start_rank)
+                kill_in_send.die_halfway(sends_per_round[0], start_rank)
         elif start_rank == KILL_RANK and step == KILL_STEP:
             os.kill(os.getpid(), signal.SIGKILL)
         opt.zero_grad()
         loss_of(model, hvd.rank(), hvd.size(), step).backward()
         opt.step()
         if start_rank == KILL_RANK and KILL_IN_SEND and step == PERIOD - 1:
-            sends_per_round[0] = _inject.gyre_test_sends()
+            sends_per_round[0] = kill_in_send.sends()
         state.step = step + 1
         if opt.completed_round != (state.step % PERIOD == 0):
             fail(f"completed_round is {opt.completed_round} after local step {state.step}")

@@ -18,6 +18,7 @@ import torch
 
 import gyre
 import gyre.torch as hvd
+import kill_in_send
 from gyre.torch.elastic import ElasticSampler
 
 N, BS, KILL_STEP = 132, 4, 7
@@ -28,20 +29,14 @@ KILL_RANK = int(os.environ.get("GYRE_TEST_KILL_RANK", "1"))
 # 0 it counts the bucket's data sends, at the kill step it dies just before
 # posting the first send of the second half of them. The survivors must
 # still finish equal to the reference: no partial sum is ever committed.
-KILL_IN_SEND = os.environ.get("GYRE_TEST_KILL_IN_SEND") == "1"
+KILL_IN_SEND = kill_in_send.ENABLED
 HIDDEN, LR = 16, 0.05
-SEND_MIN_BYTES = 1 << 30
 if KILL_IN_SEND:
-    import ctypes
-    _inject = ctypes.CDLL(None)  # the preloaded library's functions
-    _inject.gyre_test_arm_kill.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_int]
-    _inject.gyre_test_sends.restype = ctypes.c_long
     # 40 KiB of gradients: ring chunks (~13 KiB, which the MPI transport sends
     # as pieces of ~3.3 KiB, each under the shared-memory eager limit) far
     # above negotiation messages (run with GYRE_ALLREDUCE_SMALL_BYTES=0); a
     # smaller rate for the wider layer.
     HIDDEN, LR = 1024, 0.002
-    SEND_MIN_BYTES = 2048
 
 
 def data():
@@ -142,8 +137,10 @@ def train(state):
         if start_rank == KILL_RANK and KILL_IN_SEND and state.step in (0, KILL_STEP):
             if state.step == KILL_STEP and sends_per_step[0] < 2:
                 fail(f"step 0 made {sends_per_step[0]} data sends of its gradients' bucket")
-            nth = sends_per_step[0] // 2 + 1 if state.step == KILL_STEP else 0
-            _inject.gyre_test_arm_kill(nth, SEND_MIN_BYTES, start_rank)
+            if state.step == KILL_STEP:
+                kill_in_send.die_halfway(sends_per_step[0], start_rank)
+            else:
+                kill_in_send.count_sends(start_rank)
         elif start_rank == KILL_RANK and state.step == KILL_STEP:
             os.kill(os.getpid(), signal.SIGKILL)
         batch = indices[b * BS:(b + 1) * BS]
@@ -151,7 +148,7 @@ def train(state):
         torch.nn.functional.mse_loss(model(X[batch]), Y[batch]).backward()
         opt.step()
         if start_rank == KILL_RANK and KILL_IN_SEND and state.step == 0:
-            sends_per_step[0] = _inject.gyre_test_sends()
+            sends_per_step[0] = kill_in_send.sends()
         state.sampler.record_batch(b, BS)
         state.step += 1
         state.commit()
