@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <iterator>
 #include <map>
 
 #include <fmt/format.h>
@@ -35,22 +34,18 @@ Agreement Negotiator::round(std::vector<Request> fresh, RoundFlags flags) {
   // Hits held from the last round go first: a rank's requests of one name
   // must arrive in the order it made them. They were counted when first sent.
   const std::size_t resent = held_.size();
-  std::vector<Request> all = std::move(held_);
-  std::vector<Clock::time_point> all_held_at = std::move(held_at_);
-  held_.clear();
-  held_at_.clear();
   const auto now = Clock::now();
-  all.insert(all.end(), std::make_move_iterator(fresh.begin()),
-             std::make_move_iterator(fresh.end()));
+  std::vector<Hit> all = std::move(held_);
+  held_.clear();
+  for (Request& r : fresh) all.push_back({std::move(r), now});
 
   RoundMessage mine;
   mine.shutdown = flags.shutdown;
   mine.joined = flags.joined;
   mine.step = vv_.own();
-  std::vector<Request> hits;  // the requests mine.cache_hits stand for
-  std::vector<Clock::time_point> hits_held_at;  // when each was first held
+  std::vector<Hit> hits;  // the requests mine.cache_hits stand for
   for (std::size_t i = 0; i < all.size(); ++i) {
-    Request& r = all[i];
+    Request& r = all[i].request;
     const bool first_time = i >= resent;
     // A request equal to a cached one, at the step the message carries,
     // travels as its slot's bit. Receivers read the bits before the full
@@ -65,8 +60,7 @@ Agreement Negotiator::round(std::vector<Request> fresh, RoundFlags flags) {
       if (auto slot = cache_.find(r)) {
         mine.cache_hits.push_back(*slot);
         if (first_time) cache_hits_sent_.fetch_add(1, std::memory_order_relaxed);
-        hits.push_back(std::move(r));
-        hits_held_at.push_back(first_time ? now : all_held_at[i]);
+        hits.push_back(std::move(all[i]));
         continue;
       }
     }
@@ -78,7 +72,7 @@ Agreement Negotiator::round(std::vector<Request> fresh, RoundFlags flags) {
   mine.stall_failures = std::move(flags.stall_failures);
 
   if (log_depth_possible()) {
-    if (std::optional<Agreement> fast = log_depth_round(mine, hits, hits_held_at, now)) {
+    if (std::optional<Agreement> fast = log_depth_round(mine, hits, now)) {
       log_depth_rounds_.fetch_add(1, std::memory_order_relaxed);
       return std::move(*fast);
     }
@@ -174,11 +168,11 @@ bool bit(const std::vector<std::uint64_t>& v, std::size_t at, std::uint32_t slot
 
 }  // namespace
 
-std::optional<Agreement> Negotiator::log_depth_round(
-    const RoundMessage& mine, std::vector<Request>& hits,
-    const std::vector<Clock::time_point>& held_at, Clock::time_point now) {
-  const bool held_too_long = std::any_of(held_at.begin(), held_at.end(), [&](auto t) {
-    return now - t > std::chrono::duration<double>(opt_.hold_limit_s);
+std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
+                                                     std::vector<Hit>& hits,
+                                                     Clock::time_point now) {
+  const bool held_too_long = std::any_of(hits.begin(), hits.end(), [&](const Hit& h) {
+    return now - h.since > std::chrono::duration<double>(opt_.hold_limit_s);
   });
   const bool needs_full = mine.shutdown || mine.joined || !mine.requests.empty() ||
                           !mine.stall_failures.empty() || held_too_long;
@@ -230,7 +224,6 @@ std::optional<Agreement> Negotiator::log_depth_round(
   for (std::size_t i = 0; i < hits.size(); ++i) {
     if (!std::binary_search(run.begin(), run.end(), mine.cache_hits[i])) {
       held_.push_back(std::move(hits[i]));
-      held_at_.push_back(held_at[i]);
     }
   }
 

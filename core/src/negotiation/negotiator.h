@@ -98,12 +98,16 @@ class Negotiator {
   // Allgathers the encoded messages: every rank's first kInlineBytes in one
   // ring allgather, the remainders of longer messages in a second.
   std::vector<RoundMessage> exchange(const RoundMessage& mine);
+  // A request this rank sent as a cache hit, and since when it has been
+  // waiting for the other ranks (the start of the round it was first sent).
+  struct Hit {
+    Request request;
+    Clock::time_point since;
+  };
   // The log-depth round; nullopt when the full exchange must follow.
-  // `hits[i]` is the request mine.cache_hits[i] stands for.
-  // `held_at[i]` when it was first held (`now`, the round's start, if it
-  // was not).
-  std::optional<Agreement> log_depth_round(const RoundMessage& mine, std::vector<Request>& hits,
-                                           const std::vector<Clock::time_point>& held_at,
+  // `hits[i]` is the request mine.cache_hits[i] stands for; `now` is the
+  // round's start.
+  std::optional<Agreement> log_depth_round(const RoundMessage& mine, std::vector<Hit>& hits,
                                            Clock::time_point now);
   // Whether every rank tries the log-depth round now (state alike everywhere).
   bool log_depth_possible() const;
@@ -121,8 +125,7 @@ class Negotiator {
   std::atomic<std::uint64_t> log_depth_rounds_{0};
   // This rank's cache hits that some rank had not submitted in the last
   // log-depth round: sent again first in the next round, in order.
-  std::vector<Request> held_;
-  std::vector<Clock::time_point> held_at_;  // when each of held_ was first held
+  std::vector<Hit> held_;
 };
 
 }  // namespace gyre::core
