@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "execution/executor.h"
 #include "gyre/collectives/local_transport.h"
 #include "negotiation/negotiator.h"
 #include "negotiator_ranks.h"

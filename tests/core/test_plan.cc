@@ -120,6 +120,9 @@ TEST_CASE("alltoall: this rank's send and receive bytes and the splits it receiv
     }
     CHECK(p.recv_total == total);
     CHECK(p.out_shape == std::vector<std::int64_t>{rows, 3});
+    // The largest message of any pair (rank 1 to rank 2, 4 rows), on every
+    // rank, although only ranks 1 and 2 send or receive it.
+    CHECK(p.largest_bytes == 4 * 12);
   }
   // Rank 1 receives 2 + 0 + 1 rows.
   CHECK(plan_alltoall(resp, 1).received_splits == std::vector<std::int64_t>{2, 0, 1});

@@ -1,7 +1,6 @@
 #include "api/fingerprint.h"
 
 #include <cstring>
-#include <map>
 
 namespace gyre::core {
 
@@ -51,24 +50,6 @@ std::uint64_t hash_bytes(const void* data, std::size_t bytes, std::uint64_t seed
 
 std::uint64_t hash_combine(std::uint64_t h, std::string_view s) {
   return hash_bytes(s.data(), s.size(), mix(h + 0x632be59bd9b4e019ULL));
-}
-
-std::vector<FingerprintMismatch> find_mismatches(
-    const std::vector<std::string>& names,
-    const std::vector<std::vector<std::uint64_t>>& digests) {
-  std::vector<FingerprintMismatch> out;
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    std::map<std::uint64_t, std::vector<int>> groups;
-    for (std::size_t r = 0; r < digests.size(); ++r) {
-      if (i < digests[r].size()) groups[digests[r][i]].push_back(static_cast<int>(r));
-    }
-    if (groups.size() <= 1) continue;
-    FingerprintMismatch m;
-    m.name = names[i];
-    for (auto& [d, ranks] : groups) m.groups.emplace_back(d, std::move(ranks));
-    out.push_back(std::move(m));
-  }
-  return out;
 }
 
 }  // namespace gyre::core

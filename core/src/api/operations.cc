@@ -21,26 +21,12 @@
 #include <fmt/ranges.h>
 
 #include "api/fingerprint.h"
-#include "backends/registry.h"
 
 namespace gyre::core {
 
 namespace {
 
 constexpr std::string_view kReserved = "__gyre.";
-
-// A CUDA tensor: accepted when this build has a backend for it, its device
-// exists, and it is the one this rank's earlier CUDA tensors used.
-void check_cuda_device(Runtime& rt, const std::string& what, const char* which,
-                       const TensorView& t) {
-  backends::check_cuda_tensor(what, which, t);
-  const int bound = rt.claim_cuda_device(t.device.index);
-  if (bound != t.device.index) {
-    throw InvalidArgument(fmt::format(
-        "{}: {} is on cuda:{}, but this rank's CUDA tensors are on cuda:{} (gyre uses one GPU "
-        "per rank)", what, which, t.device.index, bound));
-  }
-}
 
 void check_view(Runtime& rt, const std::string& what, const char* which, const TensorView& t) {
   // The caller could not describe the tensor: its reason names it.
@@ -60,7 +46,7 @@ void check_view(Runtime& rt, const std::string& what, const char* which, const T
         fmt::format("{}: {} buffer is null but has {} elements", what, which, t.numel()));
   }
   if (t.device.type == DeviceType::kCUDA) {
-    check_cuda_device(rt, what, which, t);
+    rt.check_cuda_tensor(what, which, t);
   } else if (t.device.type != DeviceType::kCPU) {
     throw InvalidArgument(fmt::format("{}: {} has an unknown device type {}", what, which,
                                       static_cast<int>(t.device.type)));

@@ -72,8 +72,8 @@ std::unique_ptr<Backend> make_nccl(const BackendContext& c) {
 }  // namespace
 
 std::span<const BackendEntry> device_backends() {
-  // One line per device backend of this build (the host's backends are
-  // chosen by use_shared_memory / use_hierarchical, not listed here).
+  // One line per device backend of this build (the host's backend is
+  // chosen by connect(), not listed here).
   static const std::vector<BackendEntry> entries = {
 #ifdef GYRE_HAVE_NCCL
       {DeviceType::kCUDA, "nccl", make_nccl},
@@ -83,23 +83,24 @@ std::span<const BackendEntry> device_backends() {
 }
 
 BackendRegistry::BackendRegistry(transport::Transport& t, const Options& opt, const Logger& log)
-    : t_(t), opt_(opt), log_(log), cpu_(std::make_unique<CpuRingBackend>(t, opt)) {}
+    : t_(t), opt_(opt), log_(log), host_(std::make_unique<HostBackend>(t, opt)) {}
 
 BackendRegistry::~BackendRegistry() = default;
 
-void BackendRegistry::use_shared_memory(std::shared_ptr<transport::ShmHost> host) {
-  cpu_ = std::make_unique<ShmBackend>(t_, opt_, std::move(host));
-  log_.debug("host tensors over shared memory");
-}
-
-void BackendRegistry::use_hierarchical(std::shared_ptr<transport::ShmHost> host,
-                                       std::shared_ptr<transport::Transport> cross) {
-  cpu_ = std::make_unique<HierarchicalBackend>(t_, opt_, std::move(host), std::move(cross));
-  log_.debug("host allreduces hierarchical: shared memory within hosts, a ring across them");
+void BackendRegistry::connect(HostLayout layout) {
+  local_rank_ = layout.local_rank;
+  if (layout.shm && layout.cross) {
+    host_ = std::make_unique<HierarchicalBackend>(t_, opt_, std::move(layout.shm),
+                                                 std::move(layout.cross));
+    log_.debug("host allreduces hierarchical: shared memory within hosts, a ring across them");
+  } else if (layout.shm) {
+    host_ = std::make_unique<ShmBackend>(t_, opt_, std::move(layout.shm));
+    log_.debug("host tensors over shared memory");
+  }
 }
 
 Backend* BackendRegistry::get(Device device) {
-  if (device.type == DeviceType::kCPU) return cpu_.get();
+  if (device.type == DeviceType::kCPU) return host_.get();
   for (auto& [type, backend] : created_) {
     if (type == device.type) return backend.get();
   }

@@ -1,10 +1,13 @@
-// The backends of this build and the one place that knows which exist: the
-// executor asks it for the backend of a device kind; the API and the
-// bindings ask it whether CUDA tensors can be taken. Host tensors take
-// CpuRingBackend, or ShmBackend / HierarchicalBackend once the runtime has
-// set up the host's shared-memory group (use_shared_memory,
-// use_hierarchical); a backend of another device kind is one more entry in
-// device_backends() (registry.cc).
+// The backends of this build and the one place that knows which exist and
+// which serves what: the executor asks it (as its BackendSet,
+// execution/backend.h) for the backend of a device kind; the runtime asks it
+// whether CUDA tensors can be taken. Host tensors take the CPU ring
+// (HostBackend as it is, backends/host_backend.h), or,
+// once the runtime has handed it the host layout (connect()), the backend
+// that layout calls for: ShmBackend for a group spanning the job,
+// HierarchicalBackend for a group per host and a transport across the hosts.
+// A backend of another device kind is one more entry in device_backends()
+// (registry.cc). The runtime owns the registry (one per runtime).
 //
 // Device backends are created at first use, on the background thread:
 // creating one may be a collective (NCCL's communicator), and every rank
@@ -19,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/backend.h"
-#include "backends/cpu/cpu_ring_backend.h"
+#include "execution/backend.h"
+#include "backends/host_backend.h"
 #include "gyre/collectives/shm_host.h"
 #include "gyre/collectives/transport.h"
 #include "gyre/gyre.h"
@@ -65,35 +68,44 @@ struct BackendEntry {
 // every build has and the registry creates at once).
 std::span<const BackendEntry> device_backends();
 
-class BackendRegistry {
+// Where a rank sits among the hosts, as the runtime learned it at start-up
+// (api/lifecycle.cc sets the groups up over MPI).
+struct HostLayout {
+  // This rank's index among the ranks of its host: the CUDA device a rank
+  // that joined before enqueueing any CUDA tensor uses.
+  int local_rank = 0;
+  // The shared-memory group of this rank's host (or of the whole job when
+  // it runs on one host); none: host tensors go over the transport.
+  std::shared_ptr<transport::ShmHost> shm;
+  // With `shm` a group per host: the transport among the ranks of the same
+  // local rank on every host.
+  std::shared_ptr<transport::Transport> cross;
+};
+
+class BackendRegistry final : public BackendSet {
  public:
   BackendRegistry(transport::Transport& t, const Options& opt, const Logger& log);
-  ~BackendRegistry();
+  ~BackendRegistry() override;
 
-  // The backend for tensors on `device.type`, created now if this is the
-  // first use (`device.index`: see BackendContext::device), or nullptr if
-  // this build has none for that device kind. Background thread.
-  Backend* get(Device device);
-  // The host backend (always present).
-  CpuRingBackend& cpu() { return *cpu_; }
-  const CpuRingBackend& cpu() const { return *cpu_; }
+  // Chooses the host backend from `layout`: hierarchical with a group per
+  // host and a transport across the hosts, shared memory with a group alone,
+  // the ring over the transport otherwise. Before the background thread
+  // starts.
+  void connect(HostLayout layout);
 
-  void set_local_rank(int r) { local_rank_ = r; }
-  // Host tensors go over the host's shared-memory group (ShmBackend) from
-  // now on. Before the background thread starts.
-  void use_shared_memory(std::shared_ptr<transport::ShmHost> host);
-  // Host tensors' allreduces go hierarchically over each host's group and
-  // `cross` (HierarchicalBackend). Before the background thread starts.
-  void use_hierarchical(std::shared_ptr<transport::ShmHost> host,
-                        std::shared_ptr<transport::Transport> cross);
+  // BackendSet: `device.index`, see BackendContext::device. Background thread.
+  Backend* get(Device device) override;
+  const char* host_backend() const override { return host_->name(); }
+  const FusionBuffer& host_fusion_buffer() const override { return host_->host_fusion_buffer(); }
 
  private:
   transport::Transport& t_;
   const Options& opt_;
   const Logger& log_;
   int local_rank_ = 0;
-  // Created at once: the runtime reads its fusion statistics any time.
-  std::unique_ptr<CpuRingBackend> cpu_;
+  // The host backend, created at once: the runtime reads its fusion
+  // statistics any time.
+  std::unique_ptr<HostBackend> host_;
   // The device backends created so far, by device kind.
   std::vector<std::pair<DeviceType, std::unique_ptr<Backend>>> created_;
 };

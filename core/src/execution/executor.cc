@@ -1,6 +1,7 @@
 // Executor: dispatch, fusion of allreduces, and the per-collective runners.
 #include "execution/executor.h"
 
+#include <algorithm>
 #include <cctype>
 #include <string_view>
 
@@ -54,12 +55,30 @@ void Executor::trace(const Entry& e, const char* phase, Clock::time_point a, Clo
                    fmt::format(R"({{"bytes":{},"bucket_tensors":{}}})", bytes, bucket_size));
 }
 
+std::optional<LocalEntry> take_entry(TensorQueue& queue, const Response& resp, int rank) {
+  const auto r = static_cast<std::size_t>(rank);
+  if (r >= resp.per_rank.size()) return std::nullopt;
+  std::uint64_t latest = 0;
+  for (const auto& q : resp.per_rank) {
+    if (q) latest = std::max(latest, q->seq);
+  }
+  const bool joined = r < resp.joined.size() && resp.joined[r];
+  return queue.take_for(resp.name, resp.per_rank[r], joined, latest);
+}
+
 void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at) {
   std::vector<Entry> entries(responses.size());
+  for (std::size_t i = 0; i < responses.size(); ++i) {
+    entries[i] = take_entry(queue_, responses[i], t_.rank());
+    // A resync repairs the ranks' state: from here they count iterations
+    // of every name afresh, alike.
+    if (responses[i].ok() && responses[i].collective == Collective::kResync) {
+      queue_.restart_sequences();
+    }
+  }
   std::vector<FusionItem> items(responses.size());
   for (std::size_t i = 0; i < responses.size(); ++i) {
     Response& r = responses[i];
-    entries[i] = std::move(r.local);  // handed over by take_entry()
     if (entries[i]) {
       auto sent = entries[i]->sent == Clock::time_point{} ? agreed_at : entries[i]->sent;
       trace(entries[i], "QUEUE", entries[i]->enqueued, sent, r.agreed.nbytes());
@@ -274,7 +293,9 @@ void Executor::run_single(Backend& be, Response& resp, Entry& entry) {
 void Executor::run_allgather(Backend& be, Response& resp, Entry& entry, const OpLabel& what) {
   AllgatherPlan p = plan_allgather(resp);
   void* out = nullptr;
-  if (entry) {
+  if (!entry) {
+    out = discard(p.total_bytes);  // a joined rank: the result is not kept
+  } else {
     OwnedTensor& o = entry->state->output;
     o.dtype = resp.agreed.dtype;
     o.shape = std::move(p.out_shape);
@@ -297,7 +318,7 @@ void Executor::run_alltoall(Backend& be, Response& resp, Entry& entry, const OpL
   out.dtype = resp.agreed.dtype;
   out.shape = std::move(p.out_shape);
   out.data.resize(p.recv_total);
-  be.alltoall(entry->in.data, p.send_bytes, out.data.data(), p.recv_bytes, what);
+  be.alltoall(entry->in.data, p.send_bytes, out.data.data(), p.recv_bytes, p.largest_bytes, what);
   entry->state->received_splits = std::move(p.received_splits);
 }
 
@@ -313,7 +334,8 @@ void Executor::run_reducescatter(Backend& be, Response& resp, Entry& entry,
     out.data.resize(p.my_count * dtype_size(a.dtype));
     be.reducescatter(entry->in.data, p.counts, out.data.data(), a.dtype, red, what);
   } else {
-    be.reducescatter(be.zeros(a.nbytes(), what), p.counts, nullptr, a.dtype, red, what);
+    be.reducescatter(be.zeros(a.nbytes(), what), p.counts,
+                     discard(p.my_count * dtype_size(a.dtype)), a.dtype, red, what);
   }
 }
 

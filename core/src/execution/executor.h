@@ -26,7 +26,7 @@
 #include <optional>
 #include <vector>
 
-#include "backends/registry.h"
+#include "execution/backend.h"
 #include "fusion/fusion.h"
 #include "gyre/collectives/transport.h"
 #include "gyre/options.h"
@@ -40,29 +40,19 @@ namespace gyre::core {
 
 class Executor {
  public:
+  // `t`: the transport of the runtime's rank (its rank() is this rank's);
+  // `backends`: where each bucket's backend comes from (the runtime's
+  // BackendRegistry), outliving the executor.
   Executor(transport::Transport& t, const Options& opt, TensorQueue& queue, VersionVector& vv,
-           Timeline* timeline, const Logger& log)
+           BackendSet& backends, Timeline* timeline, const Logger& log)
       : t_(t), opt_(opt), queue_(queue), vv_(vv), timeline_(timeline), log_(log),
-        backends_(t, opt, log) {}
+        backends_(backends) {}
 
-  // `agreed_at`: when negotiation of this round finished (timeline).
+  // Runs a round's agreed `responses`, in order: takes this rank's entry of
+  // each from the queue (take_entry), then plans, fuses and calls the
+  // backends. `agreed_at`: when negotiation of this round finished
+  // (timeline).
   void run(std::vector<Response>& responses, Clock::time_point agreed_at);
-
-  // The host fusion buffer (statistics).
-  const FusionBuffer& fusion_buffer() const { return backends_.cpu().host_fusion_buffer(); }
-  // This rank's index among the ranks of its host: the CUDA device a rank
-  // that joined before enqueueing any CUDA tensor uses. Set before the
-  // background thread starts.
-  void set_local_rank(int r) { backends_.set_local_rank(r); }
-  // See BackendRegistry::use_shared_memory.
-  void use_shared_memory(std::shared_ptr<transport::ShmHost> host) {
-    backends_.use_shared_memory(std::move(host));
-  }
-  void use_hierarchical(std::shared_ptr<transport::ShmHost> host,
-                        std::shared_ptr<transport::Transport> cross) {
-    backends_.use_hierarchical(std::move(host), std::move(cross));
-  }
-  const char* host_backend() const { return backends_.cpu().name(); }
 
   // After run() threw an error not known to be alike on every rank: fails
   // the operations of that round that had not completed with that error.
@@ -86,16 +76,31 @@ class Executor {
   void trace(const Entry& e, const char* phase, Clock::time_point a, Clock::time_point b,
              std::size_t bytes, std::size_t bucket_size = 1);
 
+  // Host memory for the result of a collective this rank takes part in
+  // without an entry (it joined): written by the backend, never read.
+  void* discard(std::size_t bytes) {
+    if (discard_.size() < bytes) discard_.resize(bytes);
+    return discard_.data();
+  }
+
   transport::Transport& t_;
   const Options& opt_;
   TensorQueue& queue_;
   VersionVector& vv_;
   Timeline* timeline_;
   const Logger& log_;
-  BackendRegistry backends_;
+  BackendSet& backends_;
+  std::vector<std::byte> discard_;
   // The failed round's operations, until fail_held() (background thread).
   std::vector<LocalEntry> held_;
   std::exception_ptr held_error_;
 };
+
+// This rank's (`rank`) entry for `resp`, taken from `queue`: the queue's
+// take_for() with what it needs of the response (this rank's request,
+// whether it took part as a joined rank, the latest iteration any rank
+// sent); none if this rank takes part without one. Executor::run calls it
+// for each response of a round, in order.
+std::optional<LocalEntry> take_entry(TensorQueue& queue, const Response& resp, int rank);
 
 }  // namespace gyre::core

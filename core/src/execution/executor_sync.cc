@@ -1,10 +1,35 @@
 // Executor: the divergence tools, fingerprint_check and resync.
+#include <map>
+
 #include <fmt/format.h>
 
 #include "execution/executor.h"
-#include "api/fingerprint.h"
 
 namespace gyre::core {
+
+namespace {
+
+// digests[r][i]: rank r's digest of buffer i (every rank has names.size()).
+// Returns the buffers whose digests differ, groups in ascending digest order.
+std::vector<FingerprintMismatch> find_mismatches(
+    const std::vector<std::string>& names,
+    const std::vector<std::vector<std::uint64_t>>& digests) {
+  std::vector<FingerprintMismatch> out;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    std::map<std::uint64_t, std::vector<int>> groups;
+    for (std::size_t r = 0; r < digests.size(); ++r) {
+      if (i < digests[r].size()) groups[digests[r][i]].push_back(static_cast<int>(r));
+    }
+    if (groups.size() <= 1) continue;
+    FingerprintMismatch m;
+    m.name = names[i];
+    for (auto& [d, ranks] : groups) m.groups.emplace_back(d, std::move(ranks));
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+}  // namespace
 
 void Executor::run_fingerprint(Response& resp, Entry& entry) {
   // The digests travelled in the requests (digests[0] hashes the names,

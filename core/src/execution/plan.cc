@@ -47,6 +47,9 @@ AlltoallPlan plan_alltoall(const Response& resp, int rank) {
   p.received_splits.resize(n);
   std::int64_t rows = 0;
   for (std::size_t q = 0; q < n; ++q) {
+    for (std::int64_t rows_pq : resp.per_rank[q]->splits) {
+      p.largest_bytes = std::max(p.largest_bytes, static_cast<std::size_t>(rows_pq) * row_bytes);
+    }
     p.send_bytes[q] = static_cast<std::size_t>(mine.splits[q]) * row_bytes;
     p.received_splits[q] = resp.per_rank[q]->splits[me];
     p.recv_bytes[q] = static_cast<std::size_t>(p.received_splits[q]) * row_bytes;

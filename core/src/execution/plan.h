@@ -53,8 +53,12 @@ AllgatherPlan plan_allgather(const Response& resp);
 // in the gathered requests; joined ranks are refused at negotiation). This
 // rank sends send_bytes[q] to q and receives recv_bytes[p] from p, which is
 // received_splits[p] rows; the result keeps this rank's trailing dimensions.
+// largest_bytes: the largest message between any two ranks (the same on
+// every rank: what a backend that moves every pair in lockstep sizes its
+// rounds by).
 struct AlltoallPlan {
   std::vector<std::size_t> send_bytes, recv_bytes;
+  std::size_t largest_bytes = 0;
   std::vector<std::int64_t> received_splits;
   std::size_t recv_total = 0;
   std::vector<std::int64_t> out_shape;

@@ -23,7 +23,6 @@
 
 #include "negotiation/message.h"
 #include "negotiation/response_cache.h"
-#include "queue/tensor_queue.h"
 
 namespace gyre::core {
 
@@ -37,10 +36,6 @@ struct Response {
   ErrorKind error_kind = ErrorKind::kNone;
   std::string error;
   Clock::time_point first_seen{};  // when this rank saw the first request
-  // This rank's entry (buffers, handle) for the response, handed over by
-  // take_entry() once agreed; none if this rank takes part
-  // without one (see there).
-  std::optional<LocalEntry> local;
 
   bool ok() const { return error_kind == ErrorKind::kNone; }
   bool any_joined() const;
@@ -48,22 +43,6 @@ struct Response {
   // average divides by, as Horovod's join defines it.
   int ranks_taking_part() const;
 };
-
-// This rank's (`rank`) entry for `resp`, taken from `queue`: the queue's
-// take_for() with what it needs of the response (this rank's request,
-// whether it took part as a joined rank, the latest iteration any rank
-// sent). Inline: the negotiation's own code (and the fuzz targets built
-// from it alone) does not call the queue.
-inline std::optional<LocalEntry> take_entry(TensorQueue& queue, const Response& resp, int rank) {
-  const auto r = static_cast<std::size_t>(rank);
-  if (r >= resp.per_rank.size()) return std::nullopt;
-  std::uint64_t latest = 0;
-  for (const auto& q : resp.per_rank) {
-    if (q) latest = std::max(latest, q->seq);
-  }
-  const bool joined = r < resp.joined.size() && resp.joined[r];
-  return queue.take_for(resp.name, resp.per_rank[r], joined, latest);
-}
 
 struct RoundOutcome {
   std::vector<Response> responses;

@@ -97,7 +97,7 @@ class TensorQueue {
   // A rank that took part as a joined rank counts the operation as a
   // submission of its own, numbered `latest_seq` (the highest any rank
   // sent), so that its later submissions of the name carry the numbers the
-  // other ranks' do. negotiation/coordinator.h's take_entry() reads these
+  // other ranks' do. execution/executor.h's take_entry() reads these
   // from a Response.
   std::optional<LocalEntry> take_for(const std::string& name, const std::optional<Request>& mine,
                                      bool joined, std::uint64_t latest_seq);

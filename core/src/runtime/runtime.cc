@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "gyre/collectives/algorithms.h"
+#include "negotiation/message_tags.h"
 #include "gyre/collectives/cores.h"
 #include "gyre/error.h"
 #include "runtime/options_table.h"
@@ -80,7 +81,8 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
       stall_(rank_, opt.stall_warning_s, opt.stall_shutdown_s),
       timeline_(rank_, opt.timeline_max_bytes,
                 [this](const std::string& why) { log_.warn("{}", why); }),
-      executor_(data_t_, opt_, queue_, vv_, &timeline_, log_) {
+      backends_(data_t_, opt_, log_),
+      executor_(data_t_, opt_, queue_, vv_, backends_, &timeline_, log_) {
   // Local set-up first; a failure here is told to every rank by the
   // agreement below instead of leaving them waiting for this rank.
   ErrorKind failure_kind = info_.start_failure_kind;
@@ -100,12 +102,7 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
     info_.cross = cross_counted_;
   }
   if (info_.initial_step != 0) vv_.set_all(info_.initial_step);
-  executor_.set_local_rank(info_.local_rank);
-  if (info_.shm && info_.cross) {
-    executor_.use_hierarchical(info_.shm, info_.cross);
-  } else if (info_.shm) {
-    executor_.use_shared_memory(info_.shm);
-  }
+  backends_.connect({info_.local_rank, info_.shm, info_.cross});
   // The background thread shares its rank's core with the training loop:
   // it spins briefly (negotiation and ring chunks normally arrive within
   // microseconds), then naps, so that a late peer costs no core time.
@@ -233,6 +230,16 @@ int Runtime::claim_cuda_device(int index) {
   int expected = -1;
   if (cuda_device_.compare_exchange_strong(expected, index)) return index;
   return expected;
+}
+
+void Runtime::check_cuda_tensor(const std::string& what, const char* which, const TensorView& t) {
+  backends::check_cuda_tensor(what, which, t);
+  const int bound = claim_cuda_device(t.device.index);
+  if (bound != t.device.index) {
+    throw InvalidArgument(fmt::format(
+        "{}: {} is on cuda:{}, but this rank's CUDA tensors are on cuda:{} (gyre uses one GPU "
+        "per rank)", what, which, t.device.index, bound));
+  }
 }
 
 std::shared_ptr<OpState> Runtime::request_join() {
@@ -430,13 +437,6 @@ bool Runtime::round() {
   if (timeline_.active()) record_versions();
   last_round_idle_ = agreed.idle && queue_.size() == 0;
   last_round_ran_ = !agreed.responses.empty();
-  for (Response& resp : agreed.responses) {
-    resp.local = take_entry(queue_, resp, rank_);
-    // A resync repairs the ranks' state: from here they count iterations
-    // of every name afresh, alike.
-    if (resp.ok() && resp.collective == Collective::kResync) queue_.restart_sequences();
-  }
-
   if (!agreed.responses.empty()) {
     phase_.responses = agreed.responses.size();
     phase_.first.assign(agreed.responses.front().name);

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/registry.h"
 #include "execution/executor.h"
 #include "gyre/collectives/counting_transport.h"
 #include "gyre/collectives/shm_host.h"
@@ -116,6 +117,11 @@ class Runtime {
   // `index` and returns it; later calls return the bound device (gyre's
   // NCCL communicator uses one GPU per rank). Any thread.
   int claim_cuda_device(int index);
+  // A CUDA tensor of a call (`what`, naming it `which` in the message):
+  // throws InvalidArgument unless this build has a backend for it, its
+  // device exists, and it is the device this rank's earlier CUDA tensors
+  // used (claim_cuda_device). Any thread.
+  void check_cuda_tensor(const std::string& what, const char* which, const TensorView& t);
 
   // join(): this rank's next messages carry the joined flag until every
   // rank has joined; the returned state completes with the last rank.
@@ -133,8 +139,8 @@ class Runtime {
 
   // Statistics for tests and benchmarks (background-thread counters).
   std::uint64_t rounds() const { return rounds_.load(); }
-  const char* host_backend() const { return executor_.host_backend(); }
-  int fusion_allocations() const { return executor_.fusion_buffer().allocations(); }
+  const char* host_backend() const { return backends_.host_backend(); }
+  int fusion_allocations() const { return backends_.host_fusion_buffer().allocations(); }
   std::uint64_t requests_sent() const { return negotiator_.requests_sent(); }
   std::uint64_t cache_hits_sent() const { return negotiator_.cache_hits_sent(); }
   std::uint64_t log_depth_rounds() const { return negotiator_.log_depth_rounds(); }
@@ -178,6 +184,9 @@ class Runtime {
   Negotiator negotiator_;
   StallInspector stall_;
   Timeline timeline_;
+  // The backends the executor runs on; the host's is chosen from the host
+  // layout once the start-up agreement has succeeded.
+  BackendRegistry backends_;
   Executor executor_;
 
   std::atomic<bool> shutdown_requested_{false};

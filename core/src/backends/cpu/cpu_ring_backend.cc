@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "gyre/collectives/algorithms.h"
+#include "negotiation/message_tags.h"
 
 namespace gyre::core {
 
@@ -12,11 +13,6 @@ std::byte* CpuRingBackend::zeros(std::size_t bytes, const OpLabel&) {
   if (zeros_.size() < bytes) zeros_.resize(bytes);
   std::memset(zeros_.data(), 0, bytes);  // the previous call's user may have written to it
   return zeros_.data();
-}
-
-std::byte* CpuRingBackend::discard(std::size_t bytes) {
-  if (discard_.size() < bytes) discard_.resize(bytes);
-  return discard_.data();
 }
 
 void CpuRingBackend::copy(void* dst, const void* src, std::size_t bytes, const OpLabel&) {
@@ -38,13 +34,16 @@ collectives::AllreduceOptions CpuRingBackend::allreduce_options(const Reduction&
   return o;
 }
 
-LayoutCost CpuRingBackend::layout_cost() const {
-  return default_layout_cost(t_.size(), 1, opt_.allreduce_small_bytes,
-                             opt_.rabenseifner_allreduce);
-}
+CpuRingBackend::CpuRingBackend(transport::Transport& t, const Options& opt,
+                               std::optional<LayoutCost> layout)
+    : t_(t),
+      opt_(opt),
+      layout_(layout ? *layout
+                     : default_layout_cost(t.size(), 1, opt.allreduce_small_bytes,
+                                           opt.rabenseifner_allreduce)) {}
 
 collectives::LargeAllreduce CpuRingBackend::flat_large_allreduce(std::size_t bytes) const {
-  return flat_uses_rabenseifner(layout_cost(), static_cast<double>(bytes))
+  return flat_uses_rabenseifner(layout_, static_cast<double>(bytes))
              ? collectives::LargeAllreduce::kRabenseifner
              : collectives::LargeAllreduce::kRing;
 }
@@ -87,16 +86,11 @@ void CpuRingBackend::allgather(const void* in, std::span<const std::size_t> bloc
   collectives::AllgatherOptions o;
   o.chunk_bytes = opt_.ring_chunk_bytes;
   o.tag = kTagData;
-  if (out == nullptr) {
-    std::size_t total = 0;
-    for (auto b : block_bytes) total += b;
-    out = discard(total);
-  }
   collectives::ring_allgather(t_, in, out, block_bytes, o);
 }
 
 void CpuRingBackend::alltoall(const void* in, std::span<const std::size_t> send_bytes,
-                              void* out, std::span<const std::size_t> recv_bytes,
+                              void* out, std::span<const std::size_t> recv_bytes, std::size_t,
                               const OpLabel&) {
   collectives::AlltoallOptions o;
   o.tag = kTagData;
@@ -111,10 +105,6 @@ void CpuRingBackend::reducescatter(const void* in, std::span<const std::size_t> 
   o.tag = kTagData;
   o.prescale = red.prescale;
   o.postscale = red.postscale;
-  if (out == nullptr) {
-    const auto me = static_cast<std::size_t>(t_.rank());
-    out = discard(me < counts.size() ? counts[me] * dtype_size(dt) : 0);
-  }
   collectives::ring_reduce_scatter(t_, in, out, counts, dt, red.op, o);
 }
 

@@ -4,15 +4,17 @@
 // as GYRE_RABENSEIFNER_ALLREDUCE and the cost model say; ring allgather,
 // broadcast and reduce-scatter, pairwise alltoall)
 // over the runtime's Transport, on the data tag. Owns the host fusion
-// buffer and the scratch memory of joined ranks.
+// buffer and the zeros joined ranks contribute. The other host backends
+// (HostBackend, backends/host_backend.h) are built on one.
 //
 // Thread: the runtime's background thread only (as every transport call).
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <vector>
 
-#include "backends/backend.h"
+#include "execution/backend.h"
 #include "backends/hierarchical/cost_model.h"
 #include "fusion/fusion.h"
 #include "gyre/collectives/algorithms.h"
@@ -27,9 +29,13 @@ namespace gyre::core {
 void adasum_on_host(transport::Transport& t, const void* in, void* out, std::size_t count,
                     DataType dt, const Reduction& red, std::span<const ByteRange> tensors);
 
-class CpuRingBackend : public Backend {
+class CpuRingBackend final : public Backend {
  public:
-  CpuRingBackend(transport::Transport& t, const Options& opt) : t_(t), opt_(opt) {}
+  // `layout`: the hosts and ranks per host the allreduce's cost model sees;
+  // by default every rank of the world on a host of its own, so that every
+  // step of the allreduce may cross the network.
+  CpuRingBackend(transport::Transport& t, const Options& opt,
+                 std::optional<LayoutCost> layout = std::nullopt);
 
   const char* name() const override { return "cpu"; }
   bool synchronous() const override { return true; }
@@ -49,7 +55,8 @@ class CpuRingBackend : public Backend {
   void allgather(const void* in, std::span<const std::size_t> block_bytes, void* out,
                  const OpLabel& what) override;
   void alltoall(const void* in, std::span<const std::size_t> send_bytes, void* out,
-                std::span<const std::size_t> recv_bytes, const OpLabel& what) override;
+                std::span<const std::size_t> recv_bytes, std::size_t largest_bytes,
+                const OpLabel& what) override;
   void reducescatter(const void* in, std::span<const std::size_t> counts, void* out, DataType dt,
                      const Reduction& red, const OpLabel& what) override;
   // collectives::adasum_allreduce over the transport (also under ShmBackend:
@@ -59,28 +66,22 @@ class CpuRingBackend : public Backend {
 
   // The host fusion buffer (its allocation count is a runtime statistic).
   const FusionBuffer& host_fusion_buffer() const { return fusion_; }
-
- protected:
   // The ring/recursive-doubling allreduce's options: the runtime's chunk
   // size and small-buffer threshold, the data tag, `red`'s scale factors.
   collectives::AllreduceOptions allreduce_options(const Reduction& red) const;
-  // The layout the allreduce's cost model sees: every rank of the world on
-  // a host of its own, so that every step of a flat allreduce may cross the
-  // network (HierarchicalBackend: its hosts and ranks per host).
-  virtual LayoutCost layout_cost() const;
-  // The algorithm of a flat allreduce of `bytes` above the small size
-  // (flat_uses_rabenseifner on layout_cost()); the same on every rank.
+  // The layout the allreduce's cost model sees (the constructor's).
+  const LayoutCost& layout_cost() const { return layout_; }
+
+ private:
+  // The algorithm of an allreduce of `bytes` above the small size
+  // (flat_uses_rabenseifner on the layout); the same on every rank.
   collectives::LargeAllreduce flat_large_allreduce(std::size_t bytes) const;
-  // Where a discarded result goes (a rank with no entry).
-  std::byte* discard(std::size_t bytes);
 
   transport::Transport& t_;
   const Options& opt_;
-
- private:
+  LayoutCost layout_;
   FusionBuffer fusion_;
   std::vector<std::byte> zeros_;    // joined ranks' contributions
-  std::vector<std::byte> discard_;  // joined ranks' results
 };
 
 }  // namespace gyre::core

@@ -5,33 +5,29 @@
 
 #include "backends/hierarchical/cost_model.h"
 #include "gyre/collectives/algorithms.h"
+#include "negotiation/message_tags.h"
 #include "gyre/collectives/shm.h"
 #include "gyre/error.h"
 
 namespace gyre::core {
 
-LayoutCost HierarchicalBackend::layout_cost() const {
-  return default_layout_cost(cross_->size(), host_->group().size(), opt_.allreduce_small_bytes,
-                             opt_.rabenseifner_allreduce);
-}
-
 void HierarchicalBackend::allreduce(const void* in, void* out, std::size_t count, DataType dt,
                                     const Reduction& red, const OpLabel& what) {
-  const LayoutCost c = layout_cost();
+  const LayoutCost& c = ring_.layout_cost();
   const double bytes = static_cast<double>(count * dtype_size(dt));
   bool hierarchical = opt_.hierarchical_allreduce == 1;
   if (opt_.hierarchical_allreduce == -1) {
     hierarchical = hierarchical_allreduce_s(c, bytes) <= flat_allreduce_s(c, bytes);
   }
   if (!hierarchical) {
-    CpuRingBackend::allreduce(in, out, count, dt, red, what);
+    ring_.allreduce(in, out, count, dt, red, what);
     return;
   }
   // The cross-host allreduce takes no scale factors of its own (see
   // hierarchical_allreduce): those of `red` are passed separately. Its
   // algorithm above the small size follows from the whole buffer's size,
   // the same on every rank.
-  collectives::AllreduceOptions cross_opt = allreduce_options(Reduction{});
+  collectives::AllreduceOptions cross_opt = ring_.allreduce_options(Reduction{});
   cross_opt.large = cross_uses_rabenseifner(c, bytes) ? collectives::LargeAllreduce::kRabenseifner
                                                       : collectives::LargeAllreduce::kRing;
   collectives::hierarchical_allreduce(host_->group(), *cross_, in, out, count, dt, red.op,
@@ -40,7 +36,7 @@ void HierarchicalBackend::allreduce(const void* in, void* out, std::size_t count
 
 const std::vector<int>& HierarchicalBackend::placement() {
   if (!world_rank_of_.empty()) return world_rank_of_;
-  const int p = host_->group().size(), hosts = cross_->size(), n = t_.size();
+  const int p = host_->group().size(), hosts = cross_->size(), n = world_.size();
   if (p * hosts != n) {
     throw TransportError("hierarchical allgather: " + std::to_string(hosts) + " hosts x " +
                          std::to_string(p) + " ranks but " + std::to_string(n) + " in the job");
@@ -51,7 +47,7 @@ const std::vector<int>& HierarchicalBackend::placement() {
   std::vector<std::size_t> bytes(n, sizeof mine);
   collectives::AllgatherOptions o;
   o.tag = kTagData;
-  collectives::ring_allgather(t_, mine, all.data(), bytes, o);
+  collectives::ring_allgather(world_, mine, all.data(), bytes, o);
   std::vector<int> w(n, -1);
   for (int r = 0; r < n; ++r) {
     const int h = all[2 * r], l = all[2 * r + 1];
@@ -78,15 +74,10 @@ void HierarchicalBackend::allgather(const void* in, std::span<const std::size_t>
     hierarchical = hierarchical_allgather_s(c, bytes) <= flat_allgather_s(c, bytes);
   }
   if (!hierarchical) {
-    CpuRingBackend::allgather(in, block_bytes, out, what);
+    ring_.allgather(in, block_bytes, out, what);
     return;
   }
   const std::vector<int>& w = placement();
-  if (out == nullptr) {  // a joined rank: the result is discarded
-    std::size_t total = 0;
-    for (auto b : block_bytes) total += b;
-    out = discard(total);
-  }
   collectives::AllgatherOptions o;
   o.chunk_bytes = opt_.ring_chunk_bytes;
   o.tag = kTagData;

@@ -8,9 +8,11 @@
 // hosts, then an allgather within the host). The network phase of the
 // allreduce runs recursive doubling, the ring or Rabenseifner's algorithm
 // (GYRE_RABENSEIFNER_ALLREDUCE, cost_model.h). GYRE_HIERARCHICAL_ALLREDUCE and
-// GYRE_HIERARCHICAL_ALLGATHER: 1 always, 0 never (the CPU backend's flat
-// ring over the world's transport), -1 per call by the cost model
-// (cost_model.h). The other collectives are the CPU backend's rings.
+// GYRE_HIERARCHICAL_ALLGATHER: 1 always, 0 never (the CPU ring backend's
+// flat algorithms over the world's transport, which it holds: HostBackend),
+// -1 per call by the cost model (cost_model.h). The other collectives are
+// that ring backend's; its cost model sees this layout (hosts x ranks per
+// host).
 //
 // Set up at init() by the API (api/lifecycle.cc) when the layout allows it and either
 // option is not 0.
@@ -21,17 +23,23 @@
 #include <memory>
 #include <vector>
 
-#include "backends/cpu/cpu_ring_backend.h"
+#include "backends/host_backend.h"
 #include "gyre/collectives/shm_host.h"
 
 namespace gyre::core {
 
-class HierarchicalBackend final : public CpuRingBackend {
+class HierarchicalBackend final : public HostBackend {
  public:
   HierarchicalBackend(transport::Transport& world, const Options& opt,
                       std::shared_ptr<transport::ShmHost> host,
                       std::shared_ptr<transport::Transport> cross)
-      : CpuRingBackend(world, opt), host_(std::move(host)), cross_(std::move(cross)) {}
+      : HostBackend(world, opt,
+                    default_layout_cost(cross->size(), host->group().size(),
+                                        opt.allreduce_small_bytes, opt.rabenseifner_allreduce)),
+        world_(world),
+        opt_(opt),
+        host_(std::move(host)),
+        cross_(std::move(cross)) {}
 
   const char* name() const override { return "hierarchical"; }
 
@@ -44,9 +52,8 @@ class HierarchicalBackend final : public CpuRingBackend {
   // world_rank_of_[h * p + l]: the world rank of local rank l on host h,
   // learnt with one small allgather at the first hierarchical allgather.
   const std::vector<int>& placement();
-  // hosts x ranks per host, for the cost model (also of the flat allreduce).
-  LayoutCost layout_cost() const override;
-
+  transport::Transport& world_;
+  const Options& opt_;
   std::shared_ptr<transport::ShmHost> host_;
   std::shared_ptr<transport::Transport> cross_;
   std::vector<int> world_rank_of_;

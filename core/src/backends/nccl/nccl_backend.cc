@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "gyre/collectives/algorithms.h"
+#include "negotiation/message_tags.h"
 #include "backends/cpu/cpu_ring_backend.h"
 #include "backends/nccl/nccl_backend_impl.h"
 

@@ -48,7 +48,7 @@
 #include <span>
 #include <string>
 
-#include "backends/backend.h"
+#include "execution/backend.h"
 #include "gyre/collectives/transport.h"
 #include "gyre/options.h"
 #include "runtime/logging.h"
@@ -93,7 +93,8 @@ class NcclBackend final : public Backend {
   void allgather(const void* in, std::span<const std::size_t> block_bytes, void* out,
                  const OpLabel& what) override;
   void alltoall(const void* in, std::span<const std::size_t> send_bytes, void* out,
-                std::span<const std::size_t> recv_bytes, const OpLabel& what) override;
+                std::span<const std::size_t> recv_bytes, std::size_t largest_bytes,
+                const OpLabel& what) override;
   void reducescatter(const void* in, std::span<const std::size_t> counts, void* out, DataType dt,
                      const Reduction& red, const OpLabel& what) override;
 

@@ -78,7 +78,8 @@ void NcclBackend::reducescatter(const void* in, std::span<const std::size_t> cou
 }
 
 void NcclBackend::alltoall(const void* in, std::span<const std::size_t> send,
-                           void* out, std::span<const std::size_t> recv, const OpLabel& what) {
+                           void* out, std::span<const std::size_t> recv, std::size_t,
+                           const OpLabel& what) {
   Impl& m = *impl_;
   const int n = static_cast<int>(send.size());
   const int me = m.t.rank();

@@ -2,8 +2,8 @@
 // The collectives run over the host's shared-memory group
 // (collectives/shm.h: chunks staged through per-rank slots, synchronised by
 // counters, each rank reducing its share straight from every slot) instead
-// of point-to-point messages; memory calls (zeros, copies) are the CPU
-// backend's.
+// of point-to-point messages; memory calls (zeros, copies) and Adasum are
+// the CPU ring backend's it holds (HostBackend).
 //
 // Fused buckets are never packed: allreduce_members gathers each chunk of
 // the bucket from its members into this rank's slot, reduces it and
@@ -22,16 +22,16 @@
 
 #include <memory>
 
-#include "backends/cpu/cpu_ring_backend.h"
+#include "backends/host_backend.h"
 #include "gyre/collectives/shm_host.h"
 
 namespace gyre::core {
 
-class ShmBackend final : public CpuRingBackend {
+class ShmBackend final : public HostBackend {
  public:
   ShmBackend(transport::Transport& t, const Options& opt,
              std::shared_ptr<transport::ShmHost> host)
-      : CpuRingBackend(t, opt), host_(std::move(host)) {}
+      : HostBackend(t, opt), host_(std::move(host)) {}
 
   const char* name() const override { return "shm"; }
 
@@ -44,7 +44,8 @@ class ShmBackend final : public CpuRingBackend {
   void allgather(const void* in, std::span<const std::size_t> block_bytes, void* out,
                  const OpLabel& what) override;
   void alltoall(const void* in, std::span<const std::size_t> send_bytes, void* out,
-                std::span<const std::size_t> recv_bytes, const OpLabel& what) override;
+                std::span<const std::size_t> recv_bytes, std::size_t largest_bytes,
+                const OpLabel& what) override;
   void reducescatter(const void* in, std::span<const std::size_t> counts, void* out, DataType dt,
                      const Reduction& red, const OpLabel& what) override;
 

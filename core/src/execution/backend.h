@@ -1,22 +1,27 @@
-// Backend: runs planned collectives on the buffers of one device kind. One
-// object per device kind (and, with process sets, per set); the executor
-// plans every collective (execution/plan.h, fusion/fusion.h), packs fused
-// buckets with the backend's memory calls, calls the collective and
-// completes the handles. A backend never sees a Response: it gets buffers,
-// byte or element counts, the dtype and the effective reduction.
+// Backend: what the executor needs of the code that moves one device kind's
+// buffers, defined here, at the stage that calls it, so that the stages'
+// includes run one way (the backends, the stage after this one, implement
+// it; the executor never names one). One object per device kind (and, with
+// process sets, per set); the executor plans every collective
+// (execution/plan.h, fusion/fusion.h), packs fused buckets with the
+// backend's memory calls, calls the collective and completes the handles. A
+// backend never sees a Response: it gets buffers, byte or element counts,
+// the dtype and the effective reduction. BackendSet (below) is where the
+// executor gets them from.
 //
 // Implementations: CpuRingBackend (backends/cpu/: the ring algorithms of
 // collectives/ over the runtime's Transport), ShmBackend (backends/shm/:
 // host tensors over the host's shared-memory group), HierarchicalBackend
 // (backends/hierarchical/: shared memory within hosts, a ring across them)
-// and NcclBackend (backends/nccl/: CUDA tensors through NCCL), chosen by
-// BackendRegistry (backends/registry.h).
+// and NcclBackend (backends/nccl/: CUDA tensors through NCCL); the one
+// BackendSet is BackendRegistry (backends/registry.h), which the runtime
+// owns and which chooses the host backend from the host layout.
 //
 // Buffers: `in`/`out`/`buf` of allreduce and broadcast, and `in` of the
 // others, are memory of the backend's device. The result of allgather,
 // alltoall and reducescatter is written to `out` in host memory (the
-// handle's OwnedTensor); `out == nullptr` means the rank has no entry (it
-// joined) and the result is discarded. Every rank calls the same collectives
+// handle's OwnedTensor, or, for a rank with no entry of its own, a scratch
+// buffer of the executor whose contents it discards). Every rank calls the same collectives
 // with the same sizes in the same order (they come from agreed metadata).
 //
 // Ordering: a backend may run its work asynchronously on its device, in
@@ -46,20 +51,6 @@
 #include "gyre/types.h"
 
 namespace gyre::core {
-
-// Message tags on the runtime's transport, all defined here: one stream of
-// traffic each. The ring algorithms send on `tag` and `tag + 1`
-// (collectives/src/ring_pipeline.h), so each stream owns kTagsPerStream
-// tags and no two streams share one: a message of one stream can never be
-// matched to a receive of another (negotiation bytes read as data, say),
-// even by a rank that left a collective early.
-inline constexpr int kTagsPerStream = 2;
-inline constexpr int kTagNegotiate = 1;  // negotiation rounds, start-up agreement (runtime.cc)
-inline constexpr int kTagData = 3;       // the CPU backend's collectives
-inline constexpr int kTagNcclId = 5;     // the NCCL communicator's set-up
-static_assert(kTagNegotiate + kTagsPerStream <= kTagData &&
-                  kTagData + kTagsPerStream <= kTagNcclId,
-              "message tags of negotiation, data and NCCL set-up must not overlap");
 
 // The operation and tensors a call is for, as error messages name them:
 // "allreduce of 'a', 'b'". Views: valid for the duration of the call.
@@ -113,9 +104,12 @@ class Backend {
   virtual void allgather(const void* in, std::span<const std::size_t> block_bytes, void* out,
                          const OpLabel& what) = 0;
   // send_bytes[p] consecutive bytes of `in` go to rank p; recv_bytes[p]
-  // bytes from rank p land consecutively in `out`.
+  // bytes from rank p land consecutively in `out`. `largest_bytes`: the
+  // largest message between any two ranks (AlltoallPlan), alike on every
+  // rank.
   virtual void alltoall(const void* in, std::span<const std::size_t> send_bytes, void* out,
-                        std::span<const std::size_t> recv_bytes, const OpLabel& what) = 0;
+                        std::span<const std::size_t> recv_bytes, std::size_t largest_bytes,
+                        const OpLabel& what) = 0;
   // `in` holds the sum of `counts` elements; `out` receives the reduction
   // of block `rank` (counts[rank] elements).
   virtual void reducescatter(const void* in, std::span<const std::size_t> counts, void* out,
@@ -147,6 +141,22 @@ class Backend {
                                       "'{}'); it runs on CPU tensors", what.str(), name(),
                                       name()));
   }
+};
+
+// The backends of a runtime, as the executor sees them. BackendRegistry
+// (backends/registry.h) is the implementation; the runtime owns it and
+// gives it to its executor. Background thread, apart from the statistics.
+class BackendSet {
+ public:
+  virtual ~BackendSet() = default;
+  // The backend for tensors on `device.type`, created at its first use
+  // (`device.index` -1: the rank has no tensor of its own, the backend
+  // chooses), or nullptr if this build has none for that device kind.
+  virtual Backend* get(Device device) = 0;
+  // The host backend's name ("cpu", "shm", "hierarchical") and fusion
+  // buffer (statistics; any thread).
+  virtual const char* host_backend() const = 0;
+  virtual const FusionBuffer& host_fusion_buffer() const = 0;
 };
 
 }  // namespace gyre::core
