@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prints the build targets that the tests CTest selects would run.
 
-Usage: ctest_targets.py BUILD_DIR [ctest label arguments, e.g. -L unit -LE python]
+Usage: ctest_targets.py BUILD_DIR [ctest label arguments, e.g. -L mpi -LE python]
 
 Reads the selected tests from `ctest --show-only=json-v1` and keeps every
 file name in their commands and properties (an environment variable may name
@@ -9,7 +9,9 @@ a library to preload) that is a target of the build (`cmake --build --target
 help`), so that a build of those targets alone is enough to run them
 (scripts/test.sh builds its sanitizer trees that way). Fails, printing
 nothing, if no selected test names a target: a build of nothing would let the
-tests fail for a missing file instead of running.
+tests fail for a missing file instead of running. Tests that CTest learns of
+only once their binary is built (Catch2's discovered unit tests) are not
+listed before the build: tests/CMakeLists.txt's gyre_unit_tests builds those.
 """
 import json
 import os
