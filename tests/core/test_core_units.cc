@@ -18,6 +18,7 @@
 
 #include "negotiation/coordinator.h"
 #include "api/fingerprint.h"
+#include "execution/executor.h"
 #include "fusion/fusion.h"
 #include "negotiation/message.h"
 #include "negotiation/response_cache.h"

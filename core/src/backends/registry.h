@@ -95,6 +95,7 @@ class BackendRegistry final : public BackendSet {
 
   // BackendSet: `device.index`, see BackendContext::device. Background thread.
   Backend* get(Device device) override;
+  Backend& host() override { return *host_; }
   const char* host_backend() const override { return host_->name(); }
   const FusionBuffer& host_fusion_buffer() const override { return host_->host_fusion_buffer(); }
 

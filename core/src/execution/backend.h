@@ -153,6 +153,8 @@ class BackendSet {
   // (`device.index` -1: the rank has no tensor of its own, the backend
   // chooses), or nullptr if this build has none for that device kind.
   virtual Backend* get(Device device) = 0;
+  // The backend of host tensors (always present).
+  virtual Backend& host() = 0;
   // The host backend's name ("cpu", "shm", "hierarchical") and fusion
   // buffer (statistics; any thread).
   virtual const char* host_backend() const = 0;

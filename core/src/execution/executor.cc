@@ -274,7 +274,7 @@ void Executor::run_single(Backend& be, Response& resp, Entry& entry) {
     case Collective::kReducescatter: run_reducescatter(be, resp, entry, what); break;
     case Collective::kFingerprint:
     case Collective::kResync:
-      if (&be != &backends_.cpu()) {
+      if (&be != &backends_.host()) {
         // Refused at enqueue (operations.cc); refused alike here.
         throw AgreedRefusal(fmt::format("{} '{}': not supported on {} tensors yet",
                                           collective_name(resp.collective), resp.name,

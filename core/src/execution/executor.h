@@ -103,4 +103,10 @@ class Executor {
 // for each response of a round, in order.
 std::optional<LocalEntry> take_entry(TensorQueue& queue, const Response& resp, int rank);
 
+// fingerprint_check's comparison: digests[r][i] is rank r's digest of buffer
+// i (every rank has names.size()). Returns the buffers whose digests differ,
+// groups in ascending digest order. Pure; executor_sync.cc.
+std::vector<FingerprintMismatch> find_mismatches(
+    const std::vector<std::string>& names, const std::vector<std::vector<std::uint64_t>>& digests);
+
 }  // namespace gyre::core

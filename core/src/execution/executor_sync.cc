@@ -7,10 +7,6 @@
 
 namespace gyre::core {
 
-namespace {
-
-// digests[r][i]: rank r's digest of buffer i (every rank has names.size()).
-// Returns the buffers whose digests differ, groups in ascending digest order.
 std::vector<FingerprintMismatch> find_mismatches(
     const std::vector<std::string>& names,
     const std::vector<std::vector<std::uint64_t>>& digests) {
@@ -28,8 +24,6 @@ std::vector<FingerprintMismatch> find_mismatches(
   }
   return out;
 }
-
-}  // namespace
 
 void Executor::run_fingerprint(Response& resp, Entry& entry) {
   // The digests travelled in the requests (digests[0] hashes the names,
@@ -56,7 +50,7 @@ void Executor::run_resync(Response& resp, Entry& entry) {
     }
   }
   // Host buffers only (CUDA ones are refused at enqueue).
-  Backend& cpu = backends_.cpu();
+  Backend& cpu = backends_.host();
   const std::string_view name = resp.name;
   const OpLabel what{"resync", std::span(&name, 1)};
   const Reduction mean = effective_reduction(ReduceOp::kAverage, 1.0, 1.0, resp.contributors);

@@ -5,6 +5,7 @@
 // stage that holds it, so that no stage includes a later one for it.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -16,6 +17,10 @@
 #include "gyre/types.h"
 
 namespace gyre::core {
+
+// The clock of the runtime's stages (when an operation was enqueued, sent,
+// agreed).
+using Clock = std::chrono::steady_clock;
 
 enum class Collective : std::uint8_t {
   kAllreduce = 0,

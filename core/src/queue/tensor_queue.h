@@ -47,8 +47,6 @@
 
 namespace gyre::core {
 
-using Clock = std::chrono::steady_clock;
-
 struct LocalEntry {
   Request request;
   TensorView in;
