@@ -133,7 +133,7 @@ TEST_CASE("local SGD: period 1 with plain averaging is synchronous SGD on the av
   Model m(rank());
   LocalSgd sgd({.period = 1}, m.views());
   // The broadcast: every rank starts from rank 0's values.
-  check_close(m.flat(), Model::initial(0), 0, 0, "after construction");
+  check_close(m.flat(), Model(0).flat(), 0, 0, "after construction");
 
   // Reference: θ -= lr * mean over ranks of the gradients each rank used
   // (allgathered), in float64. Tolerance: 1e-5 for the float32 tensor (a few
@@ -269,10 +269,13 @@ TEST_CASE("local SGD: a process set starts from its first rank's parameters", "[
   Session s;
   if (size() < 3) return;  // a set that leaves rank 0 out needs three ranks
   const int set = add_process_set({1, 2});
+  const std::uint64_t start = committed_steps();
   if (process_set_included(set)) {
     Model m(rank());
-    LocalSgd sgd({.period = 1, .process_set = set}, m.views());
-    check_close(m.flat(), Model::initial(1), 0, 0, "after construction on the set {1, 2}");
+    // Without commits: rank 0 makes none, and the global set's collectives
+    // below (remove_process_set) compare every rank's committed steps.
+    LocalSgd sgd({.period = 1, .process_set = set, .commit = false}, m.views());
+    check_close(m.flat(), Model(1).flat(), 0, 0, "after construction on the set {1, 2}");
     inner_step(m, 1);
     REQUIRE(sgd.step());
     const std::vector<double> mine{checksum(m)};
@@ -281,7 +284,10 @@ TEST_CASE("local SGD: a process set starts from its first rank's parameters", "[
     std::vector<double> sums(2);
     std::memcpy(sums.data(), h.output().data.data(), sizeof(double) * 2);
     CHECK(sums[0] == sums[1]);
+    CHECK(sgd.rounds() == 1);
+    CHECK(sgd.version() == 0);
   }
+  CHECK(committed_steps() == start);
   barrier();
   remove_process_set(set);
 }

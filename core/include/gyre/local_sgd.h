@@ -17,7 +17,7 @@
 // optionally with momentum and Nesterov's correction, as torch.optim.SGD)
 // steps θ_synced with them as its gradient, and every rank's parameters
 // become θ_synced, identical on every rank. Each round is one commit of the
-// version vector (gyre::commit_step()).
+// version vector (gyre::commit_step(); LocalSgdOptions::commit).
 //
 // Ownership: the caller owns the parameter buffers and keeps them alive, at
 // the same address and size, as long as the LocalSgd; LocalSgd owns
@@ -67,6 +67,13 @@ struct LocalSgdOptions {
   // The prefix of the operations' names ("<name>.init.<i>", "<name>.round.<i>"):
   // two LocalSgd on one process set at the same time need different ones.
   std::string name = "gyre.local_sgd";
+  // Whether each round calls gyre::commit_step(). The version vector is one
+  // per job (the global set's): on another process set, rounds put its
+  // members' committed steps ahead of the other ranks', and the next
+  // collective they share fails with DivergenceError beyond
+  // GYRE_MAX_VERSION_LAG, unless the others commit as often. Turn it off
+  // there, or where the job counts its commits itself.
+  bool commit = true;
 };
 
 class LocalSgd {
@@ -100,7 +107,8 @@ class LocalSgd {
 
   std::int64_t local_steps() const;  // step() calls so far
   std::int64_t rounds() const;       // outer rounds completed
-  // gyre::committed_steps() right after this LocalSgd's last round; 0 before one.
+  // gyre::committed_steps() right after this LocalSgd's last round; 0 before
+  // one, and always without `commit`.
   std::uint64_t version() const;
   const LocalSgdOptions& options() const;
 

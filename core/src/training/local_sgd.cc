@@ -225,8 +225,10 @@ void LocalSgd::State::round() {
       outer_step<double>(s, c, options.outer);
     }
   }
-  commit_step();
-  version = committed_steps();
+  if (options.commit) {
+    commit_step();
+    version = committed_steps();
+  }
   ++rounds;
 }
 
