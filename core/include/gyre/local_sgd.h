@@ -92,6 +92,7 @@ class LocalSgd {
   ~LocalSgd();
   LocalSgd(const LocalSgd&) = delete;
   LocalSgd& operator=(const LocalSgd&) = delete;
+  // A moved-from LocalSgd may only be destroyed or assigned to.
   LocalSgd(LocalSgd&&) noexcept;
   LocalSgd& operator=(LocalSgd&&) noexcept;
 
