@@ -1,6 +1,6 @@
 // Data-parallel training of a small MLP written by hand, with gyre's C++ API.
 //
-//   mpirun -np 2 build/examples/gyre-train-mlp [epochs]
+//   mpirun -np 2 build/examples/gyre-train-mlp [epochs] [--local-sgd H [--diloco]]
 //
 // The model is 8 -> 32 (tanh) -> 1, trained with mini-batch SGD on a
 // synthetic regression task generated here: y = sin(x . a) + 0.5 (x . b)^2
@@ -12,12 +12,21 @@
 // update the rank commits the step (version vectors). Rank 0 prints the
 // loss averaged over all ranks per epoch; at the end the ranks check with
 // fingerprints that they hold identical parameters.
+//
+// With --local-sgd H the gradients are not allreduced: each rank takes H
+// steps alone, then gyre::LocalSgd averages the ranks' parameters (one
+// grouped allreduce of θ_synced − θ_local) and commits the round; --diloco
+// steps θ_synced with DiLoCo's outer optimizer (lr 0.7, Nesterov momentum
+// 0.9) instead of plain averaging.
 #include <gyre/gyre.h>
+#include <gyre/local_sgd.h>
 #include <gyre/view.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -72,8 +81,9 @@ Dataset make_shard(int rank) {
 }
 
 // One mini-batch: forward, backward with the allreduces enqueued as each
-// layer's gradients are ready, wait, SGD update. Returns the batch's loss.
-float train_step(Mlp& model, Mlp& grad, const Dataset& data, int first) {
+// layer's gradients are ready (unless `local`: local SGD, this rank's
+// gradients alone), wait, SGD update. Returns the batch's loss.
+float train_step(Mlp& model, Mlp& grad, const Dataset& data, int first, bool local) {
   std::vector<float> hidden(kBatch * kHidden), out(kBatch);
   float loss = 0;
   for (int i = 0; i < kBatch; ++i) {
@@ -101,8 +111,10 @@ float train_step(Mlp& model, Mlp& grad, const Dataset& data, int first) {
   // The same name every step: an operation's name must match across ranks,
   // and it may be reused once the previous operation with it has completed.
   std::vector<gyre::Handle> handles;
-  handles.push_back(gyre::allreduce_async("grad.w2", gyre::view(grad.w2), gyre::view(grad.w2)));
-  handles.push_back(gyre::allreduce_async("grad.b2", gyre::view(grad.b2), gyre::view(grad.b2)));
+  if (!local) {
+    handles.push_back(gyre::allreduce_async("grad.w2", gyre::view(grad.w2), gyre::view(grad.w2)));
+    handles.push_back(gyre::allreduce_async("grad.b2", gyre::view(grad.b2), gyre::view(grad.b2)));
+  }
 
   // Hidden layer, while the output layer's gradients are being reduced.
   for (int i = 0; i < kBatch; ++i) {
@@ -114,8 +126,10 @@ float train_step(Mlp& model, Mlp& grad, const Dataset& data, int first) {
       for (int k = 0; k < kIn; ++k) grad.w1[h * kIn + k] += dz * x[k];
     }
   }
-  handles.push_back(gyre::allreduce_async("grad.w1", gyre::view(grad.w1), gyre::view(grad.w1)));
-  handles.push_back(gyre::allreduce_async("grad.b1", gyre::view(grad.b1), gyre::view(grad.b1)));
+  if (!local) {
+    handles.push_back(gyre::allreduce_async("grad.w1", gyre::view(grad.w1), gyre::view(grad.w1)));
+    handles.push_back(gyre::allreduce_async("grad.b1", gyre::view(grad.b1), gyre::view(grad.b1)));
+  }
   for (auto& h : handles) h.wait();  // Average over ranks (the default op)
 
   auto params = model.tensors();
@@ -125,14 +139,24 @@ float train_step(Mlp& model, Mlp& grad, const Dataset& data, int first) {
     const auto& g = *grads[t].second;
     for (std::size_t i = 0; i < p.size(); ++i) p[i] -= kLearningRate * g[i];
   }
-  gyre::commit_step();
+  if (!local) gyre::commit_step();  // under local SGD each outer round commits
   return loss;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int epochs = argc > 1 ? std::atoi(argv[1]) : 10;
+  int epochs = 10, period = 0;
+  bool diloco = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--local-sgd") == 0 && i + 1 < argc) {
+      period = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--diloco") == 0) {
+      diloco = true;
+    } else {
+      epochs = std::atoi(argv[i]);
+    }
+  }
   try {
     gyre::init();
     const int rank = gyre::rank(), size = gyre::size();
@@ -142,27 +166,44 @@ int main(int argc, char** argv) {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (auto& w : model.w1) w = normal(init_rng) / std::sqrt(float(kIn));
     for (auto& w : model.w2) w = normal(init_rng) / std::sqrt(float(kHidden));
-    std::vector<gyre::Handle> bcast;
-    for (auto& [name, t] : model.tensors()) {
-      bcast.push_back(gyre::broadcast_async("init." + name, gyre::view(*t), 0));
+    std::unique_ptr<gyre::LocalSgd> local_sgd;
+    if (period > 0) {  // LocalSgd's construction broadcasts rank 0's weights
+      std::vector<gyre::TensorView> params;
+      for (auto& [name, t] : model.tensors()) params.push_back(gyre::view(*t));
+      gyre::LocalSgdOptions o{.period = period};
+      if (diloco) o.outer = gyre::OuterOptimizer::diloco();
+      local_sgd = std::make_unique<gyre::LocalSgd>(o, params);
+    } else {
+      std::vector<gyre::Handle> bcast;
+      for (auto& [name, t] : model.tensors()) {
+        bcast.push_back(gyre::broadcast_async("init." + name, gyre::view(*t), 0));
+      }
+      for (auto& h : bcast) h.wait();
     }
-    for (auto& h : bcast) h.wait();
 
     const Dataset data = make_shard(rank);
     if (rank == 0) {
-      std::printf("training an %d-%d-1 MLP on %d synthetic samples per rank, %d ranks\n", kIn,
+      std::printf("training an %d-%d-1 MLP on %d synthetic samples per rank, %d ranks", kIn,
                   kHidden, kSamplesPerRank, size);
+      if (period > 0) {
+        std::printf(", local SGD every %d steps (%s)", period, diloco ? "DiLoCo" : "averaging");
+      }
+      std::printf("\n");
     }
     for (int epoch = 1; epoch <= epochs; ++epoch) {
       std::vector<float> epoch_loss{0.0f};
       const int batches = kSamplesPerRank / kBatch;
       for (int b = 0; b < batches; ++b) {
-        epoch_loss[0] += train_step(model, grad, data, b * kBatch) / batches;
+        const bool local = local_sgd != nullptr;
+        epoch_loss[0] += train_step(model, grad, data, b * kBatch, local) / batches;
+        if (local_sgd) local_sgd->step();
       }
       gyre::allreduce_async("epoch_loss", gyre::view(epoch_loss), gyre::view(epoch_loss)).wait();
       if (rank == 0) std::printf("epoch %d: loss %.4f\n", epoch, epoch_loss[0]);
     }
 
+    // A last round unless the last step ran one: every rank ends with one model.
+    if (local_sgd && local_sgd->local_steps() % period != 0) local_sgd->sync();
     std::vector<gyre::NamedBuffer> buffers;
     for (auto& [name, t] : model.tensors()) buffers.push_back({name, gyre::view(*t)});
     const auto mismatches = gyre::fingerprint_check(buffers);

@@ -1,0 +1,121 @@
+// Local SGD and DiLoCo for C++ jobs (docs/training-modes.md): each rank
+// trains alone for `period` steps, then one outer round makes the ranks'
+// parameters one model again. The C++ counterpart of Python's
+// gyre.torch.LocalSGD, without its streaming fragments and int8 transport.
+//
+//   std::vector<float> w(n), b(m);                 // the job's parameters
+//   gyre::LocalSgd sgd({.period = 16, .outer = gyre::OuterOptimizer::diloco()},
+//                      {gyre::view(w), gyre::view(b)});
+//   for (...) {
+//     ...                                          // gradients, own update of w and b
+//     sgd.step();                                  // an outer round every 16 calls
+//   }
+//
+// An outer round: the pseudo-gradients θ_synced − θ_local of every parameter
+// are averaged over the process set's ranks in one grouped allreduce
+// (optionally carried as float16 or bfloat16), the outer optimizer (SGD,
+// optionally with momentum and Nesterov's correction, as torch.optim.SGD)
+// steps θ_synced with them as its gradient, and every rank's parameters
+// become θ_synced, identical on every rank. Each round is one commit of the
+// version vector (gyre::commit_step(); LocalSgdOptions::commit).
+//
+// Ownership: the caller owns the parameter buffers and keeps them alive, at
+// the same address and size, as long as the LocalSgd; LocalSgd owns
+// θ_synced and the outer optimizer's momentum, one copy of each parameter.
+// Threads: one LocalSgd is used from one thread at a time. Every rank of the
+// process set constructs it with the same options and parameter shapes and
+// calls step() the same number of times (its collectives are matched by name).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gyre/gyre.h"
+
+namespace gyre {
+
+// The outer optimizer: SGD on θ_synced whose gradient is the averaged
+// pseudo-gradient, with torch.optim.SGD's momentum (no dampening):
+//   buf = momentum * buf + g;  d = nesterov ? g + momentum * buf : buf;
+//   θ_synced -= lr * d          (momentum 0: θ_synced -= lr * g)
+struct OuterOptimizer {
+  double lr = 1.0;
+  double momentum = 0.0;
+  bool nesterov = false;
+
+  // Plain averaging: lr 1, no momentum, which makes θ_synced the mean of the
+  // ranks' parameters.
+  static OuterOptimizer averaging() { return {}; }
+  // DiLoCo's (Douillard et al.): by default lr 0.7, Nesterov momentum 0.9.
+  static OuterOptimizer diloco(double lr = 0.7, double momentum = 0.9, bool nesterov = true) {
+    return {lr, momentum, nesterov};
+  }
+};
+
+// How the pseudo-gradients travel: in the parameters' own dtype, or cast to
+// 16 bits (summed by the allreduce in float32, rounded to 16 bits).
+enum class LocalSgdCompression { kNone, kFloat16, kBFloat16 };
+
+struct LocalSgdOptions {
+  int period = 1;            // inner steps per outer round, >= 1
+  OuterOptimizer outer = OuterOptimizer::averaging();
+  int warmup_steps = 0;      // the first warmup_steps steps each end in a round, >= 0
+  LocalSgdCompression compression = LocalSgdCompression::kNone;
+  int process_set = kGlobalProcessSet;
+  // The prefix of the operations' names ("<name>.init.<i>", "<name>.round.<i>"):
+  // two LocalSgd on one process set at the same time need different ones.
+  std::string name = "gyre.local_sgd";
+  // Whether each round calls gyre::commit_step(). The version vector is one
+  // per job (the global set's): on another process set, rounds put its
+  // members' committed steps ahead of the other ranks', and the next
+  // collective they share fails with DivergenceError beyond
+  // GYRE_MAX_VERSION_LAG, unless the others commit as often. Turn it off
+  // there, or where the job counts its commits itself.
+  bool commit = true;
+};
+
+class LocalSgd {
+ public:
+  // `params`: the job's parameters, float32 or float64 host tensors (mixed
+  // dtypes are fine), updated in place. Collective over the process set: the
+  // set's first rank's parameters are broadcast into every rank's, so that
+  // every rank starts from the same model. Throws InvalidArgument naming the
+  // problem for a period below 1, negative warm-up steps, an lr that is not
+  // positive, a momentum outside [0, 1), Nesterov without momentum, an empty
+  // name or parameter list, a parameter of another dtype, off the host, with
+  // a null buffer, or given twice; a rank outside the process set gets
+  // InvalidArgument from the broadcast, ranks whose shapes or dtypes differ
+  // MismatchError.
+  LocalSgd(const LocalSgdOptions& options, std::vector<TensorView> params);
+  ~LocalSgd();
+  LocalSgd(const LocalSgd&) = delete;
+  LocalSgd& operator=(const LocalSgd&) = delete;
+  // A moved-from LocalSgd may only be destroyed or assigned to.
+  LocalSgd(LocalSgd&&) noexcept;
+  LocalSgd& operator=(LocalSgd&&) noexcept;
+
+  // Called after each of the job's own (inner) updates of the parameters:
+  // counts the step and, at every period-th step (and every step of the
+  // warm-up), runs an outer round. Returns true when it ran one. Collective
+  // at those steps. If the round's allreduce fails, its error is thrown and
+  // the parameters, θ_synced, the momentum and the counters are unchanged.
+  bool step();
+  // One outer round now, whatever the step (collective): for instance at the
+  // end of training, so that every rank holds the same final model.
+  void sync();
+
+  std::int64_t local_steps() const;  // step() calls so far
+  std::int64_t rounds() const;       // outer rounds completed
+  // gyre::committed_steps() right after this LocalSgd's last round; 0 before
+  // one, and always without `commit`.
+  std::uint64_t version() const;
+  const LocalSgdOptions& options() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace gyre

@@ -1,0 +1,324 @@
+// LocalSgd (gyre/local_sgd.h) under mpirun with 2 or 3 ranks, against
+// references every rank computes from all ranks' values (allgathered):
+// period 1 with plain averaging is synchronous SGD on the averaged gradient;
+// between rounds the ranks' parameters differ and right after a round they
+// are identical (with a warm-up); DiLoCo's Nesterov outer step over three
+// rounds; the 16-bit transports within their rounding; one commit per round;
+// the start from a process set's first rank; bad arguments refused naming
+// the problem. The model is a float32 tensor and a float64 one, so both
+// dtypes go through every round.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "gyre/gyre.h"
+#include "gyre/local_sgd.h"
+#include "gyre/view.h"
+
+using namespace gyre;
+
+namespace {
+
+struct Session {
+  Session() {
+    Options o = Options::from_env();
+    o.cycle_time_ms = 0.5;
+    o.op_timeout_s = 60;
+    o.stall_shutdown_s = 60;
+    init(o);
+  }
+  ~Session() {
+    if (is_initialized()) shutdown();
+  }
+};
+
+constexpr double kLr = 0.05;  // the inner SGD's learning rate
+
+// The job's parameters: w (float32, 3x4) and b (float64, 5). Before the
+// LocalSgd's broadcast each rank holds its own values, 0.01 k + `owner`.
+struct Model {
+  std::vector<float> w = std::vector<float>(12);
+  std::vector<double> b = std::vector<double>(5);
+
+  explicit Model(int owner) { set(initial(owner)); }
+  static std::vector<double> initial(int owner) {
+    std::vector<double> v(17);
+    for (std::size_t k = 0; k < v.size(); ++k) v[k] = 0.01 * static_cast<double>(k) + owner;
+    return v;
+  }
+  std::vector<TensorView> views() { return {view(w, {3, 4}), view(b)}; }
+  std::vector<double> flat() const {
+    std::vector<double> v(w.begin(), w.end());
+    v.insert(v.end(), b.begin(), b.end());
+    return v;
+  }
+  void set(const std::vector<double>& v) {
+    for (std::size_t k = 0; k < w.size(); ++k) w[k] = static_cast<float>(v[k]);
+    for (std::size_t k = 0; k < b.size(); ++k) b[k] = v[w.size() + k];
+  }
+};
+
+// Rank r's gradient at step t: 0.5 θ + sin(0.37 k + 1.3 (r + 1) + 0.19 t),
+// different on every rank.
+std::vector<double> gradient(const std::vector<double>& theta, int r, int t) {
+  std::vector<double> g(theta.size());
+  for (std::size_t k = 0; k < g.size(); ++k) {
+    g[k] = 0.5 * theta[k] + std::sin(0.37 * static_cast<double>(k) + 1.3 * (r + 1) + 0.19 * t);
+  }
+  return g;
+}
+
+// The job's own (inner) update: plain SGD on this rank's gradient.
+std::vector<double> inner_step(Model& m, int t) {
+  std::vector<double> theta = m.flat();
+  const std::vector<double> g = gradient(theta, rank(), t);
+  for (std::size_t k = 0; k < theta.size(); ++k) theta[k] -= kLr * g[k];
+  m.set(theta);
+  return g;
+}
+
+// Every rank's `mine`, rank after rank.
+std::vector<std::vector<double>> gather(const std::string& name, const std::vector<double>& mine) {
+  Handle h = allgather_async(name, view(mine));
+  h.wait();
+  const OwnedTensor& out = h.output();
+  std::vector<double> all(out.data.size() / sizeof(double));
+  std::memcpy(all.data(), out.data.data(), out.data.size());
+  std::vector<std::vector<double>> per_rank;
+  for (std::size_t at = 0; at < all.size(); at += mine.size()) {
+    per_rank.emplace_back(all.begin() + static_cast<std::ptrdiff_t>(at),
+                          all.begin() + static_cast<std::ptrdiff_t>(at + mine.size()));
+  }
+  return per_rank;
+}
+
+std::vector<double> mean(const std::vector<std::vector<double>>& per_rank) {
+  std::vector<double> m(per_rank.front().size(), 0.0);
+  for (const auto& v : per_rank) {
+    for (std::size_t k = 0; k < m.size(); ++k) m[k] += v[k] / static_cast<double>(per_rank.size());
+  }
+  return m;
+}
+
+// Elements 0..11 are float32 (w), 12..16 float64 (b): each compared with
+// its own tolerance.
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol32,
+                 double tol64, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    INFO(fmt::format("{}: element {} is {:.12g}, expected {:.12g}", what, k, got[k], want[k]));
+    CHECK(std::abs(got[k] - want[k]) <= (k < 12 ? tol32 : tol64));
+  }
+}
+
+// A checksum of the parameters' bits: equal on two ranks iff (almost
+// surely) their parameters are identical.
+double checksum(const Model& m) {
+  double s = 0;
+  const auto v = m.flat();
+  for (std::size_t k = 0; k < v.size(); ++k) s += v[k] * static_cast<double>(k + 1) * 1.0000001;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("local SGD: period 1 with plain averaging is synchronous SGD on the average gradient",
+          "[mpi]") {
+  Session s;
+  Model m(rank());
+  LocalSgd sgd({.period = 1}, m.views());
+  // The broadcast: every rank starts from rank 0's values.
+  check_close(m.flat(), Model(0).flat(), 0, 0, "after construction");
+
+  // Reference: θ -= lr * mean over ranks of the gradients each rank used
+  // (allgathered), in float64. Tolerance: 1e-5 for the float32 tensor (a few
+  // float32 roundings of values near 1 per step), 1e-12 for the float64 one.
+  std::vector<double> reference = m.flat();
+  for (int t = 1; t <= 6; ++t) {
+    const std::vector<double> g = inner_step(m, t);
+    CHECK(sgd.step());
+    const std::vector<double> avg = mean(gather("test.lsgd.grad", g));
+    for (std::size_t k = 0; k < reference.size(); ++k) reference[k] -= kLr * avg[k];
+    check_close(m.flat(), reference, 1e-5, 1e-12, fmt::format("step {}", t));
+  }
+  CHECK(sgd.rounds() == 6);
+  CHECK(sgd.local_steps() == 6);
+}
+
+TEST_CASE("local SGD: the ranks differ between rounds and are identical right after one",
+          "[mpi]") {
+  Session s;
+  Model m(rank());
+  auto diloco = GENERATE(false, true);
+  LocalSgdOptions o{.period = 3, .warmup_steps = 2};
+  if (diloco) o.outer = OuterOptimizer::diloco();
+  LocalSgd sgd(o, m.views());
+  INFO(fmt::format("outer optimizer: {}", diloco ? "DiLoCo" : "averaging"));
+  // Rounds: every step of the warm-up (1, 2), then every third (3, 6).
+  const std::vector<bool> expected = {true, true, true, false, false, true, false, false};
+  for (int t = 1; t <= static_cast<int>(expected.size()); ++t) {
+    inner_step(m, t);
+    const bool ran = sgd.step();
+    INFO(fmt::format("step {}", t));
+    CHECK(ran == expected[static_cast<std::size_t>(t - 1)]);
+    const auto sums = gather("test.lsgd.checksum", {checksum(m)});
+    bool all_equal = true;
+    for (const auto& v : sums) all_equal = all_equal && v[0] == sums[0][0];
+    CHECK(all_equal == ran);
+  }
+  CHECK(sgd.rounds() == 4);
+}
+
+TEST_CASE("local SGD: DiLoCo's Nesterov outer step equals a reference from every rank's parameters",
+          "[mpi]") {
+  Session s;
+  Model m(rank());
+  const OuterOptimizer outer = OuterOptimizer::diloco(0.7, 0.9, true);
+  LocalSgd sgd({.period = 2, .outer = outer}, m.views());
+
+  // Reference in float64: g = θ_synced − mean_r θ_r; buf = 0.9 buf + g;
+  // θ_synced −= 0.7 (g + 0.9 buf). Three rounds, so the momentum of the
+  // first two enters the later ones.
+  std::vector<double> synced = m.flat(), buf(synced.size(), 0.0);
+  int rounds = 0;
+  for (int t = 1; t <= 6; ++t) {
+    inner_step(m, t);
+    if (t % 2 != 0) {
+      CHECK_FALSE(sgd.step());
+      continue;
+    }
+    const std::vector<double> avg = mean(gather("test.lsgd.local", m.flat()));
+    for (std::size_t k = 0; k < synced.size(); ++k) {
+      const double g = synced[k] - avg[k];
+      buf[k] = outer.momentum * buf[k] + g;
+      synced[k] -= outer.lr * (g + outer.momentum * buf[k]);
+    }
+    REQUIRE(sgd.step());
+    ++rounds;
+    // 1e-5: float32 pseudo-gradients and updates of values near 1.
+    check_close(m.flat(), synced, 1e-5, 1e-12, fmt::format("round {}", rounds));
+  }
+  CHECK(rounds == 3);
+  CHECK(sgd.rounds() == 3);
+}
+
+TEST_CASE("local SGD: 16-bit pseudo-gradients average within their rounding", "[mpi]") {
+  Session s;
+  auto compression = GENERATE(LocalSgdCompression::kFloat16, LocalSgdCompression::kBFloat16);
+  // Relative rounding of one 16-bit value: 2^-11 (float16), 2^-8 (bfloat16).
+  const double unit = compression == LocalSgdCompression::kFloat16 ? 0x1p-11 : 0x1p-8;
+  INFO(fmt::format("unit roundoff {}", unit));
+  Model m(rank());
+  LocalSgd sgd({.period = 2, .compression = compression}, m.views());
+  std::vector<double> synced = m.flat();
+  for (int t = 1; t <= 4; ++t) {
+    inner_step(m, t);
+    if (t % 2 != 0) {
+      CHECK_FALSE(sgd.step());
+      continue;
+    }
+    const auto locals = gather("test.lsgd.local16", m.flat());
+    const std::vector<double> avg = mean(locals);
+    // Bound: each rank's pseudo-gradient rounded once, their average once
+    // more, plus float32's own rounding.
+    std::vector<double> tol(synced.size());
+    for (std::size_t k = 0; k < synced.size(); ++k) {
+      double largest = 0;
+      for (const auto& l : locals) largest = std::max(largest, std::abs(synced[k] - l[k]));
+      tol[k] = 2 * unit * largest + 1e-6;
+    }
+    REQUIRE(sgd.step());
+    const auto got = m.flat();
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      INFO(fmt::format("step {} element {}: {:.9g}, exact average {:.9g}", t, k, got[k], avg[k]));
+      CHECK(std::abs(got[k] - avg[k]) <= tol[k]);
+    }
+    const auto sums = gather("test.lsgd.checksum16", {checksum(m)});
+    for (const auto& v : sums) CHECK(v[0] == sums[0][0]);
+    synced = got;
+  }
+}
+
+TEST_CASE("local SGD: every round is one commit and version() is the commit", "[mpi]") {
+  Session s;
+  Model m(rank());
+  LocalSgd sgd({.period = 2}, m.views());
+  CHECK(sgd.version() == 0);
+  const std::uint64_t start = committed_steps();
+  for (int t = 1; t <= 7; ++t) {
+    inner_step(m, t);
+    const bool ran = sgd.step();
+    INFO(fmt::format("step {}", t));
+    CHECK(committed_steps() == start + static_cast<std::uint64_t>(t / 2));
+    CHECK(sgd.version() == (t >= 2 ? committed_steps() : 0));
+    CHECK(version_vector().at(static_cast<std::size_t>(rank())) == committed_steps());
+    CHECK(ran == (t % 2 == 0));
+  }
+  sgd.sync();  // a round off the schedule commits too
+  CHECK(committed_steps() == start + 4);
+  CHECK(sgd.version() == committed_steps());
+  CHECK(sgd.rounds() == 4);
+}
+
+TEST_CASE("local SGD: a process set starts from its first rank's parameters", "[mpi]") {
+  Session s;
+  if (size() < 3) return;  // a set that leaves rank 0 out needs three ranks
+  const int set = add_process_set({1, 2});
+  const std::uint64_t start = committed_steps();
+  if (process_set_included(set)) {
+    Model m(rank());
+    // Without commits: rank 0 makes none, and the global set's collectives
+    // below (remove_process_set) compare every rank's committed steps.
+    LocalSgd sgd({.period = 1, .process_set = set, .commit = false}, m.views());
+    check_close(m.flat(), Model(1).flat(), 0, 0, "after construction on the set {1, 2}");
+    inner_step(m, 1);
+    REQUIRE(sgd.step());
+    const std::vector<double> mine{checksum(m)};
+    Handle h = allgather_async("test.lsgd.set", view(mine), set);
+    h.wait();
+    std::vector<double> sums(2);
+    std::memcpy(sums.data(), h.output().data.data(), sizeof(double) * 2);
+    CHECK(sums[0] == sums[1]);
+    CHECK(sgd.rounds() == 1);
+    CHECK(sgd.version() == 0);
+  }
+  CHECK(committed_steps() == start);
+  barrier();
+  remove_process_set(set);
+}
+
+TEST_CASE("local SGD: bad arguments are refused, naming the problem", "[mpi]") {
+  Session s;
+  Model m(rank());
+  auto refused = [&](LocalSgdOptions o, std::vector<TensorView> params, const std::string& says) {
+    INFO(fmt::format("expected a refusal saying '{}'", says));
+    CHECK_THROWS_WITH(LocalSgd(o, std::move(params)), Catch::Contains(says));
+  };
+  refused({.period = 0}, m.views(), "period must be >= 1, got 0");
+  refused({.period = 2, .warmup_steps = -1}, m.views(), "warmup_steps must be >= 0");
+  refused({.outer = {.lr = 0}}, m.views(), "lr must be positive");
+  refused({.outer = {.momentum = 1.0}}, m.views(), "momentum must be in [0, 1)");
+  refused({.outer = {.nesterov = true}}, m.views(), "Nesterov correction needs a momentum");
+  refused({.name = ""}, m.views(), "name");
+  refused({}, {}, "no parameters");
+  std::vector<std::int32_t> ints(4);
+  refused({}, {view(m.w), view(ints)}, "parameter 1 has dtype int32");
+  refused({}, {view(m.w), view(m.b), view(m.w)}, "parameter 2 is the same buffer as parameter 0");
+  TensorView gpu = view(m.w);
+  gpu.device = Device{DeviceType::kCUDA, 0};
+  refused({}, {gpu}, "parameter 0 is on cuda");
+  refused({}, {TensorView{nullptr, DataType::kFloat32, {3}}}, "parameter 0 has a null buffer");
+  CHECK_THROWS_AS(LocalSgd({.period = 0}, m.views()), InvalidArgument);
+
+  // Ranks whose parameters differ in dtype: the start's broadcast fails on
+  // every rank.
+  std::vector<float> f(4);
+  std::vector<double> d(4);
+  CHECK_THROWS_AS(LocalSgd({.name = "test.lsgd.mismatch"}, {rank() == 0 ? view(f) : view(d)}),
+                  MismatchError);
+}
