@@ -24,7 +24,8 @@ taken on rank 0's parameters every 10 of its steps, and once more at the end
 on the store's values after every rank stopped.
 
 A line per run as it ends: rank 0's steps/s, for a slowed run that rate over
-the same mode's fast run ("kept"), the last rank's steps/s (the slowed one's
+the same mode's fast run ("kept"), the share of rank 0's time spent waiting
+for the slowest rank (AsyncOptimizer.waited_s: the clock's bound), the last rank's steps/s (the slowed one's
 in a slowed run; each rate is its rank's steps over its own time), the pushes the store rejected (per
 shard), the final test loss and the samples processed. Then, from the
 curves, samples to the target: the target is the final test loss of the
@@ -103,17 +104,17 @@ def run(mode, steps, slow, test, lr, momentum, op, seed):
     hvd.barrier()
     if mode != "sync":
         opt.pull()  # the store's values once every rank has pushed its last update
-        rejected = opt.updates_rejected
+        rejected, waited = opt.updates_rejected, opt.waited_s
         opt.close()
     else:
-        rejected = 0
+        rejected, waited = 0, 0.0
     with torch.no_grad():
         final = loss_fn(net(test[0]), test[1]).item()
     if curve and curve[-1][0] == steps * BATCH * size:
         curve[-1] = (steps * BATCH * size, final)
     else:
         curve.append((steps * BATCH * size, final))
-    return steps / elapsed, float(rates[-1]), final, curve, rejected
+    return steps / elapsed, float(rates[-1]), final, curve, rejected, waited / elapsed
 
 
 def reach(curve, target):
@@ -155,7 +156,7 @@ def main():
         print(f"# {hvd.size()} ranks, batch {BATCH} per rank; sync {a.steps} steps, async {async_steps} "
               f"steps per rank; momentum {a.momentum}; AsyncOptimizer op={a.op}; data seed {a.seed}; "
               f"slowed: the last rank 2x; load average {' '.join(load)}")
-        print(f"{'mode':>6} {'lr':>6} {'slowed':>6} {'steps/s':>8} {'kept':>5} {'last_rank':>9} {'rejected':>8} "
+        print(f"{'mode':>7} {'lr':>6} {'slowed':>6} {'steps/s':>8} {'kept':>5} {'waited':>6} {'last_rank':>9} {'rejected':>8} "
               f"{'test_loss':>9} {'samples':>8}", flush=True)
     runs = []  # (mode, lr, slow, curve)
     for mode in modes:
@@ -163,15 +164,15 @@ def main():
             fast_rate = None
             for slow in slows:
                 steps = a.steps if mode == "sync" else async_steps
-                rate, last_rate, final, curve, rejected = run(mode, steps, slow, test, lr, a.momentum, op, a.seed)
+                rate, last_rate, final, curve, rejected, waited = run(mode, steps, slow, test, lr, a.momentum, op, a.seed)
                 if hvd.rank() != 0:
                     continue
                 runs.append((mode, lr, slow, curve))
                 if not slow:
                     fast_rate = rate
                 kept = f"{rate / fast_rate:5.2f}" if slow and fast_rate else "-"
-                print(f"{mode:>6} {lr:6g} {str(slow):>6} {rate:8.1f} {kept:>5} {last_rate:9.1f} {rejected:8d} "
-                      f"{final:9.4f} {curve[-1][0]:8d}", flush=True)
+                print(f"{mode:>7} {lr:6g} {str(slow):>6} {rate:8.1f} {kept:>5} {waited:6.2f} {last_rate:9.1f} "
+                      f"{rejected:8d} {final:9.4f} {curve[-1][0]:8d}", flush=True)
     if hvd.rank() != 0:
         return
     if a.curves:
