@@ -190,12 +190,12 @@ def main():
         print(f"# samples to the target ({name}): the synchronous final test loss {target:.4f} (lr "
               f"{target_lr:g}); the synchronous mode first reaches it at {base} samples (its best lr); "
               f"ratio = samples / {base}; met: ratio <= 1.10")
-        print(f"# {'mode':>6} {'lr':>6} {'slowed':>6} {'to_target':>10} {'ratio':>6}")
+        print(f"# {'mode':>7} {'lr':>6} {'slowed':>6} {'to_target':>10} {'ratio':>6}")
         best = {}
         for m, lr, sl, c in curves:
             s = reach(c, target)
             ratio = f"{s / base:.2f}" if s is not None else f">{c[-1][0] / base:.2f}"
-            print(f"# {m:>6} {lr:6g} {str(sl):>6} {str(s) if s is not None else '>' + str(c[-1][0]):>10} "
+            print(f"# {m:>7} {lr:6g} {str(sl):>6} {str(s) if s is not None else '>' + str(c[-1][0]):>10} "
                   f"{ratio:>6}")
             if s is not None and ((m, sl) not in best or s < best[(m, sl)][0]):
                 best[(m, sl)] = (s, lr)
@@ -205,10 +205,10 @@ def main():
                     continue
                 if (m, sl) in best:
                     s, lr = best[(m, sl)]
-                    print(f"#   best {m:>6} slowed={str(sl):<5}: ratio {s / base:.2f} at lr {lr:g}"
+                    print(f"#   best {m:>7} slowed={str(sl):<5}: ratio {s / base:.2f} at lr {lr:g}"
                           f"{'  (met)' if s / base <= 1.10 else '  (not met)'}")
                 else:
-                    print(f"#   best {m:>6} slowed={str(sl):<5}: not reached at any lr  (not met)")
+                    print(f"#   best {m:>7} slowed={str(sl):<5}: not reached at any lr  (not met)")
 
 if __name__ == "__main__":
     main()
