@@ -2,7 +2,8 @@
 (staleness 0, reject) trains and leaves every rank on the store's values;
 bounded staleness keeps every rank within s steps of the slowest, checked
 from the clock at every step while one rank is slowed; no bound never waits;
-a step sends one push and one pull request to each owner."""
+a step sends one push and one pull request to each owner; a round of pushes
+(op=Average) is the synchronous step of the averaged gradient."""
 
 import time
 
@@ -79,6 +80,58 @@ def test_bounded_staleness_holds_with_a_slow_rank(rank, size, staleness):
     opt.close()
 
 
+def test_a_round_of_pushes_is_the_synchronous_step_of_the_averaged_gradient(rank, size):
+    # Momentum SGD with weight decay, every rank's gradient of a round taken
+    # at the same parameters (a barrier and a pull between rounds): the
+    # store's values follow the synchronous step of the gradient averaged
+    # over the ranks, as under DistributedOptimizer with the same optimizer.
+    model = _model()
+    opt = hvd.AsyncOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9,
+                                             weight_decay=0.01),
+                             model.named_parameters(), staleness=None)
+    ref = torch.nn.Linear(4, 1)
+    with torch.no_grad():
+        for r, p in zip(ref.parameters(), model.parameters()):
+            r.copy_(p)  # rank 0's values, as registered
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01)
+    x, y = _problem(rank)
+    gyre.barrier()
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        for p in ref.parameters():
+            p.grad.copy_(hvd.allreduce(p.grad, op=gyre.Average))
+        ref_opt.step()
+        gyre.barrier()  # every rank has pushed
+        opt.pull()
+        for p, r in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.data, r.data, rtol=1e-5, atol=1e-6)
+    assert opt.push_scale == 1.0 / size
+    opt.close()
+
+
+def test_sum_pushes_the_update_as_made(rank, size):
+    model = _model()
+    opt = hvd.AsyncOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                             model.named_parameters(), staleness=None, op=gyre.Sum)
+    assert opt.push_scale == 1.0
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = _problem(rank)
+    gyre.barrier()
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    grads = [hvd.allreduce(p.grad, op=gyre.Sum) for p in model.parameters()]
+    opt.step()
+    gyre.barrier()
+    opt.pull()
+    for p, b, g in zip(model.parameters(), before, grads):
+        torch.testing.assert_close(p.data, b - 0.05 * g, rtol=1e-5, atol=1e-6)
+    opt.close()
+
+
 def test_no_bound_never_waits(rank, size):
     model = _model()
     opt = hvd.AsyncOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
@@ -127,3 +180,6 @@ def test_refusals():
     with pytest.raises(gyre.InvalidArgumentError, match="policy"):
         hvd.AsyncOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
                            policy="often")
+    with pytest.raises(gyre.InvalidArgumentError, match="op must be"):
+        hvd.AsyncOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                           op=gyre.Max)

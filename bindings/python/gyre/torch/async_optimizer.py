@@ -8,12 +8,24 @@ store (gyre.ps): no collective per step; each rank steps on its own.
     opt.close()
 
 A step: the wrapped optimizer steps on the parameters this rank last pulled;
-the difference it made (the update) is pushed to the parameters' owners with
+the difference it made (the update), divided by the number of ranks
+(``op=gyre.Average``, the default), is pushed to the parameters' owners with
 the versions it was computed from; then the parameters are pulled fresh
-(values and versions) for the next step. Each is one request per owner for
-all the parameters it holds (and the clock below), whatever the number of
-parameters: ParameterStore.push_many / pull_many. Every rank starts from rank 0's
-parameters (registration is collective).
+(values and versions) for the next step. The push and the pull are each one
+request per owner for all the parameters it holds (and the clock below),
+whatever the number of parameters: ParameterStore.push_many / pull_many.
+Every rank starts from rank 0's parameters (registration is collective).
+
+Why divided: the wrapped optimizer's learning rate means what it means under
+DistributedOptimizer, a step on the gradient averaged over the ranks. The
+ranks push independently, so without the division N pushes of the same
+gradient add up to N synchronous steps (N times the learning rate). Each
+rank's optimizer keeps its own state (momentum) from its own gradients; for
+SGD with momentum and weight decay the update is linear in them, so when
+the N ranks' gradients of a round are taken at the same parameters, their N
+averaged pushes add up to exactly the synchronous step of the averaged
+gradient (tested). ``op=gyre.Sum`` pushes the update
+as the optimizer made it.
 
 ``staleness`` bounds two things:
   - the clock: a rank that has finished ``staleness`` more steps than the
@@ -42,6 +54,7 @@ from gyre.torch._wrapper import OptimizerWrapper
 from gyre.basics import check_process_set
 from gyre.exceptions import InvalidArgumentError
 from gyre.ps import ParameterStore, Version
+from gyre.reduction import Average, Sum
 
 __all__ = ["AsyncOptimizer"]
 
@@ -57,7 +70,7 @@ class AsyncOptimizer(OptimizerWrapper):
                  named_parameters: Iterable[Tuple[str, torch.nn.Parameter]],
                  staleness: Optional[int] = 0, policy: Optional[str] = None,
                  process_set: Any = None, split_bytes: int = 4 << 20,
-                 timeout_s: Optional[float] = None) -> None:
+                 timeout_s: Optional[float] = None, op: Any = Average) -> None:
         if staleness is not None and staleness < 0:
             raise InvalidArgumentError(f"AsyncOptimizer: staleness must be >= 0 or None, got {staleness}")
         if policy is None:
@@ -65,6 +78,9 @@ class AsyncOptimizer(OptimizerWrapper):
         if policy not in ("reject", "scale", "apply"):
             raise InvalidArgumentError(
                 f"AsyncOptimizer: policy must be 'reject', 'scale' or 'apply', not {policy!r}")
+        if op not in (Average, Sum):
+            raise InvalidArgumentError(
+                f"AsyncOptimizer: op must be gyre.Average or gyre.Sum, not {op!r}")
         self.optimizer = optimizer
         self.staleness = staleness
         self.policy = policy
@@ -81,6 +97,9 @@ class AsyncOptimizer(OptimizerWrapper):
         self.store = ParameterStore(process_set, split_bytes=split_bytes, timeout_s=timeout_s)
         self._ranks = list(process_set.ranks) if sid else list(range(gyre.size()))
         self._me = self._ranks.index(gyre.rank())
+        self.op = op
+        # What each rank's update is multiplied by before it is pushed.
+        self.push_scale = 1.0 / len(self._ranks) if op == Average else 1.0
         if timeout_s is None:
             timeout_s = float(os.environ.get("GYRE_STALL_SHUTDOWN_S", "600") or 0)
         self._timeout_s = timeout_s
@@ -116,6 +135,9 @@ class AsyncOptimizer(OptimizerWrapper):
         # clock, then one pull request likewise (docs/training-modes.md).
         with torch.no_grad():
             deltas = [p.data - self._base[name] for name, p in self._params]
+            if self.push_scale != 1.0:
+                for d in deltas:
+                    d.mul_(self.push_scale)
         n = len(self._params)
         results = self.store.push_many(
             self._names, deltas + [self._tick],
@@ -137,6 +159,17 @@ class AsyncOptimizer(OptimizerWrapper):
         value, self._clock_base = self.store.pull(_CLOCK)
         self._clock_seen = [int(v) for v in value]
         return list(self._clock_seen)
+
+    def pulled_clock(self) -> List[int]:
+        """The clock as pulled with the parameters at the end of this rank's
+        last step (no request): the completed steps the parameters it holds
+        were pulled beside."""
+        return list(self._clock_seen)
+
+    def pull(self) -> None:
+        """Pulls every parameter fresh into the model (one request per
+        owner), e.g. to evaluate the store's values once all ranks stopped."""
+        self._pull_all()
 
     def lag_behind_fastest(self) -> List[int]:
         """For each rank, how many steps it is behind the fastest."""
@@ -188,4 +221,4 @@ class AsyncOptimizer(OptimizerWrapper):
 
     def __repr__(self) -> str:
         return (f"AsyncOptimizer({type(self.optimizer).__name__}, staleness={self.staleness}, "
-                f"policy={self.policy!r}, steps={self.steps})")
+                f"policy={self.policy!r}, push_scale={self.push_scale:g}, steps={self.steps})")
