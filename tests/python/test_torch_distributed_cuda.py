@@ -1,12 +1,15 @@
 """CUDA tensors on the gyre backend: registered for "cuda" where gyre is built
-with NCCL, and then collectives and point-to-point on each rank's GPU
-against values computed locally. Without a GPU (or without NCCL) only the
-registration is checked; the GPU tests skip, saying why. Runs under mpirun
--np 2 and -np 3."""
+with NCCL, and then collectives, point-to-point and DistributedDataParallel
+on each rank's GPU against values computed locally. Without a GPU (or
+without NCCL) only the registration is checked; the GPU tests skip, saying
+why. Runs under mpirun -np 2 and -np 3, and at one rank in
+scripts/gpu_check.sh."""
 
 import pytest
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gyre
 import gyre.torch.distributed as gtd
@@ -56,3 +59,40 @@ def test_cuda_point_to_point(world):
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     assert got.device == dev and torch.all(got == prv)
+
+
+def test_ddp_on_cuda(world):
+    """DDP of a CUDA model (several gradient buckets) on the gyre backend: the
+    parameters after each step equal one model on the same GPU trained on
+    the union of every rank's batches."""
+    dev = _gpu_or_skip()
+    rank, size = world
+    torch.cuda.set_device(dev)
+
+    def make(seed):
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
+                             nn.Linear(32, 3)).double().to(dev)
+
+    def batch(r, step):
+        g = torch.Generator().manual_seed(1000 * step + r)
+        return (torch.randn(4, 6, generator=g, dtype=torch.float64).to(dev),
+                torch.randn(4, 3, generator=g, dtype=torch.float64).to(dev))
+
+    # Rank 0's seed is the reference's: DDP's construction broadcasts its parameters.
+    model = DDP(make(1 + rank), device_ids=[dev.index], bucket_cap_mb=0.002)
+    ref = make(1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(3):
+        opt.zero_grad()
+        x, y = batch(rank, step)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        xs, ys = zip(*(batch(r, step) for r in range(size)))
+        nn.functional.mse_loss(ref(torch.cat(xs)), torch.cat(ys)).backward()
+        ref_opt.step()
+        for p, q in zip(model.module.parameters(), ref.parameters()):
+            assert p.device == dev
+            torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
