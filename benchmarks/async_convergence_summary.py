@@ -12,15 +12,7 @@ import json
 import statistics
 import sys
 
-
-def reach(curve, target):
-    hit = [s for s, l in curve if l <= target]
-    return hit[0] if hit else None
-
-
-def smoothed(curve, k=5):
-    return [(s, sum(l for _, l in curve[max(0, i - k + 1):i + 1]) / len(curve[max(0, i - k + 1):i + 1]))
-            for i, (s, _) in enumerate(curve)]
+from async_task import reach, smoothed
 
 
 def ratios(runs, smooth):

@@ -18,23 +18,7 @@ import argparse
 
 import torch
 
-FEATURES, HIDDEN, CLASSES, BATCH = 64, 512, 10, 128
-
-
-def teacher_data(seed, n):  # as in async_training.py
-    g = torch.Generator().manual_seed(seed)
-    t = torch.Generator().manual_seed(1234)
-    w1 = torch.randn(FEATURES, 48, generator=t)
-    w2 = torch.randn(48, CLASSES, generator=t)
-    x = torch.randn(n, FEATURES, generator=g)
-    logits = torch.tanh(x @ w1) @ w2 + 0.5 * torch.randn(n, CLASSES, generator=g)
-    return x, logits.argmax(dim=1)
-
-
-def model():
-    torch.manual_seed(7)
-    return torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(),
-                               torch.nn.Linear(HIDDEN, CLASSES))
+from async_task import BATCH, model, teacher_data
 
 
 def main():

@@ -22,21 +22,15 @@
 #include "gyre/gyre.h"
 #include "gyre/store.h"
 
+#include "../core/mpi_session.h"
+
 using namespace gyre;
 
 namespace {
 
-struct Session {
-  Session() {
-    Options o = Options::from_env();
-    o.cycle_time_ms = 0.5;
-    o.op_timeout_s = 60;
-    o.stall_shutdown_s = 60;
-    init(o);
-  }
-  ~Session() {
-    if (is_initialized()) shutdown();
-  }
+// A gyre session per test case; a stalled collective ends the job after 60 s.
+struct Session : test::Session {
+  Session() : test::Session(test::test_options_with_stall_shutdown(60)) {}
 };
 
 TensorView view(std::vector<float>& v) {
