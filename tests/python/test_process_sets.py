@@ -7,6 +7,7 @@ averaging within its set only. Runs under mpirun -np 2 and -np 3."""
 import pytest
 import torch
 
+import gyre
 import gyre.torch as hvd
 
 
@@ -192,6 +193,35 @@ def test_gradients_on_a_subset(size, rank, multi_rank):
         hvd.broadcast(y, ranks[0], process_set=ps).sum().backward()
         assert y.grad.tolist() == ([1.0] * 3 if rank == ranks[0] else [0.0] * 3)
     hvd.remove_process_set(ps)
+
+
+def test_training_on_a_subset_commits_nothing_to_the_job(size, rank, multi_rank):
+    """The version vector is the job's: DistributedOptimizer and LocalSGD steps
+    on a set that leaves rank 1 out are not commits, so the job's collectives
+    afterwards (and the set's removal, an allgather of every rank) are not
+    taken for a divergence of the set's members from rank 1."""
+    ps = hvd.add_process_set(_sub(size))
+    before = gyre.committed_steps()
+    if ps.included():
+        model = torch.nn.Linear(3, 2)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(),
+                                       process_set=ps)
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.ones(1, 3)).sum().backward()
+            opt.step()
+        local = gyre.torch.LocalSGD(torch.optim.SGD(model.parameters(), lr=0.1), model,
+                                    period=1, process_set=ps)
+        for _ in range(2):
+            local.zero_grad()
+            model(torch.ones(1, 3)).sum().backward()
+            local.step()
+        assert local.rounds == 2 and local.fragment_versions() == [2]
+    assert gyre.committed_steps() == before
+    total = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after.subset.training")
+    assert total.tolist() == [float(size)] * 2
+    assert hvd.remove_process_set(ps) is True
 
 
 def test_removing_a_set_drops_its_name_counters(size, rank, multi_rank):

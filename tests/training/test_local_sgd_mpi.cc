@@ -266,9 +266,10 @@ TEST_CASE("local SGD: a process set starts from its first rank's parameters", "[
   const std::uint64_t start = committed_steps();
   if (process_set_included(set)) {
     Model m(rank());
-    // Without commits: rank 0 makes none, and the global set's collectives
-    // below (remove_process_set) compare every rank's committed steps.
-    LocalSgd sgd({.period = 1, .process_set = set, .commit = false}, m.views());
+    // Rounds on a set are not commits (commit stays at its default): rank 0
+    // makes none, and the global set's collectives below
+    // (remove_process_set) compare every rank's committed steps.
+    LocalSgd sgd({.period = 1, .process_set = set}, m.views());
     check_close(m.flat(), Model(1).flat(), 0, 0, "after construction on the set {1, 2}");
     inner_step(m, 1);
     REQUIRE(sgd.step());

@@ -67,12 +67,13 @@ struct LocalSgdOptions {
   // The prefix of the operations' names ("<name>.init.<i>", "<name>.round.<i>"):
   // two LocalSgd on one process set at the same time need different ones.
   std::string name = "gyre.local_sgd";
-  // Whether each round calls gyre::commit_step(). The version vector is one
-  // per job (the global set's): on another process set, rounds put its
-  // members' committed steps ahead of the other ranks', and the next
-  // collective they share fails with DivergenceError beyond
-  // GYRE_MAX_VERSION_LAG, unless the others commit as often. Turn it off
-  // there, or where the job counts its commits itself.
+  // Whether each round calls gyre::commit_step(), on the global process set
+  // only: the version vector is one per job (the global set's), and rounds
+  // on a set that leaves ranks out, were they commits, would put its
+  // members' committed steps ahead of the other ranks' (the next collective
+  // they share a DivergenceError beyond GYRE_MAX_VERSION_LAG), as Python's
+  // LocalSGD and DistributedOptimizer on such a set do not commit either.
+  // Turn it off where the job counts its commits itself.
   bool commit = true;
 };
 

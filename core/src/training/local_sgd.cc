@@ -225,7 +225,7 @@ void LocalSgd::State::round() {
       outer_step<double>(s, c, options.outer);
     }
   }
-  if (options.commit) {
+  if (options.commit && options.process_set == kGlobalProcessSet) {
     commit_step();
     version = committed_steps();
   }

@@ -35,7 +35,11 @@ Each completed round (of a fragment) is a commit: ``gyre.commit_step()``
 counts it in the version vector, and ``fragment_versions()`` says which
 commit each fragment of this rank's parameters includes (the value of
 ``gyre.committed_steps()`` right after that fragment's last round; 0: none
-yet). Every rank must call step() the same number of times.
+yet). Every rank must call step() the same number of times. On a process set
+other than the global one a round is not a commit (the version vector is the
+job's: the set's members would run ahead of the other ranks, whose next
+job-wide collective would then fail as a divergence), and
+``fragment_versions()`` counts each fragment's rounds.
 
 Elastic training (gyre.torch.elastic, docs/training-modes.md): pass the
 LocalSGD as a TorchState's optimizer and call ``state.commit()`` after the
@@ -331,7 +335,10 @@ class LocalSGD(OptimizerWrapper):
         frag.rounds += 1
         self.rounds += 1
         self.completed_round = True
-        if self._gyre_auto_commit:
+        if self.process_set is not gyre.global_process_set:
+            # Not a commit: the version vector is the job's (see above).
+            frag.version = frag.rounds
+        elif self._gyre_auto_commit:
             gyre.commit_step()
             frag.version = gyre.committed_steps()
         elif frag not in self._uncommitted:

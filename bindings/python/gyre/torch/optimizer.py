@@ -338,7 +338,12 @@ class _DistributedOptimizerMixin:
         super().step()
         # Under gyre.torch.elastic the TorchState's commit() counts the steps
         # instead (it commits the state it saved, which the recovery agrees on).
-        if getattr(self, "_gyre_auto_commit", True):
+        # Only steps of the whole job are commits: the version vector is the
+        # global set's, and steps on a set that leaves ranks out would put
+        # its members ahead of the others (their next job-wide collective a
+        # DivergenceError).
+        if (getattr(self, "_gyre_auto_commit", True)
+                and self._gyre_process_set is global_process_set):
             ops.commit_step()
         return loss
 
