@@ -12,9 +12,9 @@
 #include <fmt/ranges.h>
 
 #include "gyre/collectives/algorithms.h"
-#include "negotiation/message_tags.h"
 #include "gyre/collectives/cores.h"
 #include "gyre/error.h"
+#include "negotiation/message_tags.h"
 #include "runtime/options_table.h"
 
 namespace gyre::core {

@@ -5,9 +5,9 @@
 
 #include "backends/hierarchical/cost_model.h"
 #include "gyre/collectives/algorithms.h"
-#include "negotiation/message_tags.h"
 #include "gyre/collectives/shm.h"
 #include "gyre/error.h"
+#include "negotiation/message_tags.h"
 
 namespace gyre::core {
 

@@ -12,9 +12,9 @@
 #include <fmt/ranges.h>
 
 #include "gyre/collectives/algorithms.h"
-#include "negotiation/message_tags.h"
 #include "backends/cpu/cpu_ring_backend.h"
 #include "backends/nccl/nccl_backend_impl.h"
+#include "negotiation/message_tags.h"
 
 namespace gyre::core {
 
