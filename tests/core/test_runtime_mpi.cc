@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <map>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -438,6 +440,42 @@ TEST_CASE("mpi: steady-state negotiation rounds are log depth, ceil(log2 n) mess
   // limit (1 s: a rank descheduled that long); otherwise each round is
   // exactly ceil(log2 n) messages from this rank.
   if (rounds == log_depth) CHECK(messages == log2n * rounds);
+}
+
+TEST_CASE("mpi: runtime_stats' negotiation counters agree with each other while rounds run",
+          "[mpi]") {
+  // Idle rounds run in the background (log depth: ceil(log2 n) messages
+  // each), and a rank spends much of an idle round waiting for a peer that
+  // sleeps between its own. Read at any moment, the counters must describe
+  // whole rounds: a snapshot taken part-way through a round once counted
+  // its messages but not the round, so that a later difference came out
+  // short by one round's messages.
+  Session s(test_options());
+  const int n = size();
+  std::uint64_t log2n = 0;
+  while ((1 << log2n) < n) ++log2n;
+  std::vector<float> a(64, 1.0f);
+  allreduce_async("agree.a", view(a), view(a), ReduceOp::kSum).wait();  // fills the cache
+  barrier();
+  const RuntimeStats base = runtime_stats();
+  int samples = 0, whole = 0, mismatched = 0;
+  std::uint64_t seen_rounds = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
+  while (std::chrono::steady_clock::now() < until) {
+    const RuntimeStats st = runtime_stats();
+    ++samples;
+    const std::uint64_t rounds = st.rounds - base.rounds;
+    seen_rounds = rounds;
+    if (st.log_depth_rounds - base.log_depth_rounds != rounds) continue;  // a full exchange ran
+    ++whole;
+    if (st.negotiation_messages - base.negotiation_messages != log2n * rounds) ++mismatched;
+    std::this_thread::yield();
+  }
+  barrier();
+  INFO("samples " << samples << ", all-log-depth " << whole << ", mismatched " << mismatched
+                  << ", rounds " << seen_rounds);
+  CHECK(whole > 0);
+  CHECK(mismatched == 0);
 }
 
 TEST_CASE("mpi: runtime_stats counts the bytes the runtime sends over its transport", "[mpi]") {

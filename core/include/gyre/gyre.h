@@ -335,7 +335,9 @@ void stop_timeline();
 // A round in which every rank's requests are cache hits at one step is
 // decided by a log-depth exchange alone (log_depth_rounds; docs/scaling.md):
 // ceil(log2 n) messages from this rank instead of the ring allgather's n - 1
-// or more; negotiation_messages counts both kinds (global set only).
+// or more; negotiation_messages counts both kinds (global set only). These
+// five are as of the last round this rank completed, read together, so they
+// agree with each other; a round in progress is not in them.
 //
 // The version vector (the global set's) and, per rank, how many committed
 // steps it is behind the most advanced one; and the parameter stores' push

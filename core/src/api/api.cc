@@ -145,11 +145,12 @@ void stop_timeline() { runtime("stop_timeline")->stop_timeline(); }
 RuntimeStats runtime_stats() {
   auto rt = runtime("runtime_stats");
   RuntimeStats st;
-  st.rounds = rt->rounds();
-  st.requests_sent = rt->requests_sent();
-  st.cache_hits_sent = rt->cache_hits_sent();
-  st.log_depth_rounds = rt->log_depth_rounds();
-  st.negotiation_messages = rt->negotiation_messages();
+  const core::Runtime::NegotiationCounters nc = rt->negotiation_counters();
+  st.rounds = nc.rounds;
+  st.requests_sent = nc.requests_sent;
+  st.cache_hits_sent = nc.cache_hits_sent;
+  st.log_depth_rounds = nc.log_depth_rounds;
+  st.negotiation_messages = nc.messages;
   st.transport_messages = rt->transport_messages();
   st.transport_bytes = rt->transport_bytes();
   st.versions = rt->versions().snapshot();

@@ -116,6 +116,11 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
 
 Runtime::~Runtime() { shutdown(); }
 
+Runtime::NegotiationCounters Runtime::negotiation_counters() const {
+  std::lock_guard<std::mutex> lock(counters_mu_);
+  return counters_;
+}
+
 std::uint64_t Runtime::transport_messages() const {
   return negotiator_.messages_sent() + data_t_.messages() +
          (cross_counted_ ? cross_counted_->messages() : 0);
@@ -434,6 +439,14 @@ bool Runtime::round() {
   flags.stall_failures.swap(stall_failures_);
   Agreement agreed = negotiator_.round(queue_.drain_new(), std::move(flags));
   rounds_.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lock(counters_mu_);
+    counters_.rounds = rounds_.load();
+    counters_.requests_sent = negotiator_.requests_sent();
+    counters_.cache_hits_sent = negotiator_.cache_hits_sent();
+    counters_.log_depth_rounds = negotiator_.log_depth_rounds();
+    counters_.messages = negotiator_.messages_sent();
+  }
   if (timeline_.active()) record_versions();
   last_round_idle_ = agreed.idle && queue_.size() == 0;
   last_round_ran_ = !agreed.responses.empty();

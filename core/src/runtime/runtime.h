@@ -139,12 +139,20 @@ class Runtime {
 
   // Statistics for tests and benchmarks (background-thread counters).
   std::uint64_t rounds() const { return rounds_.load(); }
+  // The negotiation's counters as of the last round this rank completed,
+  // read together: the messages of a round still in progress are not in
+  // them, so messages and rounds agree with each other (each counter read
+  // alone may be part-way through a round).
+  struct NegotiationCounters {
+    std::uint64_t rounds = 0;
+    std::uint64_t requests_sent = 0;
+    std::uint64_t cache_hits_sent = 0;
+    std::uint64_t log_depth_rounds = 0;
+    std::uint64_t messages = 0;
+  };
+  NegotiationCounters negotiation_counters() const;
   const char* host_backend() const { return backends_.host_backend(); }
   int fusion_allocations() const { return backends_.host_fusion_buffer().allocations(); }
-  std::uint64_t requests_sent() const { return negotiator_.requests_sent(); }
-  std::uint64_t cache_hits_sent() const { return negotiator_.cache_hits_sent(); }
-  std::uint64_t log_depth_rounds() const { return negotiator_.log_depth_rounds(); }
-  std::uint64_t negotiation_messages() const { return negotiator_.messages_sent(); }
   // Messages and bytes this rank sent over its transports: negotiation, the
   // collectives' data, and the hierarchical allreduce's cross-host
   // transport (shared memory is not a transport and not counted).
@@ -211,6 +219,8 @@ class Runtime {
   bool last_round_ran_ = false;              // background thread: it ran responses
   std::atomic<bool> stopped_{false};         // the background loop has ended
   std::atomic<std::uint64_t> rounds_{0};
+  mutable std::mutex counters_mu_;  // guards counters_
+  NegotiationCounters counters_;    // published at the end of each round
   std::atomic<std::uint64_t> internal_seq_{0};
   std::atomic<int> cuda_device_{-1};         // claim_cuda_device(); -1: none yet
   // info_.cross wrapped to count its traffic; set before the thread starts.
