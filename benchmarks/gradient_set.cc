@@ -35,7 +35,7 @@
 namespace gyre::bench {
 namespace {
 
-constexpr long kDefaultWarmup = 3;
+constexpr long kGradientSetWarmup = 3;
 constexpr long kDefaultSteps = 20;
 
 // One element count per line; blank lines and lines starting with '#' are
@@ -71,7 +71,7 @@ int run_gradient_set(const PerfOptions& o) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  const long warmup = o.warmup >= 0 ? o.warmup : kDefaultWarmup;
+  const long warmup = o.warmup >= 0 ? o.warmup : kGradientSetWarmup;
   const long steps = o.iters > 0 ? o.iters : kDefaultSteps;
   const ReduceOp op = o.op_given ? o.op : ReduceOp::kAverage;  // Horovod's default for gradients
   const DataType dt = DataType::kFloat32;

@@ -16,7 +16,7 @@
 namespace gyre::bench {
 namespace {
 
-constexpr long kDefaultWarmup = 100;
+constexpr long kLatencyWarmup = 100;
 constexpr long kDefaultSamples = 1000;
 constexpr std::size_t kCount = 2;  // 8 bytes of float32
 
@@ -33,7 +33,7 @@ int run_latency(const PerfOptions& o) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  const long warmup = o.warmup >= 0 ? o.warmup : kDefaultWarmup;
+  const long warmup = o.warmup >= 0 ? o.warmup : kLatencyWarmup;
   const long samples = o.iters > 0 ? o.iters : kDefaultSamples;
   const DataType dt = DataType::kFloat32;
   const ReduceOp op = ReduceOp::kSum;

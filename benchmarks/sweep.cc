@@ -22,7 +22,7 @@
 namespace gyre::bench {
 namespace {
 
-constexpr long kDefaultWarmup = 5;
+constexpr long kSweepWarmup = 5;
 constexpr long kDefaultIters = 10;
 
 struct Row {
@@ -93,7 +93,7 @@ int run_sweep(const PerfOptions& o) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  const long warmup = o.warmup >= 0 ? o.warmup : kDefaultWarmup;
+  const long warmup = o.warmup >= 0 ? o.warmup : kSweepWarmup;
   const long iters = o.iters > 0 ? o.iters : kDefaultIters;
   const std::size_t elem = dtype_size(o.dtype);
 

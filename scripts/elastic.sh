@@ -35,7 +35,7 @@ unset LD_LIBRARY_PATH
 echo "== build against $("$venv/bin/ompi_info" | sed -n 's/^ *Open MPI: //p' | head -1) in $GYRE_BUILD"
 cmake -S "$GYRE_ROOT" -B "$GYRE_BUILD" -DCMAKE_BUILD_TYPE=Release -DGYRE_BUILD_TESTS=ON \
   -DGYRE_WITH_NCCL=OFF -DGYRE_BUILD_BENCHMARKS=OFF -DGYRE_BUILD_EXAMPLES=OFF \
-  -DGYRE_WITH_ULFM=ON \
+  -DGYRE_WITH_ULFM=ON -DCMAKE_UNITY_BUILD=ON \
   -DMPI_C_COMPILER="$venv/bin/mpicc" -DMPI_CXX_COMPILER="$venv/bin/mpicxx" \
   -DMPIEXEC_EXECUTABLE="$venv/bin/mpirun" | grep "gyre:"
 cmake --build "$GYRE_BUILD" -j "$jobs" --target gyre_elastic_kill gyre_elastic_store_kill
@@ -56,6 +56,7 @@ if [ "$with_python" = 1 ]; then
   echo "== pip install gyre into $venv (against Open MPI 5)"
   "$venv/bin/pip" install -q --no-build-isolation --no-deps \
     -C build-dir="$GYRE_BUILD/python" -C cmake.define.GYRE_WITH_ULFM=ON \
+    -C cmake.define.CMAKE_UNITY_BUILD=ON \
     -C cmake.define.MPI_C_COMPILER="$venv/bin/mpicc" \
     -C cmake.define.MPI_CXX_COMPILER="$venv/bin/mpicxx" "$GYRE_ROOT"
   ext=$("$venv/bin/python" -c "import gyre._gyre as m; print(m.__file__)")

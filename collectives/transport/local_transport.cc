@@ -21,10 +21,9 @@
 
 namespace gyre::transport {
 
-namespace {
-
 // A posted receive; shared between the receiving rank's slot table and the
-// mailbox it waits in, so that a sender can complete it.
+// mailbox it waits in, so that a sender can complete it. Outside the
+// anonymous namespace: members of this file's classes are of its type.
 struct RecvOp {
   int src = 0;
   int tag = 0;
@@ -32,6 +31,8 @@ struct RecvOp {
   bool done = false;
   std::string error;  // set instead of copying when the sizes disagree
 };
+
+namespace {
 
 // Delivers `msg` into `op` (both under the world mutex).
 void deliver(RecvOp& op, const std::vector<std::byte>& msg, int dst) {

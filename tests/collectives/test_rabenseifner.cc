@@ -39,7 +39,7 @@ using gyre::transport::run_local_world;
 
 namespace {
 
-constexpr std::chrono::milliseconds kTimeout{60000};
+constexpr std::chrono::milliseconds kRabenseifnerTimeout{60000};
 
 // test::expected, with integer sums and products wrapped to the type's
 // width as the kernels wrap them (16 ranks overflow int8 and uint8), and an
@@ -104,7 +104,7 @@ std::string closed_forms(int n, DataType dt, ReduceOp op) {
       o.tag = static_cast<int>(k % 3);
       rabenseifner_allreduce(t, c.in_place ? out.data() : in.data(), out.data(), c.count, dt, op, o);
     }
-  }, kTimeout);
+  }, kRabenseifnerTimeout);
   const double tol = op == ReduceOp::kAverage ? test::scaled_tolerance(dt) : 0.0;
   for (std::size_t k = 0; k < calls.size(); ++k) {
     const Call& c = calls[k];
@@ -205,7 +205,7 @@ std::string against_ring(int n, DataType dt, ReduceOp op, std::uint64_t seed) {
       bo.chunk_bytes = chunk;
       rabenseifner_allreduce(t, in[k][r].data(), rab[k][r].data(), counts[k], dt, op, bo);
     }
-  }, kTimeout);
+  }, kRabenseifnerTimeout);
   const bool exact = exact_op(dt, op);
   const double tol = random_tolerance(dt, n);
   for (std::size_t k = 0; k < counts.size(); ++k) {
@@ -287,7 +287,7 @@ TEST_CASE("rabenseifner_allreduce: prescale and postscale", "[allreduce][rabense
           o.postscale = 0.25;
           rabenseifner_allreduce(t, in_place ? out[r].data() : in[r].data(), out[r].data(), count,
                                  dt, ReduceOp::kAverage, o);
-        }, kTimeout);
+        }, kRabenseifnerTimeout);
         INFO("n=" << n << " dtype=" << dtype_name(dt) << (in_place ? " in place" : ""));
         for (int r = 0; r < n; ++r) {
           for (std::size_t i = 0; i < count; ++i) {
@@ -340,7 +340,7 @@ TEST_CASE("rabenseifner_allreduce: bit-identical results on every rank",
         RabenseifnerOptions o;
         o.chunk_bytes = 8;
         rabenseifner_allreduce(t, b.data(), b.data(), b.size(), DataType::kFloat32, op, o);
-      }, kTimeout);
+      }, kRabenseifnerTimeout);
       INFO("n=" << n << " op=" << op_name(op));
       for (int r = 1; r < n; ++r) {
         CHECK(std::memcmp(buf[r].data(), buf[0].data(), buf[0].size() * sizeof(float)) == 0);
@@ -372,7 +372,7 @@ TEST_CASE("allreduce: large = kRabenseifner runs Rabenseifner's algorithm above 
         o.large = large;
         allreduce(t, b.data(), b.data(), count, DataType::kFloat32, ReduceOp::kSum, o);
         messages[t.rank()] = t.messages();
-      }, kTimeout);
+      }, kRabenseifnerTimeout);
       INFO("n=" << n << " large=" << large_allreduce_name(large));
       for (int r = 0; r < n; ++r) {
         for (std::size_t i = 0; i < count; ++i) {
@@ -414,5 +414,5 @@ TEST_CASE("rabenseifner_allreduce: bad arguments are refused before any transfer
     CHECK_THROWS_AS(rabenseifner_allreduce(t, b.data(), b.data() + 1, 5, DataType::kFloat32,
                                            ReduceOp::kSum),
                     InvalidArgument);
-  }, kTimeout);
+  }, kRabenseifnerTimeout);
 }

@@ -20,7 +20,7 @@ using gyre::transport::run_local_world;
 
 namespace {
 
-constexpr std::chrono::milliseconds kTimeout{60000};
+constexpr std::chrono::milliseconds kRingAllreduceTimeout{60000};
 
 enum class Algo { kRing, kRecursiveDoubling, kBySize };
 
@@ -94,7 +94,7 @@ std::string run_case(const Case& c) {
         break;
       }
     }
-  }, kTimeout);
+  }, kRingAllreduceTimeout);
   const bool scaled = c.op == ReduceOp::kAverage || c.prescale != 1.0 || c.postscale != 1.0;
   const double tol = scaled ? test::scaled_tolerance(c.dt) : 0.0;
   double factor = c.postscale;
@@ -192,7 +192,7 @@ TEST_CASE("recursive_doubling_allreduce: bit-identical results on every rank", "
       run_local_world(n, [&](transport::Transport& t) {
         auto& b = buf[t.rank()];
         recursive_doubling_allreduce(t, b.data(), b.data(), b.size(), DataType::kFloat32, op);
-      }, kTimeout);
+      }, kRingAllreduceTimeout);
       INFO("n=" << n << " op=" << op_name(op));
       for (int r = 1; r < n; ++r) {
         CHECK(std::memcmp(buf[r].data(), buf[0].data(), buf[0].size() * sizeof(float)) == 0);
@@ -265,7 +265,7 @@ TEST_CASE("allreduce: integer average, prescale and postscale truncate as Horovo
           allreduce(t, s.data(), s.data(), count, dt, ReduceOp::kSum, o);
           allreduce(t, a.data(), a.data(), count, dt, ReduceOp::kAverage,
                     AllreduceOptions{.small_bytes = o.small_bytes});
-        }, kTimeout);
+        }, kRingAllreduceTimeout);
         for (std::size_t i = 0; i < count; ++i) {
           double sum = 0, plain = 0;
           for (int r = 0; r < n; ++r) {

@@ -282,7 +282,7 @@ TEST_CASE("shm segment: created exclusively, mapped by name, gone after unlink",
 
 namespace {
 
-std::byte pattern(int rank, std::size_t i) {
+std::byte slot_pattern(int rank, std::size_t i) {
   return static_cast<std::byte>((rank * 31 + i * 7 + 1) & 0xff);
 }
 
@@ -308,7 +308,7 @@ TEST_CASE("shm_allgather: blocks of different sizes, zero-sized ones, in place",
         std::size_t off = 0;
         for (int q = 0; q < r; ++q) off += blocks[q];
         std::vector<std::byte> mine(blocks[r]);
-        for (std::size_t i = 0; i < blocks[r]; ++i) mine[i] = pattern(r, i);
+        for (std::size_t i = 0; i < blocks[r]; ++i) mine[i] = slot_pattern(r, i);
         if (in_place) std::copy(mine.begin(), mine.end(), out[r].begin() + off);
         shm_allgather(g, in_place ? out[r].data() + off : mine.data(), out[r].data(), blocks);
       });
@@ -317,7 +317,7 @@ TEST_CASE("shm_allgather: blocks of different sizes, zero-sized ones, in place",
         for (int q = 0; q < n; ++q) {
           for (std::size_t i = 0; i < blocks[q]; ++i, ++at) {
             INFO("n=" << n << " rank " << r << " block " << q << " byte " << i);
-            REQUIRE(out[r][at] == pattern(q, i));
+            REQUIRE(out[r][at] == slot_pattern(q, i));
           }
         }
       }
@@ -331,7 +331,7 @@ TEST_CASE("shm_broadcast: every root, sizes around the slot", "[shm]") {
       for (std::size_t bytes : {0u, 1u, 255u, 256u, 257u, 10000u}) {
         std::vector<std::vector<std::byte>> buf(n, std::vector<std::byte>(bytes));
         for (int r = 0; r < n; ++r) {
-          for (std::size_t i = 0; i < bytes; ++i) buf[r][i] = pattern(r, i);
+          for (std::size_t i = 0; i < bytes; ++i) buf[r][i] = slot_pattern(r, i);
         }
         run_group(n, small_slots(256), [&](ShmGroup& g) {
           shm_broadcast(g, buf[g.rank()].data(), bytes, root);
@@ -339,7 +339,7 @@ TEST_CASE("shm_broadcast: every root, sizes around the slot", "[shm]") {
         for (int r = 0; r < n; ++r) {
           INFO("n=" << n << " root " << root << " bytes " << bytes << " rank " << r);
           CHECK(buf[r] == buf[root]);
-          for (std::size_t i = 0; i < bytes; ++i) REQUIRE(buf[r][i] == pattern(root, i));
+          for (std::size_t i = 0; i < bytes; ++i) REQUIRE(buf[r][i] == slot_pattern(root, i));
         }
       }
     }
@@ -402,7 +402,7 @@ TEST_CASE("shm_alltoall: uneven splits, zero-sized pairs, sub-slots smaller than
       for (int q = 0; q < n; ++q) {
         send[q] = amount(r, q);
         recv[q] = amount(q, r);
-        for (std::size_t i = 0; i < send[q]; ++i) in.push_back(pattern(r * 16 + q, i));
+        for (std::size_t i = 0; i < send[q]; ++i) in.push_back(slot_pattern(r * 16 + q, i));
       }
       std::size_t total = 0;
       for (auto b : recv) total += b;
@@ -414,7 +414,7 @@ TEST_CASE("shm_alltoall: uneven splits, zero-sized pairs, sub-slots smaller than
       for (int q = 0; q < n; ++q) {
         for (std::size_t i = 0; i < amount(q, r); ++i, ++at) {
           INFO("n=" << n << " rank " << r << " from " << q << " byte " << i);
-          REQUIRE(out[r][at] == pattern(q * 16 + r, i));
+          REQUIRE(out[r][at] == slot_pattern(q * 16 + r, i));
         }
       }
     }

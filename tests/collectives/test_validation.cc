@@ -15,14 +15,14 @@ using Catch::Contains;
 
 namespace {
 
-constexpr std::chrono::milliseconds kTimeout{20000};
+constexpr std::chrono::milliseconds kValidationTimeout{20000};
 
 // Runs `fn` on every rank of a 3-rank world and returns the message of the
 // InvalidArgument it must throw (the test fails if it throws anything else).
 template <class F>
 std::string invalid(F fn) {
   try {
-    run_local_world(3, [&](transport::Transport& t) { fn(t); }, kTimeout);
+    run_local_world(3, [&](transport::Transport& t) { fn(t); }, kValidationTimeout);
   } catch (const InvalidArgument& e) {
     return e.what();
   }
@@ -63,7 +63,7 @@ TEST_CASE("ring_allreduce rejects bad arguments", "[validation]") {
   // Null buffers with a zero count are fine.
   CHECK_NOTHROW(run_local_world(3, [&](transport::Transport& t) {
     ring_allreduce(t, nullptr, nullptr, 0, DataType::kFloat32, ReduceOp::kSum);
-  }, kTimeout));
+  }, kValidationTimeout));
 }
 
 TEST_CASE("allgather, broadcast, reduce-scatter, alltoall reject bad arguments", "[validation]") {
@@ -111,5 +111,5 @@ TEST_CASE("a rank with bad arguments does not leave its peers hanging", "[valida
   CHECK_THROWS_AS(run_local_world(3, [&](transport::Transport& t) {
     float* p = t.rank() == 1 ? nullptr : bufs[t.rank()].data();
     ring_allreduce(t, p, p, 100, DataType::kFloat32, ReduceOp::kSum);
-  }, kTimeout), InvalidArgument);
+  }, kValidationTimeout), InvalidArgument);
 }

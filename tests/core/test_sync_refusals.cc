@@ -16,7 +16,7 @@ namespace {
 // A stalled operation fails after 5 s: the code before this fix left the
 // other ranks waiting for the refusing rank, and the test then fails in
 // bounded time instead of hanging.
-Options options() {
+Options stalling_options() {
   Options o = fast_options();
   o.stall_shutdown_s = 5;
   return o;
@@ -35,7 +35,7 @@ TensorView null_buffer() {
 TEST_CASE("local: fingerprint_check refused on one rank fails everywhere, the next one pairs",
           "[runtime]") {
   const int n = GENERATE(2, 3);
-  LocalJob::run(n, options(), [&](int r, Runtime& rt) {
+  LocalJob::run(n, stalling_options(), [&](int r, Runtime& rt) {
     std::vector<float> a(4, 1.0f);
     std::vector<NamedBuffer> mine{{"w", r == 1 ? null_buffer() : view(a)}};
     auto msg = expect_throw<InvalidArgument>(r, [&] { core::fingerprint_check(rt, mine); });
@@ -50,7 +50,7 @@ TEST_CASE("local: fingerprint_check refused on one rank fails everywhere, the ne
 
 TEST_CASE("local: resync refused on one rank fails everywhere, the next one pairs", "[runtime]") {
   const int n = GENERATE(2, 3);
-  LocalJob::run(n, options(), [&](int r, Runtime& rt) {
+  LocalJob::run(n, stalling_options(), [&](int r, Runtime& rt) {
     std::vector<float> a(4, static_cast<float>(r));
     std::vector<NamedBuffer> mine{{"w", r == 1 ? null_buffer() : view(a)}};
     auto msg = expect_throw<InvalidArgument>(

@@ -17,17 +17,20 @@
 
 namespace gyre {
 
-namespace {
-
 // One parameter: the caller's buffer and what LocalSgd keeps beside it, all
 // in the parameter's dtype but for `wire` under compression (16-bit).
-struct Slot {
+// Outside the anonymous namespace: LocalSgd::State holds them.
+struct LocalSgdSlot {
   TensorView local;
   std::size_t count = 0;
   std::vector<std::byte> synced;    // θ_synced
   std::vector<std::byte> momentum;  // the outer optimizer's buffer (momentum > 0)
   std::vector<std::byte> wire;      // the pseudo-gradient as the allreduce carries it
 };
+
+namespace {
+
+using Slot = LocalSgdSlot;
 
 std::size_t wire_size(const Slot& s, LocalSgdCompression c) {
   return c == LocalSgdCompression::kNone ? s.local.nbytes() : s.count * sizeof(std::uint16_t);
