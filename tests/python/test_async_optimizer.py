@@ -107,6 +107,10 @@ def test_a_round_of_pushes_is_the_synchronous_step_of_the_averaged_gradient(rank
         ref_opt.step()
         gyre.barrier()  # every rank has pushed
         opt.pull()
+        # Every rank has pulled before any pushes the next round's update: a
+        # rank past the first barrier could otherwise push again before a
+        # slower one pulled (seen: the bias at version 3 after one round).
+        gyre.barrier()
         for p, r in zip(model.parameters(), ref.parameters()):
             torch.testing.assert_close(p.data, r.data, rtol=1e-5, atol=1e-6)
     assert opt.push_scale == 1.0 / size
