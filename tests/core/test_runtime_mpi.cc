@@ -125,6 +125,14 @@ std::map<std::string, std::vector<std::byte>> fused_steps(const Options& o,
   return results;
 }
 
+// Messages per log-depth round from each rank (test_negotiation_log_depth.cc
+// has the same helper for the negotiator alone).
+std::uint64_t ceil_log2(int n) {
+  std::uint64_t k = 0;
+  while ((1 << k) < n) ++k;
+  return k;
+}
+
 }  // namespace
 
 TEST_CASE("mpi: fused buckets over shared memory give the bits of the same tensors unfused, "
@@ -410,8 +418,7 @@ TEST_CASE("mpi: steady-state negotiation rounds are log depth, ceil(log2 n) mess
           "[mpi]") {
   Session s(test_options());
   const int n = size();
-  std::uint64_t log2n = 0;
-  while ((1 << log2n) < n) ++log2n;
+  const std::uint64_t log2n = ceil_log2(n);
   std::vector<float> a(64, 1.0f), b(1000, 2.0f);
   auto step = [&] {
     Handle ha = allreduce_async("ld.a", view(a), view(a), ReduceOp::kAverage);
@@ -452,8 +459,7 @@ TEST_CASE("mpi: runtime_stats' negotiation counters agree with each other while 
   // short by one round's messages.
   Session s(test_options());
   const int n = size();
-  std::uint64_t log2n = 0;
-  while ((1 << log2n) < n) ++log2n;
+  const std::uint64_t log2n = ceil_log2(n);
   std::vector<float> a(64, 1.0f);
   allreduce_async("agree.a", view(a), view(a), ReduceOp::kSum).wait();  // fills the cache
   barrier();
