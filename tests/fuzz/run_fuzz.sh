@@ -3,18 +3,24 @@
 # the seed corpus in the tree; new inputs go to a temporary directory, not
 # into the tree. Exits non-zero on any finding (the crashing input is left
 # in the build directory, named crash-*), 77 when no clang is installed.
-#   bash tests/fuzz/run_fuzz.sh [BUILD_DIR] [SECONDS_PER_TARGET]
+#   bash tests/fuzz/run_fuzz.sh [BUILD_DIR] [SECONDS_PER_TARGET] [all|build|run]
+# "build" only builds the targets, "run" only runs those already built
+# (scripts/test.sh builds them in the background, ahead of running them).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../../build-fuzz}
 seconds=${2:-30}
+mode=${3:-all}
 cxx=${CXX:-clang++-14}
 if ! command -v "$cxx" >/dev/null 2>&1; then
   echo "run_fuzz: $cxx not found (apt-get install clang-14 libclang-rt-14-dev): skipped"
   exit 77
 fi
-cmake -S "$here" -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$build" --target fuzz_message fuzz_coordinator -j 2
+if [ "$mode" != run ]; then
+  cmake -S "$here" -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build "$build" --target fuzz_message fuzz_coordinator -j 2
+fi
+[ "$mode" = build ] && exit 0
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 status=0
