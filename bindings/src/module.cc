@@ -26,7 +26,7 @@
 #include "bootstrap.h"
 #include "exceptions.h"
 #include "gyre/gyre.h"
-#include "output_pool.h"
+#include "host_pool.h"
 #include "output_tensor.h"
 #include "store.h"
 #include "pending_op.h"
@@ -95,7 +95,7 @@ std::shared_ptr<PendingOp> allreduce(const std::string& name, py::handle in, py:
 }
 
 // Out of place into a new output: from the output pool when the input is a
-// CPU tensor of at least kPooledOutputMinBytes (output_pool.h), else None
+// CPU tensor of at least kPooledMinBytes (host_pool.h), else None
 // and the caller allocates (allreduce() with an output).
 py::object allreduce_pooled(const std::string& name, py::handle in, int op, double pre,
                             double post, const std::string& refusal, int process_set) {
@@ -103,10 +103,10 @@ py::object allreduce_pooled(const std::string& name, py::handle in, int op, doub
   const ReduceOp rop = call.op(op);
   TensorView vin = call.view(in, "input", Access::kRead);
   if (!vin.refusal.empty() || vin.device.type != DeviceType::kCPU ||
-      vin.nbytes() < kPooledOutputMinBytes) {
+      vin.nbytes() < kPooledMinBytes) {
     return py::none();
   }
-  auto block = acquire_output(vin.nbytes());
+  auto block = acquire_host_block(vin.nbytes());
   TensorView vout = vin;
   vout.data = block.get();
   OutputTensor out(block, vin.dtype, vin.shape);

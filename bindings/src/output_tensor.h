@@ -24,7 +24,7 @@ namespace py = pybind11;
 class OutputTensor {
  public:
   explicit OutputTensor(Handle handle) : handle_(std::move(handle)) {}
-  // A block of the output pool (output_pool.h) holding `shape` of `dtype`:
+  // A block of the output pool (host_pool.h) holding `shape` of `dtype`:
   // the new output of an out-of-place allreduce.
   OutputTensor(std::shared_ptr<std::byte> block, DataType dtype, std::vector<std::int64_t> shape)
       : block_(std::move(block)), dtype_(dtype), shape_(std::move(shape)) {}

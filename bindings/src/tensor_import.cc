@@ -8,9 +8,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <utility>
 #include <vector>
+
+#include "host_pool.h"
 
 namespace gyre::python {
 namespace {
@@ -309,16 +312,23 @@ std::unique_ptr<ImportedTensor> ImportedTensor::from_object(py::handle obj, cons
 void ImportedTensor::stage(py::handle tensor, const std::string& name, Access access) {
   const std::size_t nbytes = view_.nbytes();
   if (nbytes == 0) return;  // nothing is read or written
-  constexpr std::size_t kAlign = 64;
-  void* staging = std::aligned_alloc(kAlign, (nbytes + kAlign - 1) / kAlign * kAlign);
-  if (staging == nullptr) {
-    refuse(name, "could not be staged: out of memory for a copy of " + std::to_string(nbytes) +
-                     " bytes");
+  const std::string no_memory =
+      "could not be staged: out of memory for a copy of " + std::to_string(nbytes) + " bytes";
+  if (nbytes >= kPooledMinBytes) {
+    try {
+      staging_ = acquire_host_block(nbytes);  // 2 MiB aligned
+    } catch (const std::bad_alloc&) {
+      refuse(name, no_memory);
+    }
+  } else {
+    constexpr std::size_t kAlign = 64;
+    void* p = std::aligned_alloc(kAlign, (nbytes + kAlign - 1) / kAlign * kAlign);
+    if (p == nullptr) refuse(name, no_memory);
+    staging_.reset(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); });
   }
-  staging_.reset(staging);
-  std::memcpy(staging, view_.data, nbytes);
+  std::memcpy(staging_.get(), view_.data, nbytes);
   caller_data_ = view_.data;
-  view_.data = staging;
+  view_.data = staging_.get();
   tensor_ = py::reinterpret_borrow<py::object>(tensor);
   name_ = name;
   write_back_pending_ = access == Access::kWrite;

@@ -47,6 +47,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstddef>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -124,11 +125,10 @@ class ImportedTensor {
   Py_buffer buffer_{};
   bool has_buffer_ = false;
 
-  // Staging of a torch tensor in CPU memory (see the file comment).
-  struct FreeDeleter {
-    void operator()(void* p) const { std::free(p); }
-  };
-  std::unique_ptr<void, FreeDeleter> staging_;
+  // Staging of a torch tensor in CPU memory (see the file comment): from
+  // kPooledMinBytes up a block of host_pool.h, reused by the next call of
+  // that size instead of mapped and faulted in again.
+  std::shared_ptr<std::byte> staging_;
   py::object tensor_;              // the caller's tensor, for write_back()
   void* caller_data_ = nullptr;    // its memory at the call
   std::string name_;               // what messages call it

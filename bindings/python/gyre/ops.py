@@ -44,7 +44,7 @@ from .reduction import _OP_VALUES, _op, _reduce_op, _scales  # noqa: F401 (gyre.
 # A torch tensor, a numpy array or any other DLPack or buffer-protocol
 # producer; results come back in the caller's framework (see _tensors).
 Tensor = Any
-_POOLED_OUTPUT_BYTES = 1 << 20  # the extension's kPooledOutputMinBytes
+_POOLED_OUTPUT_BYTES = 1 << 20  # the extension's kPooledMinBytes
 
 
 # Lifecycle beyond basics (init and shutdown are basics') ------------------------
@@ -155,7 +155,7 @@ def _start_allreduce(tensor, average, name, op, prescale_factor, postscale_facto
     if _t.is_torch(x) and x.is_cpu and x.nbytes >= _POOLED_OUTPUT_BYTES:
         # A large new output from gyre's pool: already in memory when its
         # size was used before (a fresh torch tensor would fault in every
-        # page; extension's output_pool.h).
+        # page; extension's host_pool.h).
         started = _gyre.allreduce_pooled(name, x, rop, pre, post, refusal, sid)
         if started is not None:
             pending, pooled = started

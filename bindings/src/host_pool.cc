@@ -1,5 +1,5 @@
-// The pool of output blocks (output_pool.h).
-#include "output_pool.h"
+// The pool of host memory blocks (host_pool.h).
+#include "host_pool.h"
 
 #include <sys/mman.h>
 
@@ -13,7 +13,7 @@ namespace gyre::python {
 namespace {
 
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
-constexpr std::size_t kMaxIdleBytes = std::size_t{256} << 20;
+constexpr std::size_t kMaxIdleBytes = std::size_t{1} << 30;
 
 class Pool {
  public:
@@ -55,13 +55,13 @@ class Pool {
 };
 
 Pool& pool() {
-  static auto* p = new Pool();  // never destroyed: see output_pool.h
+  static auto* p = new Pool();  // never destroyed: see host_pool.h
   return *p;
 }
 
 }  // namespace
 
-std::shared_ptr<std::byte> acquire_output(std::size_t bytes) {
+std::shared_ptr<std::byte> acquire_host_block(std::size_t bytes) {
   const std::size_t mapped = (std::max<std::size_t>(bytes, 1) + kHugePage - 1) / kHugePage * kHugePage;
   std::byte* p = pool().take(mapped);
   return std::shared_ptr<std::byte>(p, [mapped](std::byte* q) { pool().give_back(q, mapped); });
