@@ -4,9 +4,11 @@
 // (GYRE_ELASTIC_RESPAWN), and what a replacement rank is told.
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -32,6 +34,58 @@ struct PendingRebuild {
   std::uint64_t own_step = 0;
 };
 std::optional<PendingRebuild> g_rebuild;
+
+// Bounds one rebuild(): its MPI calls (the old transports' pending requests,
+// the shrink and agreement, the spawn and merge, the new communicators)
+// cannot be interrupted, and Open MPI's ULFM can stay blocked in them for
+// ever (docs/elastic.md, "Limits"). Past the deadline a thread of its own
+// logs the step the recovery was blocked in and aborts the job, which then
+// ends on every rank instead of hanging.
+class RecoveryDeadline {
+ public:
+  RecoveryDeadline(double seconds, int rank, transport::MpiWorld& world) {
+    if (!(seconds > 0)) return;
+    const auto limit = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(std::min(seconds, 1e7)));
+    thread_ = std::thread([this, seconds, rank, limit, &world] {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (cv_.wait_for(lock, limit, [this] { return done_; })) return;
+      std::fprintf(stderr,
+                   "[gyre %d ERROR] gyre::rebuild(): the recovery has not finished after %g s "
+                   "(GYRE_ELASTIC_RECOVERY_TIMEOUT_S): blocked while %s. Open MPI's ULFM can "
+                   "stay blocked for ever when a replacement started by an earlier rebuild "
+                   "fails (docs/elastic.md, \"Limits\"); aborting the job\n",
+                   rank, seconds, phase_);
+      std::fflush(stderr);
+      lock.unlock();
+      world.abort(1);
+    });
+  }
+  RecoveryDeadline(const RecoveryDeadline&) = delete;
+  RecoveryDeadline& operator=(const RecoveryDeadline&) = delete;
+  ~RecoveryDeadline() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  // What the recovery does now, for the message.
+  void phase(const char* what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    phase_ = what;
+  }
+
+ private:
+  std::mutex mu_;  // guards done_, phase_
+  std::condition_variable cv_;
+  bool done_ = false;
+  const char* phase_ = "stopping the old runtime (its transfers still posted)";
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -115,6 +169,9 @@ RebuildInfo rebuild() {
     // The same words as MpiWorld::rebuild(), which says how to get ULFM.
     world.rebuild(0);
   }
+  RecoveryDeadline deadline(
+      (g_runtime ? g_runtime->options() : g_rebuild->options).elastic_recovery_timeout_s,
+      world.rank(), world);
   if (g_runtime) {
     g_rebuild = PendingRebuild{g_runtime->options(), g_runtime->versions().own()};
     std::shared_ptr<core::Runtime> old;
@@ -128,6 +185,8 @@ RebuildInfo rebuild() {
     stop_all(std::move(old), std::move(old_p2p), /*for_rebuild=*/true);
   }
   for (int attempt = 1;; ++attempt) {
+    deadline.phase("shrinking the world to the survivors (MPIX_Comm_shrink, MPIX_Comm_agree, "
+                   "the new world's communicators)");
     transport::RebuildOutcome o = world.rebuild(g_rebuild->own_step);
     RebuildInfo info;
     info.rank = o.rank;
@@ -139,7 +198,9 @@ RebuildInfo rebuild() {
     info.previous_ranks = std::move(o.previous_ranks);
     info.attempts = o.attempts + attempt - 1;
     try {
+      deadline.phase("starting replacement ranks (MPI_Comm_spawn_multiple, MPI_Intercomm_merge)");
       grow_back(world, g_rebuild->options, info);
+      deadline.phase("starting the new runtime");
       core::RuntimeInfo ri = runtime_info(world, g_rebuild->options);
       // Every survivor stands at the agreed commit from its first round on:
       // the caller rolls its state back to it.

@@ -131,6 +131,10 @@ const OptionSpec kTable[] = {
    TextOption{&O::elastic_host_discovery_script}, "", false,
    "A command printing `host:slots` lines (Horovod's `--host-discovery-script`): where "
    "`GYRE_ELASTIC_RESPAWN` starts replacement ranks."},
+  {"GYRE_ELASTIC_RECOVERY_TIMEOUT_S", "elastic_recovery_timeout_s",
+   RealOption{&O::elastic_recovery_timeout_s, 0, kMaxSeconds}, "120", false,
+   "Deadline of one `rebuild()`: past it, a recovery still blocked inside MPI aborts the job after "
+   "logging the step it was blocked in."},
 };
 // clang-format on
 
