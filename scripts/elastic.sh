@@ -79,7 +79,7 @@ fi
 # Growing back and min_np (docs/elastic.md, "Growing back"): the C++ tests
 # (label "respawn"), then the same from Python (numpy for min_np; torch and
 # TorchState for respawn).
-cmake --build "$GYRE_BUILD" -j "$jobs" --target gyre_elastic_respawn
+cmake --build "$GYRE_BUILD" -j "$jobs" --target gyre_elastic_respawn gyre_test_block_in_shrink
 echo "== ctest -L respawn (C++: min_np, respawn)"
 (cd "$GYRE_BUILD" && ctest --output-on-failure -L respawn) || status=1
 if [ "$with_python" = 1 ]; then
