@@ -18,7 +18,7 @@ limit=${GYRE_ELASTIC_TIMEOUT_S:-120}
 deadline_text="the recovery has not finished after"
 for attempt in 1 2; do
   start=$(date +%s%N)
-  out=$(timeout "$limit" "$mpiexec" --with-ft ulfm -n "$np" --oversubscribe --allow-run-as-root "$@" 2>&1)
+  out=$(timeout -k 10 "$limit" "$mpiexec" --with-ft ulfm -n "$np" --oversubscribe --allow-run-as-root "$@" 2>&1)
   status=$?
   [ "${GYRE_TEST_RETRY_ON_RECOVERY_DEADLINE:-0}" = 1 ] && [ "$attempt" = 1 ] &&
     [ "$status" -ne 124 ] && grep -qF -- "$deadline_text" <<<"$out" || break

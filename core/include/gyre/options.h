@@ -98,9 +98,9 @@ struct Options {
   // lines, choosing where replacements start; empty: on the hosts of the
   // ranks that failed.
   std::string elastic_host_discovery_script;
-  // GYRE_ELASTIC_RECOVERY_TIMEOUT_S: a rebuild() that has not finished
-  // after this many seconds (blocked inside MPI's recovery calls) aborts
-  // the job after logging where it was blocked; 0: never.
+  // GYRE_ELASTIC_RECOVERY_TIMEOUT_S: a survivor whose rebuild() has not
+  // finished after this many seconds (blocked inside MPI's recovery calls)
+  // logs where it was blocked and exits with status 1; 0: never.
   double elastic_recovery_timeout_s = 120.0;
 
   // Reads every GYRE_* variable of the table; throws InvalidArgument naming

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -39,26 +40,29 @@ std::optional<PendingRebuild> g_rebuild;
 // the shrink and agreement, the spawn and merge, the new communicators)
 // cannot be interrupted, and Open MPI's ULFM can stay blocked in them for
 // ever (docs/elastic.md, "Limits"). Past the deadline a thread of its own
-// logs the step the recovery was blocked in and aborts the job, which then
-// ends on every rank instead of hanging.
+// logs the step the recovery was blocked in and ends this process (exit
+// status 1), so that nothing hangs: every survivor has the same deadline,
+// and one whose recovery did finish sees the ended ones as failed ranks.
+// Not MPI_Abort: after a spawned replacement's failure Open MPI's launcher
+// was seen to stay behind for ever in its abort path (prterun deadlocked),
+// while processes that exit are ordinary failures to it.
 class RecoveryDeadline {
  public:
-  RecoveryDeadline(double seconds, int rank, transport::MpiWorld& world) {
+  RecoveryDeadline(double seconds, int rank) {
     if (!(seconds > 0)) return;
     const auto limit = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(std::min(seconds, 1e7)));
-    thread_ = std::thread([this, seconds, rank, limit, &world] {
+    thread_ = std::thread([this, seconds, rank, limit] {
       std::unique_lock<std::mutex> lock(mu_);
       if (cv_.wait_for(lock, limit, [this] { return done_; })) return;
       std::fprintf(stderr,
                    "[gyre %d ERROR] gyre::rebuild(): the recovery has not finished after %g s "
                    "(GYRE_ELASTIC_RECOVERY_TIMEOUT_S): blocked while %s. Open MPI's ULFM can "
                    "stay blocked for ever when a replacement started by an earlier rebuild "
-                   "fails (docs/elastic.md, \"Limits\"); aborting the job\n",
+                   "fails (docs/elastic.md, \"Limits\"); ending this process\n",
                    rank, seconds, phase_);
       std::fflush(stderr);
-      lock.unlock();
-      world.abort(1);
+      std::_Exit(1);
     });
   }
   RecoveryDeadline(const RecoveryDeadline&) = delete;
@@ -171,7 +175,7 @@ RebuildInfo rebuild() {
   }
   RecoveryDeadline deadline(
       (g_runtime ? g_runtime->options() : g_rebuild->options).elastic_recovery_timeout_s,
-      world.rank(), world);
+      world.rank());
   if (g_runtime) {
     g_rebuild = PendingRebuild{g_runtime->options(), g_runtime->versions().own()};
     std::shared_ptr<core::Runtime> old;

@@ -133,8 +133,8 @@ const OptionSpec kTable[] = {
    "`GYRE_ELASTIC_RESPAWN` starts replacement ranks."},
   {"GYRE_ELASTIC_RECOVERY_TIMEOUT_S", "elastic_recovery_timeout_s",
    RealOption{&O::elastic_recovery_timeout_s, 0, kMaxSeconds}, "120", false,
-   "Deadline of one `rebuild()`: past it, a recovery still blocked inside MPI aborts the job after "
-   "logging the step it was blocked in."},
+   "Deadline of one `rebuild()`: past it, a survivor whose recovery is still blocked inside MPI "
+   "logs the step it was blocked in and exits with status 1."},
 };
 // clang-format on
 
