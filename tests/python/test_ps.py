@@ -136,11 +136,17 @@ def test_runtime_stats_report_versions_and_push_outcomes(rank, size, tmp_path_fa
     timeline records the lags as a VERSION_LAG counter when they change."""
     import json
     import os
+    import shutil
     import time
 
     before = gyre.runtime_stats()
     path = f"/tmp/gyre-vv-timeline-{os.getppid()}-{{rank}}.json"
     mine = path.replace("{rank}", str(rank))
+    # A directory every rank knows, for a rendezvous below that needs no
+    # collective: chosen by rank 0 while the steps are still equal.
+    token = gyre.broadcast(torch.randint(0, 2**62, (1,)), root_rank=0, name="vv.token")
+    meeting = f"/tmp/gyre-vv-meeting-{int(token.item())}"
+    os.makedirs(meeting, exist_ok=True)
     gyre.barrier()
     gyre.start_timeline(path)
     # Rank 0 commits two steps more than the others; the background
@@ -168,10 +174,19 @@ def test_runtime_stats_report_versions_and_push_outcomes(rank, size, tmp_path_fa
     os.unlink(mine)
     lags = [e["args"] for e in events if e.get("name") == "VERSION_LAG" and e.get("ph") == "C"]
     assert lags and lags[-1]["rank 0"] == 0 and lags[-1]["rank 1"] >= 2
-    # The others catch up, so that later tests see equal counts.
+    # The others catch up, so that later tests see equal counts; only once
+    # every rank has checked the lags above, which a catch-up changes. Not a
+    # barrier: the steps differ until then, and a collective is refused.
+    open(os.path.join(meeting, str(rank)), "w").close()
+    deadline = time.monotonic() + 30
+    while len(os.listdir(meeting)) < size:
+        assert time.monotonic() < deadline, sorted(os.listdir(meeting))
+        time.sleep(0.001)
     for _ in range(0 if rank == 0 else 2):
         gyre.commit_step()
     gyre.barrier()
+    if rank == 0:
+        shutil.rmtree(meeting)
 
     # Push outcomes: every rank pushes on version 0 once; one is applied.
     with gyre.ps.ParameterStore() as store:
