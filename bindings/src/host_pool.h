@@ -35,4 +35,8 @@ inline constexpr std::size_t kPooledMinBytes = std::size_t{1} << 20;
 // the last copy of the pointer is dropped. Throws std::bad_alloc.
 std::shared_ptr<std::byte> acquire_host_block(std::size_t bytes);
 
+// Blocks the pool has mapped so far (each mapped once, then reused): what
+// the tests read to tell reuse from a new mapping.
+std::size_t host_blocks_mapped();
+
 }  // namespace gyre::python

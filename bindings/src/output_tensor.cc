@@ -4,6 +4,8 @@
 
 #include <vector>
 
+#include "host_pool.h"
+
 namespace gyre::python {
 namespace {
 
@@ -110,6 +112,8 @@ py::buffer_info OutputTensor::buffer() const {
 }
 
 void bind_output_tensor(py::module_& m) {
+  m.def("_host_blocks_mapped", &host_blocks_mapped,
+        "Blocks the extension's host pool has mapped so far (host_pool.h); for tests.");
   py::class_<OutputTensor>(m, "OutputTensor", py::buffer_protocol(),
                            "Result of allgather/alltoall/reducescatter, owned by gyre.")
       .def_buffer([](const OutputTensor& o) { return o.buffer(); })
