@@ -130,16 +130,20 @@ def test_large_new_outputs_come_from_the_pool_and_are_reused(size, rank):
     assert torch.equal(first, want) and first.data_ptr() != x.data_ptr()
     kept = gyre.allreduce(x, op=gyre.Sum, name="fast.pool")  # first still alive: another block
     assert kept.data_ptr() != first.data_ptr() and torch.equal(kept, want)
-    # Freed blocks are handed out again: once the pool holds what a call
-    # needs (the output, and the staged copy of the torch input), calls
-    # whose outputs are freed map no new block.
+    # Freed blocks are handed out again: calls whose outputs are freed map
+    # few new blocks. Each call needs two (its output, the staged copy of
+    # its torch input); a staged copy returns to the pool when its operation
+    # is released, which may be a call or two later (a handle completed on
+    # another thread is released with the GIL), so the pool may grow by a
+    # block or two before it holds what the calls need: 2 per call (16 here)
+    # without reuse.
     del first
     mapped = gyre._gyre._host_blocks_mapped()
-    for _ in range(4):
+    for _ in range(8):
         out = gyre.allreduce(x * 2, op=gyre.Sum, name="fast.pool")
         assert torch.equal(out, want * 2)
         del out
-    assert gyre._gyre._host_blocks_mapped() == mapped
+    assert gyre._gyre._host_blocks_mapped() - mapped <= 3
     again = gyre.allreduce(x * 2, op=gyre.Sum, name="fast.pool")
     assert torch.equal(again, want * 2) and torch.equal(kept, want)
     assert again.shape == x.shape and again.dtype == x.dtype
