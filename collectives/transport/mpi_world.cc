@@ -352,12 +352,16 @@ void MpiWorld::finalize() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  if (rebuilt_) {
+  // A failure known to ULFM's detector without a rebuild: the job's failed
+  // processes of MPI_COMM_WORLD (a parameter store's member killed, its
+  // survivors ending on the store's error).
+  if (rebuilt_ || !detail::failed_ranks(MPI_COMM_WORLD).empty()) {
     // After a rank's death, Open MPI 5.0's MPI_Finalize sometimes waits for
     // ever in its closing fence, which includes the dead process (seen in
-    // about one run in three of tests/elastic under load). The survivors'
-    // work is done by now (gyre is shut down): after a grace period the
-    // process ends with status 0 instead of hanging.
+    // about one run in three of tests/elastic under load, and in a store
+    // test with no rebuild). The survivors' work is done by now (gyre is
+    // shut down): after a grace period the process ends with status 0
+    // instead of hanging.
     std::thread([] {
       std::this_thread::sleep_for(std::chrono::seconds(kFinalizeGraceS));
       std::fprintf(stderr,
