@@ -312,18 +312,21 @@ std::unique_ptr<ImportedTensor> ImportedTensor::from_object(py::handle obj, cons
 void ImportedTensor::stage(py::handle tensor, const std::string& name, Access access) {
   const std::size_t nbytes = view_.nbytes();
   if (nbytes == 0) return;  // nothing is read or written
-  const std::string no_memory =
-      "could not be staged: out of memory for a copy of " + std::to_string(nbytes) + " bytes";
+  // Built only on failure: staging runs on every call with a torch tensor.
+  auto out_of_memory = [&] {
+    refuse(name, "could not be staged: out of memory for a copy of " + std::to_string(nbytes) +
+                     " bytes");
+  };
   if (nbytes >= kPooledMinBytes) {
     try {
       staging_ = acquire_host_block(nbytes);  // 2 MiB aligned
     } catch (const std::bad_alloc&) {
-      refuse(name, no_memory);
+      out_of_memory();
     }
   } else {
     constexpr std::size_t kAlign = 64;
     void* p = std::aligned_alloc(kAlign, (nbytes + kAlign - 1) / kAlign * kAlign);
-    if (p == nullptr) refuse(name, no_memory);
+    if (p == nullptr) out_of_memory();
     staging_.reset(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); });
   }
   std::memcpy(staging_.get(), view_.data, nbytes);
