@@ -73,4 +73,11 @@ bool process_failure(int code, MPI_Comm comm);
 // tolerance off at run time.
 std::vector<int> failed_ranks(MPI_Comm comm);
 
+// After a rebuild (ULFM on): a duplicate of `comm` made by MPIX_Comm_shrink,
+// whose agreement on the new communicator tolerates failures, instead of
+// MPI_Comm_dup/idup; false (and `out` untouched) in a build without ULFM or
+// with fault tolerance off at run time; RankFailedError when a member of
+// `comm` has died (the result would be smaller). See MpiWorld::make_transport.
+bool ft_duplicate(MPI_Comm comm, MPI_Comm* out);
+
 }  // namespace gyre::transport::detail

@@ -104,6 +104,30 @@ std::vector<int> failed_ranks(MPI_Comm comm) {
   return ranks;
 }
 
+bool ft_duplicate(MPI_Comm comm, MPI_Comm* out) {
+#ifdef GYRE_HAVE_ULFM
+  if (!ft_switched_on()) return false;
+  MPI_Comm dup = MPI_COMM_NULL;
+  check_mpi(MPIX_Comm_shrink(comm, &dup), "MPIX_Comm_shrink (duplicating the world)");
+  int before = 0, after = 0;
+  MPI_Comm_size(comm, &before);
+  MPI_Comm_size(dup, &after);
+  if (after != before) {
+    // A member died since `comm` was made: not a duplicate. (Not freed:
+    // freeing is collective, and the dead member cannot take part.)
+    throw RankFailedError(fmt::format(
+        "{} of {} rank(s) failed while the new world's communicator was duplicated",
+        before - after, before));
+  }
+  *out = dup;
+  return true;
+#else
+  (void)comm;
+  (void)out;
+  return false;
+#endif
+}
+
 }  // namespace detail
 
 RebuildOutcome MpiWorld::rebuild(std::uint64_t own_step) {

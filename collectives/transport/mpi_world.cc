@@ -285,6 +285,20 @@ std::unique_ptr<Transport> MpiWorld::make_transport(std::size_t max_message_byte
   if (!layout_known_) {
     throw StateError("MpiWorld::make_transport: the world is not set up (instance(ranks) failed)");
   }
+  // After a rebuild (survivors and replacements alike: rebuilt_ is set on
+  // every member of the new world) the duplicate comes from MPIX_Comm_shrink
+  // of the new world, not MPI_Comm_idup. Under Open MPI 5.0.11 with ULFM, an
+  // idup of the shrunk world hung in about one run in ten of the parameter
+  // store's kill tests (tests/elastic/store_kill.cc): both survivors polling
+  // it for ever, while a barrier on the same communicator just before it
+  // completed. Shrink's agreement is ULFM's fault-tolerant one, and with no
+  // failed member its result is a duplicate. It blocks, without a deadline
+  // of its own: the recovery's (GYRE_ELASTIC_RECOVERY_TIMEOUT_S) bounds it.
+  MPI_Comm ft_comm = MPI_COMM_NULL;
+  if (rebuilt_ && detail::ft_duplicate(detail::world_comm(), &ft_comm)) {
+    check_mpi(MPI_Comm_set_errhandler(ft_comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    return make_mpi_transport(ft_comm, collectives::oversubscribed(local_size_), max_message_bytes);
+  }
   PendingDup& dup = restricted_to_.empty() ? g_dup : g_restricted_dup;
   // Non-blocking, polled: the duplication waits for every rank, which must
   // not be beyond the deadline or Ctrl-C. One given up stays pending (MPI
