@@ -288,10 +288,10 @@ std::unique_ptr<Transport> MpiWorld::make_transport(std::size_t max_message_byte
   // After a rebuild (survivors and replacements alike: rebuilt_ is set on
   // every member of the new world) the duplicate comes from MPIX_Comm_shrink
   // of the new world, not MPI_Comm_idup. Under Open MPI 5.0.11 with ULFM, an
-  // idup of the shrunk world hung in about one run in ten of the parameter
-  // store's kill tests (tests/elastic/store_kill.cc): both survivors polling
-  // it for ever, while a barrier on the same communicator just before it
-  // completed. Shrink's agreement is ULFM's fault-tolerant one, and with no
+  // idup of the shrunk world at times never completed in the parameter
+  // store's kill tests (tests/elastic/store_kill.cc; docs/elastic.md): both
+  // survivors polling it for ever, while a barrier on the same communicator
+  // just before it completed. Shrink's agreement is ULFM's fault-tolerant one, and with no
   // failed member its result is a duplicate. It blocks, without a deadline
   // of its own: the recovery's (GYRE_ELASTIC_RECOVERY_TIMEOUT_S) bounds it.
   MPI_Comm ft_comm = MPI_COMM_NULL;
