@@ -291,9 +291,10 @@ std::unique_ptr<Transport> MpiWorld::make_transport(std::size_t max_message_byte
   // idup of the shrunk world at times never completed in the parameter
   // store's kill tests (tests/elastic/store_kill.cc; docs/elastic.md): both
   // survivors polling it for ever, while a barrier on the same communicator
-  // just before it completed. Shrink's agreement is ULFM's fault-tolerant one, and with no
-  // failed member its result is a duplicate. It blocks, without a deadline
-  // of its own: the recovery's (GYRE_ELASTIC_RECOVERY_TIMEOUT_S) bounds it.
+  // just before it completed. Shrink's agreement is ULFM's fault-tolerant
+  // one, and with no failed member its result is a duplicate. It blocks,
+  // without a deadline of its own: the recovery's
+  // (GYRE_ELASTIC_RECOVERY_TIMEOUT_S) bounds it.
   MPI_Comm ft_comm = MPI_COMM_NULL;
   if (rebuilt_ && detail::ft_duplicate(detail::world_comm(), &ft_comm)) {
     check_mpi(MPI_Comm_set_errhandler(ft_comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
@@ -366,16 +367,15 @@ void MpiWorld::finalize() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  // A failure known to ULFM's detector without a rebuild: the job's failed
-  // processes of MPI_COMM_WORLD (a parameter store's member killed, its
-  // survivors ending on the store's error).
+  // Also for a failure known to ULFM's detector without a rebuild: the
+  // job's failed processes of MPI_COMM_WORLD (e.g. survivors that end on a
+  // parameter store's error instead of rebuilding).
   if (rebuilt_ || !detail::failed_ranks(MPI_COMM_WORLD).empty()) {
     // After a rank's death, Open MPI 5.0's MPI_Finalize sometimes waits for
     // ever in its closing fence, which includes the dead process (seen in
-    // about one run in three of tests/elastic under load, and in a store
-    // test with no rebuild). The survivors' work is done by now (gyre is
-    // shut down): after a grace period the process ends with status 0
-    // instead of hanging.
+    // about one run in three of tests/elastic under load, after rebuilds).
+    // The survivors' work is done by now (gyre is shut down): after a grace
+    // period the process ends with status 0 instead of hanging.
     std::thread([] {
       std::this_thread::sleep_for(std::chrono::seconds(kFinalizeGraceS));
       std::fprintf(stderr,
