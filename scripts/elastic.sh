@@ -47,8 +47,20 @@ grep -q "$venv/lib/libmpi.so" <<<"$libs" || {
   echo "elastic.sh: gyre_elastic_kill does not link $venv/lib/libmpi.so" >&2; exit 1; }
 
 status=0
+# fail WHAT: the script fails at its end; WHAT goes to $GYRE_FAILURE_LOG when
+# that is set (scripts/test.sh prints it among the suite's last lines).
+[ -n "${GYRE_FAILURE_LOG:-}" ] && : >"$GYRE_FAILURE_LOG"
+fail() {
+  status=1
+  [ -n "${GYRE_FAILURE_LOG:-}" ] && echo "$1" >>"$GYRE_FAILURE_LOG"
+  return 0
+}
+fail_ctest() {  # fail_ctest LABEL: names the tests CTest saw fail
+  local log=$GYRE_BUILD/Testing/Temporary/LastTestsFailed.log
+  fail "ctest -L $1: $( [ -f "$log" ] && cut -d: -f2- "$log" | paste -sd' ' -)"
+}
 echo "== ctest -L elastic (C++: allreduce training, and the parameter store)"
-(cd "$GYRE_BUILD" && ctest --output-on-failure -L elastic -LE python) || status=1
+(cd "$GYRE_BUILD" && ctest --output-on-failure -L elastic -LE python) || fail_ctest elastic
 
 if [ "$with_python" = 1 ]; then
   # The package, built against the same MPI, into that environment only (its
@@ -69,11 +81,11 @@ if [ "$with_python" = 1 ]; then
     # take a minute before the first step.
     GYRE_ELASTIC_TIMEOUT_S=300 bash "$GYRE_ROOT/tests/elastic/run_elastic.sh" "$venv/bin/mpirun" 3 \
       -x GYRE_TEST_KILL_RANK=$kill_rank "$venv/bin/python" \
-      "$GYRE_ROOT/tests/elastic/elastic_train.py" || status=1
+      "$GYRE_ROOT/tests/elastic/elastic_train.py" || fail "elastic_train.py, rank $kill_rank killed"
     echo "== Python: elastic LocalSGD (period 4, DiLoCo), 3 ranks, rank $kill_rank killed between outer rounds"
     GYRE_ELASTIC_TIMEOUT_S=300 bash "$GYRE_ROOT/tests/elastic/run_elastic.sh" "$venv/bin/mpirun" 3 \
       -x GYRE_TEST_KILL_RANK=$kill_rank "$venv/bin/python" \
-      "$GYRE_ROOT/tests/elastic/elastic_local_sgd.py" || status=1
+      "$GYRE_ROOT/tests/elastic/elastic_local_sgd.py" || fail "elastic_local_sgd.py, rank $kill_rank killed"
   done
 fi
 # Growing back and min_np (docs/elastic.md, "Growing back"): the C++ tests
@@ -81,15 +93,15 @@ fi
 # TorchState for respawn).
 cmake --build "$GYRE_BUILD" -j "$jobs" --target gyre_elastic_respawn gyre_test_block_in_shrink
 echo "== ctest -L respawn (C++: min_np, respawn)"
-(cd "$GYRE_BUILD" && ctest --output-on-failure -L respawn) || status=1
+(cd "$GYRE_BUILD" && ctest --output-on-failure -L respawn) || fail_ctest respawn
 if [ "$with_python" = 1 ]; then
   echo "== Python: 3 ranks, GYRE_ELASTIC_MIN_NP=3, rank 1 killed: both survivors end"
   GYRE_ELASTIC_TIMEOUT_S=300 bash "$GYRE_ROOT/tests/elastic/run_respawn.sh" "$venv/bin/mpirun" 3 0 2 \
     "2 rank(s) left after the failure of rank(s) [1], fewer than GYRE_ELASTIC_MIN_NP=3" \
-    -x GYRE_ELASTIC_MIN_NP=3 "$venv/bin/python" "$GYRE_ROOT/tests/elastic/elastic_min_np.py" || status=1
+    -x GYRE_ELASTIC_MIN_NP=3 "$venv/bin/python" "$GYRE_ROOT/tests/elastic/elastic_min_np.py" || fail elastic_min_np.py
   echo "== Python: 3 ranks, GYRE_ELASTIC_RESPAWN=1, rank 1 killed at step 7: back to 3 ranks"
   GYRE_ELASTIC_TIMEOUT_S=400 bash "$GYRE_ROOT/tests/elastic/run_respawn.sh" "$venv/bin/mpirun" 3 3 0 - \
-    -x GYRE_ELASTIC_RESPAWN=1 "$venv/bin/python" "$GYRE_ROOT/tests/elastic/elastic_respawn.py" || status=1
+    -x GYRE_ELASTIC_RESPAWN=1 "$venv/bin/python" "$GYRE_ROOT/tests/elastic/elastic_respawn.py" || fail elastic_respawn.py
 fi
 if [ "$with_python" = 1 ]; then
   # A rank dies inside the transfer of a fused bucket of gradients
@@ -100,11 +112,11 @@ if [ "$with_python" = 1 ]; then
   GYRE_ELASTIC_TIMEOUT_S=300 bash "$GYRE_ROOT/tests/elastic/run_elastic.sh" "$venv/bin/mpirun" 3 \
     -x GYRE_TEST_KILL_IN_SEND=1 -x GYRE_CYCLE_TIME_MS=5 -x GYRE_ALLREDUCE_SMALL_BYTES=0 \
     -x LD_PRELOAD="$GYRE_BUILD/tests/elastic/libgyre_test_kill_in_send.so" \
-    "$venv/bin/python" "$GYRE_ROOT/tests/elastic/elastic_train.py" || status=1
+    "$venv/bin/python" "$GYRE_ROOT/tests/elastic/elastic_train.py" || fail "elastic_train.py, killed in a bucket's transfer"
   echo "== Python: elastic LocalSGD, 3 ranks, rank 1 killed inside an outer round's allreduce"
   GYRE_ELASTIC_TIMEOUT_S=300 bash "$GYRE_ROOT/tests/elastic/run_elastic.sh" "$venv/bin/mpirun" 3 \
     -x GYRE_TEST_KILL_IN_SEND=1 -x GYRE_CYCLE_TIME_MS=5 -x GYRE_ALLREDUCE_SMALL_BYTES=0 \
     -x LD_PRELOAD="$GYRE_BUILD/tests/elastic/libgyre_test_kill_in_send.so" \
-    "$venv/bin/python" "$GYRE_ROOT/tests/elastic/elastic_local_sgd.py" || status=1
+    "$venv/bin/python" "$GYRE_ROOT/tests/elastic/elastic_local_sgd.py" || fail "elastic_local_sgd.py, killed in an outer round"
 fi
 exit "$status"

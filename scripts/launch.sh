@@ -81,11 +81,20 @@ cd "$out"
 status=0
 # torchrun of this environment's Python (the one on PATH may be another's).
 torchrun=("$py" -m torch.distributed.run)
-compare() { "$py" "$GYRE_ROOT/tests/launch/compare.py" "$@" || status=1; }
+# fail WHAT: the script fails at its end; WHAT goes to $GYRE_FAILURE_LOG when
+# that is set (scripts/test.sh prints it among the suite's last lines).
+[ -n "${GYRE_FAILURE_LOG:-}" ] && : >"$GYRE_FAILURE_LOG"
+fail() {
+  echo "launch.sh: FAILED: $1" >&2
+  status=1
+  [ -n "${GYRE_FAILURE_LOG:-}" ] && echo "$1" >>"$GYRE_FAILURE_LOG"
+  return 0
+}
+compare() { "$py" "$GYRE_ROOT/tests/launch/compare.py" "$@" || fail "compare.py $*"; }
 run() {  # run NAME TIMEOUT_S CMD...: fails the script (not at once) on failure
   local name=$1 limit=$2; shift 2
   echo "-- $name"
-  timeout "$limit" "$@" || { echo "launch.sh: FAILED: $name" >&2; status=1; }
+  timeout "$limit" "$@" || fail "$name"
 }
 # reference NAME TIMEOUT_S CMD...: a run on gloo, the peer the gyre runs are
 # compared with. gloo itself aborts now and then when its ranks tear down
@@ -98,7 +107,7 @@ reference() {
   echo "-- $name"
   timeout "$limit" "$@" && return 0
   echo "launch.sh: the reference run on gloo failed (above); running it once more: $name" >&2
-  timeout "$limit" "$@" || { echo "launch.sh: FAILED: $name" >&2; status=1; }
+  timeout "$limit" "$@" || fail "$name"
 }
 
 for n in 2 3; do
@@ -145,7 +154,7 @@ EOF
 import torch, sys
 a = torch.load('hvd_2x2.pt')
 print(f'two hosts: size {a[\"size\"]}, local size {a[\"local_size\"]}')
-sys.exit(0 if (a['size'], a['local_size']) == (4, 2) else 1)" || status=1
+sys.exit(0 if (a['size'], a['local_size']) == (4, 2) else 1)" || fail "two hosts: size and local size"
 else
   echo "-- two simulated hosts: skipped ($why)"
 fi

