@@ -3,14 +3,17 @@
 // period 1 with plain averaging is synchronous SGD on the averaged gradient;
 // between rounds the ranks' parameters differ and right after a round they
 // are identical (with a warm-up); DiLoCo's Nesterov outer step over three
-// rounds; the 16-bit transports within their rounding; one commit per round;
+// rounds; the 16-bit and int8 transports within their rounding (a NaN in an
+// int8 block reaching every rank as NaN); one commit per round;
 // the start from a process set's first rank; bad arguments refused naming
 // the problem. The model is a float32 tensor and a float64 one, so both
 // dtypes go through every round.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -236,6 +239,100 @@ TEST_CASE("local SGD: 16-bit pseudo-gradients average within their rounding", "[
     for (const auto& v : sums) CHECK(v[0] == sums[0][0]);
     synced = got;
   }
+}
+
+// The bound of an int8 round on one element: every rank's value is off by at
+// most half its block's scale (absmax / 127), so their average by at most
+// the largest such half, plus float32's rounding of the sums.
+static std::vector<double> int8_tolerance(const std::vector<double>& synced,
+                                   const std::vector<std::vector<double>>& locals,
+                                   const std::vector<std::size_t>& blocks) {
+  std::vector<double> tol(synced.size());
+  for (std::size_t b = 0; b + 1 < blocks.size(); ++b) {
+    double largest_half_scale = 0;
+    for (const auto& l : locals) {
+      double absmax = 0;
+      for (std::size_t k = blocks[b]; k < blocks[b + 1]; ++k) {
+        absmax = std::max(absmax, std::abs(synced[k] - l[k]));
+      }
+      largest_half_scale = std::max(largest_half_scale, absmax / 127.0 / 2.0);
+    }
+    for (std::size_t k = blocks[b]; k < blocks[b + 1]; ++k) {
+      tol[k] = largest_half_scale * (1 + 1e-5) + 1e-6 * (1 + std::abs(synced[k]));
+    }
+  }
+  return tol;
+}
+
+TEST_CASE("local SGD: int8 pseudo-gradients average within half a block's scale", "[mpi]") {
+  Session s;
+  Model m(rank());
+  LocalSgd sgd({.period = 2, .compression = LocalSgdCompression::kInt8}, m.views());
+  std::vector<double> synced = m.flat();
+  for (int t = 1; t <= 6; ++t) {
+    inner_step(m, t);
+    if (t % 2 != 0) {
+      CHECK_FALSE(sgd.step());
+      continue;
+    }
+    const auto locals = gather("test.lsgd.local8", m.flat());
+    const std::vector<double> avg = mean(locals);
+    // One block per parameter here: w is elements 0..11, b 12..16.
+    const auto tol = int8_tolerance(synced, locals, {0, 12, 17});
+    REQUIRE(sgd.step());
+    const auto got = m.flat();
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      INFO(fmt::format("step {} element {}: {:.9g}, exact average {:.9g}, bound {:.3g}", t, k,
+                       got[k], avg[k], tol[k]));
+      CHECK(std::abs(got[k] - avg[k]) <= tol[k]);
+    }
+    const auto sums = gather("test.lsgd.checksum8", {checksum(m)});
+    for (const auto& v : sums) CHECK(v[0] == sums[0][0]);
+    synced = got;
+  }
+}
+
+TEST_CASE("local SGD: int8 blocks of a large parameter, and a NaN reaches every rank",
+          "[mpi]") {
+  Session s;
+  // 600 float32 values: blocks 0..255, 256..511 and a partial 512..599.
+  constexpr std::size_t kN = 600;
+  std::vector<float> p(kN);
+  for (std::size_t k = 0; k < kN; ++k) p[k] = 0.001f * static_cast<float>(k);
+  LocalSgd sgd({.period = 1, .compression = LocalSgdCompression::kInt8, .name = "test.lsgd.big"},
+               {view(p)});
+  std::vector<double> synced(p.begin(), p.end());
+  // Each block of each rank moves by a different amount, so that the blocks'
+  // scales differ.
+  for (std::size_t k = 0; k < kN; ++k) {
+    p[k] -= static_cast<float>(0.01 * std::sin(0.1 * static_cast<double>(k) + rank()) *
+                               (1 + static_cast<double>(k / 256)));
+  }
+  std::vector<double> mine(p.begin(), p.end());
+  const auto locals = gather("test.lsgd.big.local", mine);
+  const auto tol = int8_tolerance(synced, locals, {0, 256, 512, kN});
+  const std::vector<double> avg = mean(locals);
+  REQUIRE(sgd.step());
+  for (std::size_t k = 0; k < kN; ++k) {
+    INFO(fmt::format("element {}: {:.9g}, exact average {:.9g}, bound {:.3g}", k, p[k], avg[k],
+                     tol[k]));
+    CHECK(std::abs(p[k] - avg[k]) <= tol[k]);
+  }
+  synced.assign(p.begin(), p.end());
+  // A NaN on the last rank only, in the middle block: that block is NaN on
+  // every rank after the round (not a number from a cast of NaN to int8),
+  // the other blocks stay finite and equal on every rank.
+  if (rank() == size() - 1) p[300] = std::numeric_limits<float>::quiet_NaN();
+  REQUIRE(sgd.step());
+  std::vector<double> after(p.begin(), p.end());
+  for (std::size_t k = 0; k < kN; ++k) {
+    INFO(fmt::format("element {} after the NaN round: {}", k, after[k]));
+    CHECK(std::isnan(after[k]) == (k >= 256 && k < 512));
+  }
+  std::vector<double> finite(after.begin(), after.begin() + 256);
+  finite.insert(finite.end(), after.begin() + 512, after.end());
+  const auto all = gather("test.lsgd.big.after", finite);
+  for (const auto& v : all) CHECK(v == all[0]);
 }
 
 TEST_CASE("local SGD: every round is one commit and version() is the commit", "[mpi]") {

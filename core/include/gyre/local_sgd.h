@@ -1,7 +1,8 @@
 // Local SGD and DiLoCo for C++ jobs (docs/training-modes.md): each rank
 // trains alone for `period` steps, then one outer round makes the ranks'
 // parameters one model again. The C++ counterpart of Python's
-// gyre.torch.LocalSGD, without its streaming fragments and int8 transport.
+// gyre.torch.LocalSGD, without its streaming fragments and partial
+// participation.
 //
 //   std::vector<float> w(n), b(m);                 // the job's parameters
 //   gyre::LocalSgd sgd({.period = 16, .outer = gyre::OuterOptimizer::diloco()},
@@ -27,6 +28,7 @@
 // calls step() the same number of times (its collectives are matched by name).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -55,8 +57,17 @@ struct OuterOptimizer {
 };
 
 // How the pseudo-gradients travel: in the parameters' own dtype, or cast to
-// 16 bits (summed by the allreduce in float32, rounded to 16 bits).
-enum class LocalSgdCompression { kNone, kFloat16, kBFloat16 };
+// 16 bits (summed by the allreduce in float32, rounded to 16 bits), or as
+// 8-bit integers with one float32 scale per block of kLocalSgdInt8Block
+// values of a parameter (its absolute maximum / 127), a quarter of float32's
+// bytes and a little more. 8-bit values cannot be summed in 8 bits: an int8
+// round is one allgather of every rank's values and scales, which every
+// rank dequantizes and averages in float32 in rank order, so that every rank
+// computes the same average; the error per value is at most half its
+// block's scale. (gyre.torch.LocalSGD's LocalSGD.int8, with blocks taken per
+// parameter here instead of across a fragment's parameters.)
+enum class LocalSgdCompression { kNone, kFloat16, kBFloat16, kInt8 };
+inline constexpr std::size_t kLocalSgdInt8Block = 256;
 
 struct LocalSgdOptions {
   int period = 1;            // inner steps per outer round, >= 1

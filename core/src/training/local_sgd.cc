@@ -3,11 +3,15 @@
 // alone (broadcast, grouped allreduce, commit_step). A round changes nothing
 // until its allreduce has succeeded: the pseudo-gradients are computed into
 // a buffer of their own, and θ_synced, the momentum and the caller's
-// parameters are written only after the wait returned.
+// parameters are written only after the wait returned. Under int8
+// compression the round is an allgather of every rank's quantized
+// pseudo-gradients instead of an allreduce (int8_round).
 #include "gyre/local_sgd.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <exception>
 #include <utility>
 
@@ -18,7 +22,9 @@
 namespace gyre {
 
 // One parameter: the caller's buffer and what LocalSgd keeps beside it, all
-// in the parameter's dtype but for `wire` under compression (16-bit).
+// in the parameter's dtype but for `wire` under compression (16-bit, or
+// float32 for int8: the pseudo-gradient before quantization and the average
+// after the round).
 // Outside the anonymous namespace: LocalSgd::State holds them.
 struct LocalSgdSlot {
   TensorView local;
@@ -33,13 +39,20 @@ namespace {
 using Slot = LocalSgdSlot;
 
 std::size_t wire_size(const Slot& s, LocalSgdCompression c) {
-  return c == LocalSgdCompression::kNone ? s.local.nbytes() : s.count * sizeof(std::uint16_t);
+  switch (c) {
+    case LocalSgdCompression::kNone: return s.local.nbytes();
+    case LocalSgdCompression::kInt8: return s.count * sizeof(float);
+    case LocalSgdCompression::kFloat16:
+    case LocalSgdCompression::kBFloat16: break;
+  }
+  return s.count * sizeof(std::uint16_t);
 }
 
 DataType wire_dtype(const Slot& s, LocalSgdCompression c) {
   switch (c) {
     case LocalSgdCompression::kFloat16: return DataType::kFloat16;
     case LocalSgdCompression::kBFloat16: return DataType::kBFloat16;
+    case LocalSgdCompression::kInt8: return DataType::kFloat32;
     case LocalSgdCompression::kNone: break;
   }
   return s.local.dtype;
@@ -55,7 +68,8 @@ float from_16(std::uint16_t v, LocalSgdCompression c) {
                                             : collectives::bf16_to_float(v);
 }
 
-// wire = θ_synced − θ_local, in T or cast to 16 bits.
+// wire = θ_synced − θ_local, in T, in float32 (int8: quantized later), or
+// cast to 16 bits.
 template <typename T>
 void pseudo_gradient(Slot& s, LocalSgdCompression c) {
   const T* synced = reinterpret_cast<const T*>(s.synced.data());
@@ -63,6 +77,11 @@ void pseudo_gradient(Slot& s, LocalSgdCompression c) {
   if (c == LocalSgdCompression::kNone) {
     T* out = reinterpret_cast<T*>(s.wire.data());
     for (std::size_t i = 0; i < s.count; ++i) out[i] = synced[i] - local[i];
+    return;
+  }
+  if (c == LocalSgdCompression::kInt8) {
+    auto* out = reinterpret_cast<float*>(s.wire.data());
+    for (std::size_t i = 0; i < s.count; ++i) out[i] = static_cast<float>(synced[i] - local[i]);
     return;
   }
   auto* out = reinterpret_cast<std::uint16_t*>(s.wire.data());
@@ -79,9 +98,12 @@ void outer_step(Slot& s, LocalSgdCompression c, const OuterOptimizer& o) {
   T* buf = s.momentum.empty() ? nullptr : reinterpret_cast<T*>(s.momentum.data());
   const T* wire = reinterpret_cast<const T*>(s.wire.data());
   const auto* wire16 = reinterpret_cast<const std::uint16_t*>(s.wire.data());
+  const auto* wire32 = reinterpret_cast<const float*>(s.wire.data());
   const T lr = static_cast<T>(o.lr), m = static_cast<T>(o.momentum);
   for (std::size_t i = 0; i < s.count; ++i) {
-    const T g = c == LocalSgdCompression::kNone ? wire[i] : static_cast<T>(from_16(wire16[i], c));
+    const T g = c == LocalSgdCompression::kNone   ? wire[i]
+                : c == LocalSgdCompression::kInt8 ? static_cast<T>(wire32[i])
+                                                  : static_cast<T>(from_16(wire16[i], c));
     T d = g;
     if (buf != nullptr) {
       buf[i] = m * buf[i] + g;
@@ -106,6 +128,91 @@ void wait_all(const std::vector<Handle>& handles) {
   if (first) std::rethrow_exception(first);
 }
 
+// The int8 message of one rank, one row of the round's allgather: every
+// slot's values (int8, in slot order), zero bytes up to a multiple of 4,
+// then every slot's block scales (float32, in slot order).
+struct Int8Layout {
+  std::size_t values = 0;  // int8 values in all (the parameters' elements)
+  std::size_t scales = 0;  // blocks in all
+  std::size_t scales_at = 0;
+  std::size_t bytes = 0;
+};
+
+std::size_t blocks_of(std::size_t count) {
+  return (count + kLocalSgdInt8Block - 1) / kLocalSgdInt8Block;
+}
+
+Int8Layout int8_layout(const std::vector<Slot>& slots) {
+  Int8Layout l;
+  for (const Slot& s : slots) {
+    l.values += s.count;
+    l.scales += blocks_of(s.count);
+  }
+  l.scales_at = (l.values + 3) / 4 * 4;
+  l.bytes = l.scales_at + l.scales * sizeof(float);
+  return l;
+}
+
+// Quantizes every slot's float32 `wire` into `out` (int8_layout's bytes):
+// per block, scale = absmax / 127 and q = round(v / scale) in [-127, 127];
+// an all-zero block has scale 0 and q 0. A block holding a NaN or an
+// infinity gets a NaN scale (and q 0): its average becomes NaN on every rank,
+// as it would uncompressed, instead of an arbitrary number.
+void quantize(const std::vector<Slot>& slots, const Int8Layout& l, std::byte* out) {
+  auto* q = reinterpret_cast<std::int8_t*>(out);
+  std::vector<float> scales;
+  scales.reserve(l.scales);
+  for (const Slot& s : slots) {
+    const auto* v = reinterpret_cast<const float*>(s.wire.data());
+    for (std::size_t b = 0; b < s.count; b += kLocalSgdInt8Block) {
+      const std::size_t e = std::min(s.count, b + kLocalSgdInt8Block);
+      float absmax = 0;
+      bool finite = true;
+      for (std::size_t i = b; i < e; ++i) {
+        finite = finite && std::isfinite(v[i]);
+        absmax = std::max(absmax, std::fabs(v[i]));
+      }
+      const float scale = finite ? absmax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+      for (std::size_t i = b; i < e; ++i) {
+        float r = 0;
+        if (finite && scale > 0) r = std::clamp(std::nearbyint(v[i] / scale), -127.0f, 127.0f);
+        *q++ = static_cast<std::int8_t>(r);
+      }
+      scales.push_back(scale);
+    }
+  }
+  std::memset(out + l.values, 0, l.scales_at - l.values);
+  if (!scales.empty()) std::memcpy(out + l.scales_at, scales.data(), scales.size() * sizeof(float));
+}
+
+// Every slot's `wire` = the average over the gathered rows (one per rank,
+// in rank order) of their dequantized values, summed in float32 in rank
+// order: the same arithmetic on every rank, so the same result.
+void dequantize_average(std::vector<Slot>& slots, const Int8Layout& l, const std::byte* rows,
+                        std::size_t ranks) {
+  for (Slot& s : slots) std::memset(s.wire.data(), 0, s.wire.size());
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const std::byte* row = rows + r * l.bytes;
+    const auto* q = reinterpret_cast<const std::int8_t*>(row);
+    std::size_t block = 0;
+    for (Slot& s : slots) {
+      auto* sum = reinterpret_cast<float*>(s.wire.data());
+      for (std::size_t i = 0; i < s.count; ++i) {
+        float scale;
+        std::memcpy(&scale, row + l.scales_at + (block + i / kLocalSgdInt8Block) * sizeof(float),
+                    sizeof(float));
+        sum[i] += static_cast<float>(*q++) * scale;
+      }
+      block += blocks_of(s.count);
+    }
+  }
+  const float n = static_cast<float>(ranks);
+  for (Slot& s : slots) {
+    auto* sum = reinterpret_cast<float*>(s.wire.data());
+    for (std::size_t i = 0; i < s.count; ++i) sum[i] /= n;
+  }
+}
+
 void check_options(const LocalSgdOptions& o) {
   auto bad = [](const std::string& what) { throw InvalidArgument("LocalSgd: " + what); };
   if (o.period < 1) bad(fmt::format("period must be >= 1, got {}", o.period));
@@ -121,7 +228,8 @@ void check_options(const LocalSgdOptions& o) {
   }
   if (o.compression != LocalSgdCompression::kNone &&
       o.compression != LocalSgdCompression::kFloat16 &&
-      o.compression != LocalSgdCompression::kBFloat16) {
+      o.compression != LocalSgdCompression::kBFloat16 &&
+      o.compression != LocalSgdCompression::kInt8) {
     bad(fmt::format("unknown compression {}", static_cast<int>(o.compression)));
   }
   if (o.name.empty()) bad("name (the prefix of the operations' names) is empty");
@@ -160,11 +268,13 @@ struct LocalSgd::State {
   LocalSgdOptions options;
   std::vector<Slot> slots;
   std::vector<std::string> round_names;
+  std::size_t ranks = 0;  // the process set's
   std::int64_t local_steps = 0;
   std::int64_t rounds = 0;
   std::uint64_t version = 0;
 
   void round();
+  void int8_round();
 };
 
 LocalSgd::LocalSgd(const LocalSgdOptions& options, std::vector<TensorView> params)
@@ -186,6 +296,7 @@ LocalSgd::LocalSgd(const LocalSgdOptions& options, std::vector<TensorView> param
                                       members.front(), options.process_set));
   }
   wait_all(started);
+  st.ranks = members.size();
 
   for (std::size_t i = 0; i < params.size(); ++i) {
     Slot s;
@@ -218,9 +329,13 @@ void LocalSgd::State::round() {
     void* data = s.wire.empty() ? nullptr : s.wire.data();
     wires.push_back(TensorView{data, wire_dtype(s, c), s.local.shape});
   }
-  grouped_allreduce_async(round_names, wires, wires, ReduceOp::kAverage, 1.0, 1.0,
-                          options.process_set)
-      .wait();
+  if (c == LocalSgdCompression::kInt8) {
+    int8_round();
+  } else {
+    grouped_allreduce_async(round_names, wires, wires, ReduceOp::kAverage, 1.0, 1.0,
+                            options.process_set)
+        .wait();
+  }
   for (Slot& s : slots) {
     if (s.local.dtype == DataType::kFloat32) {
       outer_step<float>(s, c, options.outer);
@@ -233,6 +348,27 @@ void LocalSgd::State::round() {
     version = committed_steps();
   }
   ++rounds;
+}
+
+void LocalSgd::State::int8_round() {
+  const Int8Layout l = int8_layout(slots);
+  std::vector<std::byte> mine(l.bytes);
+  quantize(slots, l, mine.data());
+  const Handle h = allgather_async(
+      options.name + ".round.int8",
+      TensorView{mine.data(), DataType::kUInt8, {1, static_cast<std::int64_t>(l.bytes)}},
+      options.process_set);
+  h.wait();
+  const OwnedTensor& rows = h.output();
+  if (rows.data.size() != ranks * l.bytes) {
+    // Every rank's parameter shapes were checked equal at construction (its
+    // broadcasts): a different row size means a rank changed them since.
+    throw MismatchError(fmt::format(
+        "LocalSgd: the int8 round gathered {} bytes, expected {} ranks x {}: the ranks' "
+        "parameters no longer have the same shapes",
+        rows.data.size(), ranks, l.bytes));
+  }
+  dequantize_average(slots, l, rows.data.data(), ranks);
 }
 
 bool LocalSgd::step() {
