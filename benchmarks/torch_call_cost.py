@@ -2,6 +2,7 @@
 """The cost of one small gyre.torch call from Python, call by call:
 
     mpirun -np 2 python3 benchmarks/torch_call_cost.py --calls 3000
+    mpirun -np 2 python3 benchmarks/torch_call_cost.py --calls 3000 --dist
 
 Times back-to-back calls of gyre.torch.allreduce_ (or, with --out-of-place,
 gyre.torch.allreduce) on a float32 CPU tensor of --bytes bytes (default 8),
@@ -45,6 +46,9 @@ def main():
     ap.add_argument("--bytes", type=int, default=8)
     ap.add_argument("--out-of-place", action="store_true",
                     help="gyre.torch.allreduce (a new output per call) instead of allreduce_")
+    ap.add_argument("--dist", action="store_true",
+                    help="torch.distributed.all_reduce on the gyre backend (in place; the "
+                         "default group of init_process_group(\"gyre\")) instead of gyre.torch")
     ap.add_argument("--no-check", action="store_true",
                     help="neither refill nor check per call (the values then grow): the loop is "
                          "the calls alone, for instruction counts")
@@ -62,7 +66,16 @@ def main():
     name = "call-cost"
     wrong = 0
     times = []
-    call = gt.allreduce if a.out_of_place else gt.allreduce_
+    if a.dist:
+        import torch.distributed as dist
+        import gyre.torch.distributed  # noqa: F401  (registers the backend)
+        dist.init_process_group("gyre")
+
+        def call(t, name, op):
+            dist.all_reduce(t)
+            return t
+    else:
+        call = gt.allreduce if a.out_of_place else gt.allreduce_
     for i in range(a.warmup + a.calls):
         if i == a.warmup and a.callgrind:
             instrument("on")
@@ -84,6 +97,8 @@ def main():
     every = gt.allgather(mine, name="call-cost.figures")
     if rank == 0:
         call = "gyre.torch.allreduce" if a.out_of_place else "gyre.torch.allreduce_"
+        if a.dist:
+            call = "torch.distributed.all_reduce (gyre backend)"
         print(f"# {call} of {count * 4} bytes (float32 sum), {world} ranks, torch {torch.__version__}")
         print(f"# {a.calls} back-to-back calls after {a.warmup} warm-up, time per call")
         print(f"# {'rank':>4} {'median':>9} {'p10':>9} {'p90':>9} {'p99':>9} {'mean':>9} {'#wrong':>7}")
@@ -98,6 +113,8 @@ def main():
             print(f"# Wrong elements in total: {total} {'OK' if total == 0 else 'FAILED'}",
                   flush=True)
     total = int(every[:, 5].sum())
+    if a.dist:
+        dist.destroy_process_group()
     gt.shutdown()
     return 0 if total == 0 else 1
 

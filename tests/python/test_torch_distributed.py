@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -169,6 +170,47 @@ def test_async_future_completed_by_gyre_without_wait(world):
     assert work.is_completed()
     assert torch.equal(t.double(), per_rank(size, 1 << 16).sum(0))
     assert work.wait()
+
+
+def poll_until_completed(work, seconds=30.0):
+    """work.is_completed() polled, neither wait() nor get_future() called;
+    whether it became true within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not work.is_completed():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def test_is_completed_completes_the_work_without_wait(world):
+    # wait() completes a Work on the calling thread, and gyre's callback
+    # thread only once get_future() (or a callback) asked for it: polling
+    # is_completed() alone must still complete the Work, results included.
+    # A column of a matrix is not contiguous: its result reaches the
+    # caller's tensor only through the Work's completion (a copy).
+    rank, size = world
+    m = torch.stack([fill(rank, 1 << 12), fill(rank, 1 << 12)], dim=1)
+    col = m[:, 1]
+    assert not col.is_contiguous()
+    work = dist.all_reduce(col, async_op=True)
+    assert poll_until_completed(work), "is_completed() never became true"
+    assert work.is_success() and work.exception() is None
+    assert torch.equal(m[:, 1].double(), per_rank(size, 1 << 12).sum(0))
+    assert torch.equal(m[:, 0], fill(rank, 1 << 12))
+    assert work.wait()
+
+
+def test_failed_work_seen_by_is_completed_without_wait(world):
+    rank, size = world
+    if size < 2:
+        pytest.skip("needs two ranks")
+    work = dist.all_reduce(torch.ones(3 + rank), async_op=True)
+    assert poll_until_completed(work), "is_completed() never became true"
+    assert not work.is_success()
+    assert isinstance(work.exception(), gyre.MismatchError)
+    with pytest.raises(gyre.MismatchError):
+        work.wait()
 
 
 def test_shape_mismatch_raises_on_every_rank(world):

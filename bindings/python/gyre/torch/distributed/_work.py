@@ -2,13 +2,23 @@
 
 A collective of the gyre process group enqueues one or more gyre operations
 (or GyreWorks: a coalesced collective waits for several)
-and returns a GyreWork at once. Its torch future is completed by gyre's
-completion callback (PendingOp.add_done_callback, run on gyre's callback
-thread with the GIL held) when the last of those operations has completed:
-no thread waits for it. The callback copies results into the caller's tensors
-(``finish``) before completing the future, so a caller woken by the future
-sees them. ``wait()`` blocks on the future and rethrows gyre's error (an
-exception of gyre.exceptions: MismatchError, TimeoutError, ...).
+and returns a GyreWork at once, completed (results copied into the caller's
+tensors by ``finish``, then its torch future set) by whichever comes first:
+- ``wait()``: it waits on the operations themselves, woken by the runtime's
+  thread directly, and completes the Work on the calling thread;
+- ``is_completed()`` finding every operation done (it completes the Work);
+- gyre's completion callback (PendingOp.add_done_callback, on gyre's callback
+  thread with the GIL held), registered only once ``get_future()`` or
+  ``add_done_callback()`` asks for a future completed without anyone waiting
+  (DDP's communication hooks, ``then`` chains).
+``_complete_once`` makes sure only one of them completes it. ``wait()``
+rethrows gyre's error (an exception of gyre.exceptions: MismatchError,
+TimeoutError, ...).
+
+Why not always the callback: every synchronous ``dist.all_reduce`` then went
+runtime thread -> callback thread (its wake-up, its turn for the GIL) -> the
+waiting thread, and the callback thread's GIL contended with the caller's;
+benchmarks/torch_call_cost.py --dist measures the difference (docs/benchmarks.md).
 """
 
 import threading
@@ -30,22 +40,53 @@ class GyreWork(dist.Work):
         self._future: torch.futures.Future = torch.futures.Future()
         self._error: Optional[BaseException] = None
         self._result: Optional[List[torch.Tensor]] = None
-        self._lock = threading.Lock()  # guards _remaining
+        self._lock = threading.Lock()  # guards _remaining and _claimed
         self._remaining = len(self._pendings)
+        self._claimed = False  # _complete has been started (by one thread only)
+        self._armed = False  # the completion callbacks are registered
         if not self._pendings:
-            self._complete()
-            return
-        # The callbacks hold this object alive until the operations complete,
-        # even if the caller drops the Work.
-        for p in self._pendings:
+            self._complete_once()
+
+    def _arm(self) -> None:
+        """Registers the completion callbacks (once): from then on the Work
+        completes, and its future is set, without anyone waiting for it. The
+        callbacks hold this object alive until the operations complete, even
+        if the caller drops the Work."""
+        with self._lock:
+            if self._armed:
+                return
+            self._armed = True
+            pendings = list(self._pendings)
+        for p in pendings:
             p.add_done_callback(self._one_done)
+
+    def __del__(self) -> None:
+        # Dropped before it completed and before anything asked for its
+        # future (an async_op Work never waited for): the callbacks complete
+        # it now, as if it had been armed from the start, so that its results
+        # still reach the caller's tensors; they hold it alive until then.
+        try:
+            if not self._claimed and not self._armed and self._pendings:
+                self._arm()
+        except Exception:  # noqa: BLE001 - interpreter exit: nothing left to complete for
+            pass
 
     def _one_done(self) -> None:
         with self._lock:
             self._remaining -= 1
             last = self._remaining == 0
         if last:
-            self._complete()
+            self._complete_once()
+
+    def _complete_once(self) -> bool:
+        """Runs _complete unless another thread has started it; whether this
+        call ran it."""
+        with self._lock:
+            if self._claimed:
+                return False
+            self._claimed = True
+        self._complete()
+        return True
 
     def _complete(self) -> None:
         try:
@@ -69,6 +110,17 @@ class GyreWork(dist.Work):
         error. gyre bounds every operation itself (a stalled or dead rank
         ends in TimeoutError naming it), so ``timeout`` is not used."""
         del timeout
+        if not self._future.done():
+            pendings = self._pendings  # _complete empties the attribute
+            for p in pendings:
+                try:
+                    p.wait()  # GIL released until the runtime completes it
+                except Exception:  # noqa: BLE001 - completed with an error: _complete raises it
+                    pass  # (and the others are still waited for: their buffers are in use)
+            # Every operation has completed: complete the Work here unless
+            # the callback thread already is; then the future below is set
+            # as soon as it is done.
+            self._complete_once()
         try:
             self._future.wait()
         except BaseException:  # noqa: BLE001 - rethrown below as gyre's own error
@@ -79,13 +131,19 @@ class GyreWork(dist.Work):
         return True
 
     def get_future(self) -> torch.futures.Future:
+        self._arm()
         return self._future
 
     def is_completed(self) -> bool:
+        if self._future.done():
+            return True
+        pendings = self._pendings
+        if all(p.is_completed() if isinstance(p, GyreWork) else p.poll() for p in pendings):
+            self._complete_once()
         return self._future.done()
 
     def is_success(self) -> bool:
-        return self._future.done() and self._error is None
+        return self.is_completed() and self._error is None
 
     def exception(self) -> Optional[BaseException]:
         return self._error
@@ -106,6 +164,7 @@ class GyreWork(dist.Work):
     def add_done_callback(self, fn: Callable[[], Any]) -> None:
         """Calls fn() once completed: a GyreWork can stand for one of the
         operations of another (the coalesced collectives)."""
+        self._arm()
         self._future.add_done_callback(lambda _: fn())
 
     def synchronize(self) -> None:
