@@ -1,4 +1,7 @@
 #!/bin/bash
+# The three versions were measured with a temporary switch in _work.py (GYRE_TMP_LAZY: 0 = callbacks
+# registered at the call, 1 = registered on demand), since removed; "orig" is the _work.py of
+# 705fab0 in a copy of the package (/tmp/orig_py). Kept as the record of how the table was made.
 # A/B/C of dist.all_reduce per-call cost, 2 ranks, alternating
 for round in 1 2 3; do
   for v in orig fastwait lazy; do
