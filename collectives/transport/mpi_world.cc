@@ -76,6 +76,52 @@ void abandon_restricted_dup() {
 // are 1000 and up, on the world made here).
 constexpr int kRestrictTag = 999;
 
+// MPI_Comm_idup of the world's communicator (`dup`: g_dup, or
+// g_restricted_dup for a restricted world), waited for; see make_transport.
+MPI_Comm duplicate_world(PendingDup& dup, int rank, std::chrono::milliseconds timeout,
+                         const std::function<void()>& check) {
+  // Non-blocking, polled: the duplication waits for every rank, which must
+  // not be beyond the deadline or Ctrl-C. One given up stays pending (MPI
+  // cannot cancel it) and pairs with the other ranks' next duplication, so
+  // the next call here resumes it instead of starting another.
+  if (!dup.pending) {
+    check_mpi(MPI_Comm_idup(detail::world_comm(), &dup.comm, &dup.request), "MPI_Comm_idup");
+    dup.pending = true;
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto next_check = start + kInterruptCheckPeriod;
+  for (;;) {
+    int done = 0;
+    check_mpi(MPI_Test(&dup.request, &done, MPI_STATUS_IGNORE), "MPI_Test (MPI_Comm_idup)");
+    if (done) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    const auto now = Clock::now();
+    if (timeout.count() > 0 && now - start > timeout) {
+      throw TimeoutError(fmt::format(
+          "rank {}: the other ranks did not all start gyre within {} ms (duplicating "
+          "the world's communicator for its transport waits for every rank)", rank,
+          timeout.count()));
+    }
+    if (check && now >= next_check) {
+      next_check = now + kInterruptCheckPeriod;
+      check();  // may throw: the duplication stays pending for the next call
+    }
+  }
+  dup.pending = false;
+  return dup.comm;
+}
+
+// The transport over `comm`, which it owns; `local_size`: the ranks on this host.
+std::unique_ptr<Transport> transport_of(MPI_Comm comm, int local_size,
+                                        std::size_t max_message_bytes) {
+  // Errors come back as codes and become TransportError, instead of the
+  // default handler ending the job without a word about the operation.
+  check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  // More ranks on this host than cores: waiting ranks must yield.
+  return make_mpi_transport(comm, collectives::oversubscribed(local_size), max_message_bytes);
+}
+
 }  // namespace
 
 MpiWorld& MpiWorld::instance() {
@@ -295,64 +341,27 @@ std::unique_ptr<Transport> MpiWorld::make_transport(std::size_t max_message_byte
   // one, and with no failed member its result is a duplicate. It blocks,
   // without a deadline of its own: the recovery's
   // (GYRE_ELASTIC_RECOVERY_TIMEOUT_S) bounds it.
-  MPI_Comm ft_comm = MPI_COMM_NULL;
-  if (rebuilt_ && detail::ft_duplicate(detail::world_comm(), &ft_comm)) {
-    check_mpi(MPI_Comm_set_errhandler(ft_comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-    return make_mpi_transport(ft_comm, collectives::oversubscribed(local_size_), max_message_bytes);
+  MPI_Comm comm = MPI_COMM_NULL;
+  if (!(rebuilt_ && detail::ft_duplicate(detail::world_comm(), &comm))) {
+    PendingDup& dup = restricted_to_.empty() ? g_dup : g_restricted_dup;
+    comm = duplicate_world(dup, rank_, timeout, check);
   }
-  PendingDup& dup = restricted_to_.empty() ? g_dup : g_restricted_dup;
-  // Non-blocking, polled: the duplication waits for every rank, which must
-  // not be beyond the deadline or Ctrl-C. One given up stays pending (MPI
-  // cannot cancel it) and pairs with the other ranks' next duplication, so
-  // the next call here resumes it instead of starting another.
-  if (!dup.pending) {
-    check_mpi(MPI_Comm_idup(detail::world_comm(), &dup.comm, &dup.request), "MPI_Comm_idup");
-    dup.pending = true;
-  }
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  auto next_check = start + kInterruptCheckPeriod;
-  for (;;) {
-    int done = 0;
-    check_mpi(MPI_Test(&dup.request, &done, MPI_STATUS_IGNORE), "MPI_Test (MPI_Comm_idup)");
-    if (done) break;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-    const auto now = Clock::now();
-    if (timeout.count() > 0 && now - start > timeout) {
-      throw TimeoutError(fmt::format(
-          "rank {}: the other ranks did not all start gyre within {} ms (duplicating "
-          "the world's communicator for its transport waits for every rank)", rank_,
-          timeout.count()));
-    }
-    if (check && now >= next_check) {
-      next_check = now + kInterruptCheckPeriod;
-      check();  // may throw: the duplication stays pending for the next call
-    }
-  }
-  dup.pending = false;
-  MPI_Comm comm = dup.comm;
-  // Errors come back as codes and become TransportError, instead of the
-  // default handler ending the job without a word about the operation.
-  check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  // More ranks on this host than cores: waiting ranks must yield.
-  return make_mpi_transport(comm, collectives::oversubscribed(local_size_), max_message_bytes);
+  return transport_of(comm, local_size_, max_message_bytes);
 }
 
 std::unique_ptr<Transport> MpiWorld::make_cross_transport() {
   if (finalized_) throw StateError("MpiWorld::make_cross_transport after finalize()");
   MPI_Comm comm;
   check_mpi(MPI_Comm_split(detail::world_comm(), local_rank_, rank_, &comm), "MPI_Comm_split");
-  check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  return make_mpi_transport(comm, collectives::oversubscribed(local_size_), kDefaultPieceBytes);
+  return transport_of(comm, local_size_, kDefaultPieceBytes);
 }
 
 std::unique_ptr<Transport> MpiWorld::make_group_transport(const std::vector<int>& ranks,
                                                          int tag) {
   if (finalized_) throw StateError("MpiWorld::make_group_transport after finalize()");
   if (!std::binary_search(ranks.begin(), ranks.end(), rank_)) return nullptr;
-  MPI_Comm comm = detail::comm_of_ranks(detail::world_comm(), ranks, tag);
-  check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  return make_mpi_transport(comm, collectives::oversubscribed(local_size_), kDefaultPieceBytes);
+  return transport_of(detail::comm_of_ranks(detail::world_comm(), ranks, tag), local_size_,
+                      kDefaultPieceBytes);
 }
 
 void MpiWorld::abort(int code) {
