@@ -38,7 +38,8 @@ cmake -S "$GYRE_ROOT" -B "$GYRE_BUILD" -DCMAKE_BUILD_TYPE=Release -DGYRE_BUILD_T
   -DGYRE_WITH_ULFM=ON -DCMAKE_UNITY_BUILD=ON \
   -DMPI_C_COMPILER="$venv/bin/mpicc" -DMPI_CXX_COMPILER="$venv/bin/mpicxx" \
   -DMPIEXEC_EXECUTABLE="$venv/bin/mpirun" | grep "gyre:"
-cmake --build "$GYRE_BUILD" -j "$jobs" --target gyre_elastic_kill gyre_elastic_store_kill
+cmake --build "$GYRE_BUILD" -j "$jobs" --target gyre_elastic_kill gyre_elastic_store_kill \
+  gyre_elastic_local_sgd_kill
 # The test binaries must load Open MPI 5's libmpi, not Debian's.
 # (ldd's output is captured first: grep -q closing the pipe early would
 # fail the pipeline under pipefail.)
@@ -59,7 +60,7 @@ fail_ctest() {  # fail_ctest LABEL: names the tests CTest saw fail
   local log=$GYRE_BUILD/Testing/Temporary/LastTestsFailed.log
   fail "ctest -L $1: $( [ -f "$log" ] && cut -d: -f2- "$log" | paste -sd' ' -)"
 }
-echo "== ctest -L elastic (C++: allreduce training, and the parameter store)"
+echo "== ctest -L elastic (C++: allreduce training, LocalSgd, and the parameter store)"
 (cd "$GYRE_BUILD" && ctest --output-on-failure -L elastic -LE python) || fail_ctest elastic
 
 if [ "$with_python" = 1 ]; then

@@ -4,7 +4,8 @@
 // between rounds the ranks' parameters differ and right after a round they
 // are identical (with a warm-up); DiLoCo's Nesterov outer step over three
 // rounds; the 16-bit and int8 transports within their rounding (a NaN in an
-// int8 block reaching every rank as NaN); one commit per round;
+// int8 block reaching every rank as NaN); one commit per round; an elastic
+// State's restore of the LocalSgd's own state;
 // the start from a process set's first rank; bad arguments refused naming
 // the problem. The model is a float32 tensor and a float64 one, so both
 // dtypes go through every round.
@@ -19,6 +20,7 @@
 
 #include <fmt/format.h>
 
+#include "gyre/elastic.h"
 #include "gyre/gyre.h"
 #include "gyre/local_sgd.h"
 #include "gyre/view.h"
@@ -382,6 +384,64 @@ TEST_CASE("local SGD: a process set starts from its first rank's parameters", "[
   CHECK(committed_steps() == start);
   barrier();
   remove_process_set(set);
+}
+
+TEST_CASE("local SGD: an elastic State's restore returns θ_synced, the momentum and the counters",
+          "[mpi]") {
+  // add_to() puts the LocalSgd's own state into an elastic State beside the
+  // job's parameters: restoring the State after more steps and a round must
+  // make the run continue exactly as one that never took them (DiLoCo's
+  // momentum and θ_synced included: a round replayed on a stale one would
+  // give other numbers). The reference is a second LocalSgd that runs the
+  // same steps straight through.
+  Session s;
+  const auto outer = OuterOptimizer::diloco();
+  Model m(rank());
+  LocalSgd sgd({.period = 2, .outer = outer, .name = "test.lsgd.elastic", .commit = false},
+               m.views());
+  elastic::State state;
+  state.add("w", m.w);
+  state.add("b", m.b);
+  sgd.add_to(state);
+  for (int t = 1; t <= 4; ++t) {
+    inner_step(m, t);
+    if (sgd.step()) state.commit();
+  }
+  REQUIRE(sgd.rounds() == 2);
+  // Steps and a round that a failure will undo.
+  for (int t = 5; t <= 7; ++t) {
+    inner_step(m, t);
+    sgd.step();
+  }
+  REQUIRE(sgd.rounds() == 3);
+  state.restore();
+  CHECK(sgd.rounds() == 2);
+  CHECK(sgd.local_steps() == 4);
+  for (int t = 5; t <= 8; ++t) {
+    inner_step(m, t);
+    if (sgd.step()) state.commit();
+  }
+  CHECK(sgd.rounds() == 4);
+
+  Model ref(rank());
+  LocalSgd straight({.period = 2, .outer = outer, .name = "test.lsgd.straight", .commit = false},
+                    ref.views());
+  for (int t = 1; t <= 8; ++t) {
+    inner_step(ref, t);
+    straight.step();
+  }
+  const auto got = m.flat(), want = ref.flat();
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    INFO(fmt::format("element {}: {:.17g} after the restore, {:.17g} straight through", k, got[k],
+                     want[k]));
+    CHECK(got[k] == want[k]);
+  }
+
+  // A LocalSgd that commits its rounds itself cannot join a State (two
+  // commits per round).
+  LocalSgd committing({.name = "test.lsgd.committing"}, {view(ref.w)});
+  elastic::State other;
+  CHECK_THROWS_WITH(committing.add_to(other), Catch::Contains(".commit = false"));
 }
 
 TEST_CASE("local SGD: bad arguments are refused, naming the problem", "[mpi]") {

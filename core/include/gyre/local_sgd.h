@@ -38,6 +38,8 @@
 
 namespace gyre {
 
+namespace elastic { class State; }
+
 // The outer optimizer: SGD on θ_synced whose gradient is the averaged
 // pseudo-gradient, with torch.optim.SGD's momentum (no dampening):
 //   buf = momentum * buf + g;  d = nesterov ? g + momentum * buf : buf;
@@ -117,6 +119,22 @@ class LocalSgd {
   // One outer round now, whatever the step (collective): for instance at the
   // end of training, so that every rank holds the same final model.
   void sync();
+
+  // Elastic training (gyre/elastic.h): registers what this LocalSgd keeps
+  // beside the job's parameters with `state`, so that a recovery returns it
+  // to the last commit with them: θ_synced and the outer optimizer's
+  // momentum of every parameter ("<name>.synced.<i>", "<name>.momentum.<i>")
+  // and the step and round counters ("<name>.local_steps",
+  // "<name>.rounds"). The job adds its parameters itself and calls
+  // state.commit() after each step() that ran a round (the round's commit
+  // is then the State's): the LocalSgd must not commit itself, so it needs
+  // `.commit = false` on the global process set (InvalidArgument otherwise,
+  // as two commit_step() per round would break the State's count). The
+  // LocalSgd must outlive the State's use of these buffers (a move keeps
+  // them where they are). Under int8 compression every round counts the
+  // process set's ranks afresh, so rounds after a rebuild average over the
+  // survivors.
+  void add_to(elastic::State& state);
 
   std::int64_t local_steps() const;  // step() calls so far
   std::int64_t rounds() const;       // outer rounds completed

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "gyre/collectives/float16.h"
+#include "gyre/elastic.h"
 
 namespace gyre {
 
@@ -268,7 +269,6 @@ struct LocalSgd::State {
   LocalSgdOptions options;
   std::vector<Slot> slots;
   std::vector<std::string> round_names;
-  std::size_t ranks = 0;  // the process set's
   std::int64_t local_steps = 0;
   std::int64_t rounds = 0;
   std::uint64_t version = 0;
@@ -296,7 +296,6 @@ LocalSgd::LocalSgd(const LocalSgdOptions& options, std::vector<TensorView> param
                                       members.front(), options.process_set));
   }
   wait_all(started);
-  st.ranks = members.size();
 
   for (std::size_t i = 0; i < params.size(); ++i) {
     Slot s;
@@ -360,7 +359,10 @@ void LocalSgd::State::int8_round() {
       options.process_set);
   h.wait();
   const OwnedTensor& rows = h.output();
-  if (rows.data.size() != ranks * l.bytes) {
+  // Counted now, not at construction: after an elastic rebuild the set
+  // holds the survivors.
+  const std::size_t ranks = process_set_ranks(options.process_set).size();
+  if (ranks == 0 || rows.data.size() != ranks * l.bytes) {
     // Every rank's parameter shapes were checked equal at construction (its
     // broadcasts): a different row size means a rank changed them since.
     throw MismatchError(fmt::format(
@@ -381,6 +383,30 @@ bool LocalSgd::step() {
 }
 
 void LocalSgd::sync() { state_->round(); }
+
+void LocalSgd::add_to(elastic::State& state) {
+  State& st = *state_;
+  const LocalSgdOptions& o = st.options;
+  if (o.commit && o.process_set == kGlobalProcessSet) {
+    throw InvalidArgument(
+        "LocalSgd::add_to: this LocalSgd commits its rounds itself (.commit = true); with an "
+        "elastic State the State's commit() is the round's commit: construct it with "
+        ".commit = false and call state.commit() after each step() that ran a round");
+  }
+  for (std::size_t i = 0; i < st.slots.size(); ++i) {
+    Slot& s = st.slots[i];
+    // The State writes these buffers back on a recovery: LocalSgd owns them
+    // (allocated once, never resized), the State only copies their bytes.
+    state.add(fmt::format("{}.synced.{}", o.name, i), s.synced.data(), s.local.dtype,
+              static_cast<std::int64_t>(s.count));
+    if (!s.momentum.empty()) {
+      state.add(fmt::format("{}.momentum.{}", o.name, i), s.momentum.data(), s.local.dtype,
+                static_cast<std::int64_t>(s.count));
+    }
+  }
+  state.add(o.name + ".local_steps", &st.local_steps, DataType::kInt64, 1);
+  state.add(o.name + ".rounds", &st.rounds, DataType::kInt64, 1);
+}
 
 std::int64_t LocalSgd::local_steps() const { return state_->local_steps; }
 std::int64_t LocalSgd::rounds() const { return state_->rounds; }
