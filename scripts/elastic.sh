@@ -53,12 +53,10 @@ status=0
 [ -n "${GYRE_FAILURE_LOG:-}" ] && : >"$GYRE_FAILURE_LOG"
 fail() {
   status=1
-  [ -n "${GYRE_FAILURE_LOG:-}" ] && echo "$1" >>"$GYRE_FAILURE_LOG"
-  return 0
+  gyre_record_failure "$1"
 }
 fail_ctest() {  # fail_ctest LABEL: names the tests CTest saw fail
-  local log=$GYRE_BUILD/Testing/Temporary/LastTestsFailed.log
-  fail "ctest -L $1: $( [ -f "$log" ] && cut -d: -f2- "$log" | paste -sd' ' -)"
+  fail "ctest -L $1: $(gyre_ctest_failed "$GYRE_BUILD")"
 }
 echo "== ctest -L elastic (C++: allreduce training, LocalSgd, and the parameter store)"
 (cd "$GYRE_BUILD" && ctest --output-on-failure -L elastic -LE python) || fail_ctest elastic

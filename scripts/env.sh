@@ -19,3 +19,19 @@ gyre_build() {
   cmake -S "$GYRE_ROOT" -B "$GYRE_BUILD" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
   cmake --build "$GYRE_BUILD" -j "$jobs"
 }
+
+# What failed, for scripts/test.sh's summary at the end of the suite (CI
+# keeps only the tail of a run's output). gyre_ctest_failed DIR: the names of
+# the tests the last ctest run in DIR saw fail, comma-separated (nothing if
+# it recorded none). gyre_record_failure WHAT: appends WHAT to
+# $GYRE_FAILURE_LOG when that is set (elastic.sh and launch.sh, run by
+# test.sh).
+gyre_ctest_failed() {
+  local log=$1/Testing/Temporary/LastTestsFailed.log
+  [ -f "$log" ] && cut -d: -f2- "$log" | paste -sd, -
+  return 0
+}
+gyre_record_failure() {
+  [ -n "${GYRE_FAILURE_LOG:-}" ] && echo "$1" >>"$GYRE_FAILURE_LOG"
+  return 0
+}

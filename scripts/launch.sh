@@ -87,8 +87,7 @@ torchrun=("$py" -m torch.distributed.run)
 fail() {
   echo "launch.sh: FAILED: $1" >&2
   status=1
-  [ -n "${GYRE_FAILURE_LOG:-}" ] && echo "$1" >>"$GYRE_FAILURE_LOG"
-  return 0
+  gyre_record_failure "$1"
 }
 compare() { "$py" "$GYRE_ROOT/tests/launch/compare.py" "$@" || fail "compare.py $*"; }
 run() {  # run NAME TIMEOUT_S CMD...: fails the script (not at once) on failure

@@ -41,8 +41,8 @@ failed() {  # failed [WHAT]: marks the run failed, naming the current part (and 
   failures+=("$stage_name${1:+: $1}")
 }
 failed_ctest() {  # failed_ctest DIR: failed, naming the tests CTest saw fail in DIR
-  local log=$1/Testing/Temporary/LastTestsFailed.log names=""
-  [ -f "$log" ] && names=$(cut -d: -f2- "$log" | paste -sd, -)
+  local names
+  names=$(gyre_ctest_failed "$1")
   failed "${names:-ctest failed (no test named)}"
 }
 # Sanitizers. Findings fail the run: UBSan aborts (-fno-sanitize-recover),
