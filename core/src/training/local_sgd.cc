@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <exception>
+#include <limits>
 #include <utility>
 
 #include <fmt/format.h>
@@ -195,16 +195,16 @@ void dequantize_average(std::vector<Slot>& slots, const Int8Layout& l, const std
   for (std::size_t r = 0; r < ranks; ++r) {
     const std::byte* row = rows + r * l.bytes;
     const auto* q = reinterpret_cast<const std::int8_t*>(row);
-    std::size_t block = 0;
+    const std::byte* scale_at = row + l.scales_at;  // the next block's scale
     for (Slot& s : slots) {
       auto* sum = reinterpret_cast<float*>(s.wire.data());
-      for (std::size_t i = 0; i < s.count; ++i) {
+      for (std::size_t b = 0; b < s.count; b += kLocalSgdInt8Block) {
         float scale;
-        std::memcpy(&scale, row + l.scales_at + (block + i / kLocalSgdInt8Block) * sizeof(float),
-                    sizeof(float));
-        sum[i] += static_cast<float>(*q++) * scale;
+        std::memcpy(&scale, scale_at, sizeof(float));
+        scale_at += sizeof(float);
+        const std::size_t e = std::min(s.count, b + kLocalSgdInt8Block);
+        for (std::size_t i = b; i < e; ++i) sum[i] += static_cast<float>(*q++) * scale;
       }
-      block += blocks_of(s.count);
     }
   }
   const float n = static_cast<float>(ranks);
@@ -317,20 +317,22 @@ LocalSgd& LocalSgd::operator=(LocalSgd&&) noexcept = default;
 
 void LocalSgd::State::round() {
   const LocalSgdCompression c = options.compression;
-  std::vector<TensorView> wires;
-  wires.reserve(slots.size());
   for (Slot& s : slots) {
     if (s.local.dtype == DataType::kFloat32) {
       pseudo_gradient<float>(s, c);
     } else {
       pseudo_gradient<double>(s, c);
     }
-    void* data = s.wire.empty() ? nullptr : s.wire.data();
-    wires.push_back(TensorView{data, wire_dtype(s, c), s.local.shape});
   }
   if (c == LocalSgdCompression::kInt8) {
     int8_round();
   } else {
+    std::vector<TensorView> wires;
+    wires.reserve(slots.size());
+    for (Slot& s : slots) {
+      void* data = s.wire.empty() ? nullptr : s.wire.data();
+      wires.push_back(TensorView{data, wire_dtype(s, c), s.local.shape});
+    }
     grouped_allreduce_async(round_names, wires, wires, ReduceOp::kAverage, 1.0, 1.0,
                             options.process_set)
         .wait();

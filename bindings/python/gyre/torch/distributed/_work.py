@@ -78,15 +78,13 @@ class GyreWork(dist.Work):
         if last:
             self._complete_once()
 
-    def _complete_once(self) -> bool:
-        """Runs _complete unless another thread has started it; whether this
-        call ran it."""
+    def _complete_once(self) -> None:
+        """Runs _complete unless another thread has started it."""
         with self._lock:
             if self._claimed:
-                return False
+                return
             self._claimed = True
         self._complete()
-        return True
 
     def _complete(self) -> None:
         try:
