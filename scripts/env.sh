@@ -35,3 +35,12 @@ gyre_record_failure() {
   [ -n "${GYRE_FAILURE_LOG:-}" ] && echo "$1" >>"$GYRE_FAILURE_LOG"
   return 0
 }
+
+# gyre_stop_job PID: ends a background job of the calling script if it still
+# runs, and reaps it. Never fails: it runs in EXIT traps of `set -e` scripts,
+# where a failing command (kill of a job that has already ended and been
+# reaped) would replace the script's exit status with 1.
+gyre_stop_job() {
+  kill "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}

@@ -109,7 +109,7 @@ background_build_done() {  # background_build_done NAME: waits for it; its exit 
   [ "$rc" -eq 0 ] || tail -n 60 "$bg_logs/$1.log"
   return "$rc"
 }
-trap 'kill "$bg_pid" 2>/dev/null' EXIT
+trap 'gyre_stop_job "$bg_pid"' EXIT
 echo "== build: $((SECONDS / 60)) min"
 stage "ctest: C++ unit and MPI tests"
 ctest --output-on-failure -j "$jobs" --timeout 600 -LE python || failed_ctest .
