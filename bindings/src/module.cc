@@ -293,9 +293,8 @@ void bind_divergence(py::module_& m) {
 }  // namespace
 }  // namespace gyre::python
 
-// A copy of host memory on a thread of its own, without the GIL: what
-// gyre.torch.elastic.TorchState.commit() leaves to run in the background
-// (the caller keeps the buffers alive, and unchanged, until wait()).
+// A copy of host memory on its own thread, without the GIL: TorchState.commit()'s background
+// copy (gyre.torch.elastic; the caller keeps the buffers alive and unchanged until wait()).
 class BackgroundCopy {
  public:
   using Item = std::tuple<std::uintptr_t, std::uintptr_t, std::size_t>;  // dst, src, bytes
@@ -326,6 +325,7 @@ PYBIND11_MODULE(_gyre, m) {
   register_fork_handlers();
   register_exit_hook();
   m.def("_set_exception_classes", &set_exception_classes);
+  m.def("_torch_in_flight_mode", &torch_in_flight_mode);  // "pin", "copy", "": tensor_import.h
   bind_output_tensor(m);
   bind_store(m);
   bind_bootstrap(m);

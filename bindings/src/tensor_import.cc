@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "host_pool.h"
+#include "torch_objects.h"
 
 namespace gyre::python {
 namespace {
@@ -103,106 +104,6 @@ std::optional<DataType> from_buffer_format(const char* format, Py_ssize_t itemsi
 // naming the tensor ("input is not contiguous ...").
 [[noreturn]] void refuse(const std::string& name, const std::string& why) {
   throw InvalidArgument(name + " " + why);
-}
-
-// What the torch route compares with: torch's types, its strided layout and
-// its dtypes, taken from the torch module once the caller has imported it,
-// and the attribute names, interned. Held for the life of the process (the
-// interpreter keeps torch's types and dtypes alive as long). GIL held.
-struct TorchObjects {
-  PyObject* tensor_type = nullptr;     // torch.Tensor
-  PyObject* parameter_type = nullptr;  // torch.nn.Parameter
-  PyObject* strided = nullptr;         // torch.strided
-  struct DtypeEntry {
-    PyObject* dtype;
-    DataType dt;
-  };
-  std::vector<DtypeEntry> dtypes;
-  PyObject *is_cpu, *layout, *dtype, *shape, *is_contiguous, *is_neg, *data_ptr,
-      *untyped_storage;
-
-  // nullptr until torch is imported (by someone else).
-  static const TorchObjects* get() {
-    static TorchObjects* objects = nullptr;
-    if (objects == nullptr) objects = load();
-    return objects;
-  }
-
- private:
-  static TorchObjects* load() {
-    PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
-    if (torch == nullptr) return nullptr;
-    try {
-      py::handle t(torch);
-      auto keep = [](py::object x) { return x.release().ptr(); };
-      auto* o = new TorchObjects();
-      o->tensor_type = keep(t.attr("Tensor"));
-      o->parameter_type = keep(t.attr("nn").attr("Parameter"));
-      o->strided = keep(t.attr("strided"));
-      const std::pair<const char*, DataType> names[] = {
-          {"float32", DataType::kFloat32}, {"float64", DataType::kFloat64},
-          {"float16", DataType::kFloat16}, {"bfloat16", DataType::kBFloat16},
-          {"int8", DataType::kInt8},       {"uint8", DataType::kUInt8},
-          {"int16", DataType::kInt16},     {"int32", DataType::kInt32},
-          {"int64", DataType::kInt64},     {"bool", DataType::kBool}};
-      for (const auto& [name, dt] : names) o->dtypes.push_back({keep(t.attr(name)), dt});
-      o->is_cpu = PyUnicode_InternFromString("is_cpu");
-      o->layout = PyUnicode_InternFromString("layout");
-      o->dtype = PyUnicode_InternFromString("dtype");
-      o->shape = PyUnicode_InternFromString("shape");
-      o->is_contiguous = PyUnicode_InternFromString("is_contiguous");
-      o->is_neg = PyUnicode_InternFromString("is_neg");
-      o->data_ptr = PyUnicode_InternFromString("data_ptr");
-      o->untyped_storage = PyUnicode_InternFromString("untyped_storage");
-      return o;
-    } catch (py::error_already_set&) {
-      // A torch without these names (being imported, or too old): the
-      // DLPack route serves it.
-      PyErr_Clear();
-      return nullptr;
-    }
-  }
-};
-
-// New reference, or nullptr with the Python error cleared.
-py::object attr_or_null(PyObject* obj, PyObject* name) {
-  PyObject* r = PyObject_GetAttr(obj, name);
-  if (r == nullptr) PyErr_Clear();
-  return py::reinterpret_steal<py::object>(r);
-}
-py::object call_or_null(PyObject* obj, PyObject* name) {
-  PyObject* r = PyObject_CallMethodNoArgs(obj, name);
-  if (r == nullptr) PyErr_Clear();
-  return py::reinterpret_steal<py::object>(r);
-}
-
-// A torch tensor (any subclass) with the negative bit set.
-bool torch_negative_view(const TorchObjects& t, PyObject* obj) {
-  py::object neg = call_or_null(obj, t.is_neg);
-  return neg && neg.ptr() == Py_True;
-}
-
-bool is_torch_tensor(const TorchObjects* t, PyObject* obj) {
-  if (t == nullptr) return false;
-  const int r = PyObject_IsInstance(obj, t->tensor_type);
-  if (r < 0) PyErr_Clear();
-  return r == 1;
-}
-
-// A torch tensor's shape (torch.Size, a tuple); false with the Python error
-// cleared if it cannot be read.
-bool torch_shape(const TorchObjects& t, PyObject* obj, std::vector<std::int64_t>& dims) {
-  py::object shape = attr_or_null(obj, t.shape);
-  if (!shape || !PyTuple_Check(shape.ptr())) return false;
-  dims.assign(static_cast<std::size_t>(PyTuple_GET_SIZE(shape.ptr())), 0);
-  for (std::size_t i = 0; i < dims.size(); ++i) {
-    dims[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), static_cast<Py_ssize_t>(i)));
-    if (dims[i] == -1 && PyErr_Occurred()) {
-      PyErr_Clear();
-      return false;
-    }
-  }
-  return true;
 }
 
 constexpr const char* kNegativeView =
@@ -312,6 +213,21 @@ std::unique_ptr<ImportedTensor> ImportedTensor::from_object(py::handle obj, cons
 void ImportedTensor::stage(py::handle tensor, const std::string& name, Access access) {
   const std::size_t nbytes = view_.nbytes();
   if (nbytes == 0) return;  // nothing is read or written
+  tensor_ = py::reinterpret_borrow<py::object>(tensor);
+  name_ = name;
+  caller_data_ = view_.data;
+  write_back_pending_ = access == Access::kWrite;
+  // In place where gyre._torch_memory can pin the storage's memory.
+  if (const TorchObjects* t = TorchObjects::get(); t != nullptr && t->memory != nullptr) {
+    py::object storage = call_or_null(tensor.ptr(), t->untyped_storage);
+    if (storage) {
+      pin_ = t->memory->pin(storage.ptr());
+      if (pin_ != nullptr) {
+        unpin_ = t->memory->unpin;
+        return;
+      }
+    }
+  }
   // Built only on failure: staging runs on every call with a torch tensor.
   auto out_of_memory = [&] {
     refuse(name, "could not be staged: out of memory for a copy of " + std::to_string(nbytes) +
@@ -330,11 +246,7 @@ void ImportedTensor::stage(py::handle tensor, const std::string& name, Access ac
     staging_.reset(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); });
   }
   std::memcpy(staging_.get(), view_.data, nbytes);
-  caller_data_ = view_.data;
   view_.data = staging_.get();
-  tensor_ = py::reinterpret_borrow<py::object>(tensor);
-  name_ = name;
-  write_back_pending_ = access == Access::kWrite;
 }
 
 void ImportedTensor::share_staging_with(ImportedTensor& earlier) {
@@ -389,7 +301,8 @@ std::string ImportedTensor::write_back() {
         now + nbytes > base + capacity) {
       return changed + advice;
     }
-    std::memcpy(now, staging_.get(), nbytes);
+    // Pinned: the result is in the tensor's memory already.
+    if (staging_) std::memcpy(now, staging_.get(), nbytes);
     return "";
   } catch (py::error_already_set& e) {
     return name_ + ": its result could not be written into it: " + e.what();
@@ -485,6 +398,7 @@ ImportedTensor::~ImportedTensor() {
   // A result nobody synchronized (the handle was dropped) still reaches the
   // tensor, as it would without staging; a refusal has nobody to tell.
   if (write_back_pending_ && succeeded_) write_back();
+  if (pin_ != nullptr) unpin_(pin_);
   tensor_ = py::object();
   if (managed_ != nullptr && managed_->deleter != nullptr) managed_->deleter(managed_);
   if (has_buffer_) PyBuffer_Release(&buffer_);

@@ -19,21 +19,28 @@
 //   - The buffer protocol (numpy arrays that refuse DLPack export, e.g.
 //     read-only ones, bytearray, array.array, memoryview).
 //
-// torch tensors in CPU memory (either of the first two routes) are staged:
-// nothing a reference can hold keeps their memory alive, because torch's
-// resize_() (and UntypedStorage.resize_(), an out= argument of the wrong
-// size) reallocates the storage object itself and frees the old memory at
-// once, whatever else holds the storage. So the values are copied, when the
-// operation is called (GIL held), into memory gyre owns, which the runtime
-// reads and writes; for an operation that writes into the tensor (Access::
-// kWrite) the result is copied back by write_back(), on a Python thread
-// with the GIL, only if the tensor still has the memory and shape it had at
-// the call (else write_back() reports it). Whatever the caller does to the
-// tensor in between (resize_, set_, del, .data =, a storage resize), the
-// runtime never touches freed memory, and every other rank receives the
-// values as they were at the call. numpy arrays need no staging (numpy
-// refuses to resize an array that is exported); CUDA tensors are not staged
-// (resizing one in flight is documented as forbidden).
+// torch tensors in CPU memory (either of the first two routes) need more
+// than a reference: torch's resize_() (and UntypedStorage.resize_(),
+// share_memory_(), an out= argument of the wrong size) replaces the storage's
+// memory in place and frees the old memory at once, whatever else holds the
+// storage. Two ways, chosen once per process (torch_in_flight_mode()):
+//   - pin (where gyre._torch_memory was built for the installed torch):
+//     the storage's memory is pinned at the call (torch_memory_api.h) and
+//     the runtime works in it; the old memory outlives any replacement until
+//     the operation ends. No copy.
+//   - copy (otherwise, or GYRE_TORCH_IN_FLIGHT=copy): the values are copied,
+//     when the operation is called (GIL held), into memory gyre owns, which
+//     the runtime reads and writes, and an in-place result is copied back.
+// Either way write_back(), on a Python thread with the GIL, checks that the
+// tensor still has the memory and shape it had at the call, and otherwise
+// reports it (the result went to the memory the tensor had). Whatever the
+// caller does to the tensor in between (resize_, set_, del, .data =, a
+// storage resize), the runtime never touches freed memory, and every other
+// rank receives the values the memory held at the call (pinned: unless the
+// caller wrote into that very memory in flight, as with any other backend).
+// numpy arrays need neither (numpy refuses to resize an array that is
+// exported); CUDA tensors are not staged (resizing one in flight is
+// documented as forbidden).
 //
 // A torch tensor with the negative bit set (a lazy negation view,
 // torch._neg_view) is refused on every route: its memory holds the values
@@ -63,6 +70,11 @@ namespace py = pybind11;
 // Whether the operation writes into the tensor (in-place collectives,
 // outputs): a read-only buffer is refused for those.
 enum class Access { kRead, kWrite };
+
+// How CPU torch tensors in flight are kept safe in this process: "pin" (the
+// storage's memory pinned by gyre._torch_memory, no copy), "copy" (staged
+// copies), or "" while torch is not imported. GIL held.
+std::string torch_in_flight_mode();
 
 class ImportedTensor {
  public:
@@ -129,6 +141,10 @@ class ImportedTensor {
   // kPooledMinBytes up a block of host_pool.h, reused by the next call of
   // that size instead of mapped and faulted in again.
   std::shared_ptr<std::byte> staging_;
+  // Or, where gyre._torch_memory serves this torch, the storage's memory
+  // pinned instead (torch_memory_api.h): no copy; unpinned at destruction.
+  void* pin_ = nullptr;
+  void (*unpin_)(void*) = nullptr;
   py::object tensor_;              // the caller's tensor, for write_back()
   void* caller_data_ = nullptr;    // its memory at the call
   std::string name_;               // what messages call it

@@ -181,10 +181,11 @@ class InFlightGuard:
     """Remembers where a torch tensor's memory was when its operation was
     enqueued, to tell the caller, with the operation's name, that the tensor
     was resized or given other memory before the operation was synchronized.
-    The runtime itself never touches the caller's memory in flight: it works
-    on a copy taken at the call (the extension's staging, tensor_import.h),
-    so the other ranks receive the values as they were then, and an in-place
-    result is written back only into the tensor's unchanged memory. numpy
+    The runtime itself never touches freed memory in flight: it works in the
+    tensor's memory pinned at the call, or on a copy taken then where the
+    pinning module does not serve this torch (tensor_import.h), so the other
+    ranks receive the values the memory held then, and an in-place result
+    reaches only the tensor's unchanged memory. numpy
     refuses to resize an array that is exported, so needs no guard."""
 
     __slots__ = ("tensor", "ptr", "shape", "name")
