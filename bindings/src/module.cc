@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bootstrap.h"
+#include "call.h"
 #include "exceptions.h"
 #include "gyre/gyre.h"
 #include "host_pool.h"
@@ -37,44 +38,6 @@ namespace py = pybind11;
 namespace gyre::python {
 namespace {
 
-// The tensors of one call, converted: imported views, or, when the Python
-// layer could not convert an argument (`refusal` non-empty), views that
-// carry its reason. Either way the runtime sees the call, so a refusal is
-// decided and announced to the other ranks in one place (operations.cc).
-class Call {
- public:
-  explicit Call(std::string refusal) : refusal_(std::move(refusal)) { drain_graveyard(); }
-
-  TensorView view(py::handle obj, const std::string& role, Access access) {
-    auto t = refusal_.empty() ? ImportedTensor::convert(obj, role, access)
-                              : ImportedTensor::refused(refusal_);
-    // Staged copies hide where the tensors lie (tensor_import.h).
-    if (access == Access::kWrite) {
-      for (auto& earlier : keep_) t->share_staging_with(*earlier);
-    }
-    keep_.push_back(std::move(t));
-    return keep_.back()->view();
-  }
-
-  // The Python op as a ReduceOp; the runtime judges values it does not know.
-  ReduceOp op(int value) {
-    if (value < 0 || value > 255) {
-      if (refusal_.empty()) refusal_ = "unknown reduction op " + std::to_string(value);
-      return ReduceOp::kSum;
-    }
-    return static_cast<ReduceOp>(value);
-  }
-
-  // Enqueues with the GIL released; the views stay alive until completion.
-  std::shared_ptr<PendingOp> start(const std::function<Handle()>& enqueue) {
-    return PendingOp::start(std::move(keep_), enqueue);
-  }
-
- private:
-  std::string refusal_;
-  Imports keep_;
-};
-
 // Runs f with the GIL released after destroying finished operations' tensors.
 template <typename F>
 auto blocking(F&& f) {
@@ -83,13 +46,16 @@ auto blocking(F&& f) {
   return f();
 }
 
+// fresh_output: `out` was made for this call and nobody else holds it until
+// the operation completes (Access::kWriteNew).
 std::shared_ptr<PendingOp> allreduce(const std::string& name, py::handle in, py::handle out, int op,
                                      double pre, double post, const std::string& refusal,
-                                     int process_set) {
+                                     int process_set, bool fresh_output) {
   Call call(refusal);
   const ReduceOp rop = call.op(op);
   TensorView vin = call.view(in, "input", out.is_none() ? Access::kWrite : Access::kRead);
-  TensorView vout = out.is_none() ? vin : call.view(out, "output", Access::kWrite);
+  const Access out_access = fresh_output ? Access::kWriteNew : Access::kWrite;
+  TensorView vout = out.is_none() ? vin : call.view(out, "output", out_access);
   return call.start(
       [&] { return allreduce_async(name, vin, vout, rop, pre, post, process_set); });
 }
@@ -155,7 +121,8 @@ void bind_operations(py::module_& m) {
   // an argument (empty: it could). The runtime then refuses the call.
   m.def("allreduce", &allreduce, py::arg("name"), py::arg("input"), py::arg("output"),
         py::arg("op"), py::arg("prescale"), py::arg("postscale"), py::arg("refusal") = "",
-        py::arg("process_set") = 0, "Enqueues an allreduce; output=None reduces in place.");
+        py::arg("process_set") = 0, py::arg("fresh_output") = false,
+        "Enqueues an allreduce; output=None reduces in place.");
   m.def("allreduce_pooled", &allreduce_pooled, py::arg("name"), py::arg("input"), py::arg("op"),
         py::arg("prescale"), py::arg("postscale"), py::arg("refusal") = "",
         py::arg("process_set") = 0,

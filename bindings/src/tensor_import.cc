@@ -156,7 +156,11 @@ std::unique_ptr<ImportedTensor> ImportedTensor::from_object(py::handle obj, cons
   std::unique_ptr<ImportedTensor> t(new ImportedTensor());
   const py::handle caller = obj;
   if (t->import_torch(obj, name)) {
-    t->stage(caller, name, access);
+    if (access == Access::kWriteNew) {
+      t->tensor_ = py::reinterpret_borrow<py::object>(caller);  // kept alive, nothing else
+    } else {
+      t->stage(caller, name, access);
+    }
     return t;
   }
   py::object detached;
@@ -194,7 +198,7 @@ std::unique_ptr<ImportedTensor> ImportedTensor::from_object(py::handle obj, cons
     }
     try {
       t->import_dlpack(obj, name, false);
-      if (torch_tensor) t->stage(caller, name, access);
+      if (torch_tensor && access != Access::kWriteNew) t->stage(caller, name, access);
       return t;
     } catch (py::error_already_set& e) {
       // numpy refuses to export read-only arrays through DLPack 0.6: those
@@ -375,7 +379,7 @@ bool ImportedTensor::import_buffer(py::handle obj, const std::string& name, Acce
     return false;
   }
   has_buffer_ = true;
-  if (access == Access::kWrite && buffer_.readonly) {
+  if (access != Access::kRead && buffer_.readonly) {
     refuse(name, "is read-only, but this operation writes its result into it");
   }
   auto dt = from_buffer_format(buffer_.format, buffer_.itemsize);

@@ -69,7 +69,10 @@ namespace py = pybind11;
 
 // Whether the operation writes into the tensor (in-place collectives,
 // outputs): a read-only buffer is refused for those.
-enum class Access { kRead, kWrite };
+// kWriteNew: an output made for this call (a new tensor for an out-of-place
+// result) that nobody else holds until the operation completes: nothing can
+// resize it in flight, so it is neither pinned nor copied, only kept alive.
+enum class Access { kRead, kWrite, kWriteNew };
 
 // How CPU torch tensors in flight are kept safe in this process: "pin" (the
 // storage's memory pinned by gyre._torch_memory, no copy), "copy" (staged
@@ -145,7 +148,7 @@ class ImportedTensor {
   // pinned instead (torch_memory_api.h): no copy; unpinned at destruction.
   void* pin_ = nullptr;
   void (*unpin_)(void*) = nullptr;
-  py::object tensor_;              // the caller's tensor, for write_back()
+  py::object tensor_;              // the caller's tensor: write_back(); kWriteNew: kept alive
   void* caller_data_ = nullptr;    // its memory at the call
   std::string name_;               // what messages call it
   bool write_back_pending_ = false;

@@ -127,3 +127,26 @@ def test_many_operations_leave_no_memory_held(rank, size):
         gyre.allreduce_(t, op=gyre.Sum, name="pin.leak")
         del t
     assert rss_mb() - start < 100, (start, rss_mb())
+
+
+def test_new_output_of_a_dropped_handle_is_kept_alive(rank, size, multi_rank):
+    # The new tensor an out-of-place allreduce writes into is the call's own
+    # (neither pinned nor copied: nobody else holds it), so the extension
+    # alone keeps it alive: rank 0 drops the handle, and with it the output,
+    # while the operation waits for the others. 4 MiB: freed memory is
+    # unmapped, so a write into it would be a SIGSEGV.
+    import gc
+    name = "pin.dropped_output"
+    t = torch.full((N,), float(rank + 1))
+    if rank == 0:
+        handle = gyre.allreduce_async(t, op=gyre.Sum, name=name)
+        del handle
+        gc.collect()
+        gyre.allreduce(torch.ones(1), name=name + ".after")
+    else:
+        gyre.allreduce(torch.ones(1), name=name + ".after")
+        out = gyre.synchronize(gyre.allreduce_async(t, op=gyre.Sum, name=name))
+        assert torch.all(out == float(sum(r + 1 for r in range(size))))
+    gyre.barrier()
+    gyre.allreduce(torch.ones(N), name=name + ".again")  # the job goes on
+    assert torch.all(t == float(rank + 1))  # the input untouched

@@ -161,7 +161,9 @@ def _start_allreduce(tensor, average, name, op, prescale_factor, postscale_facto
             pending, pooled = started
             return name, pending, _t.from_output(pooled, x)
     out = None if x is None else _t.empty_like(x)
-    return name, _gyre.allreduce(name, x, out, rop, pre, post, refusal, sid), out
+    # fresh_output: nobody else holds `out` until the operation completes, so
+    # the extension neither pins nor copies it (tensor_import.h).
+    return name, _gyre.allreduce(name, x, out, rop, pre, post, refusal, sid, True), out
 
 
 def allreduce_async(tensor: Tensor, average: Optional[bool] = None, name: Optional[str] = None,
