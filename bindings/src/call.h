@@ -27,8 +27,9 @@ class Call {
   TensorView view(py::handle obj, const std::string& role, Access access) {
     auto t = refusal_.empty() ? ImportedTensor::convert(obj, role, access)
                               : ImportedTensor::refused(refusal_);
-    // Staged copies hide where the tensors lie (tensor_import.h).
-    if (access != Access::kRead) {
+    // Staged copies hide where the tensors lie (tensor_import.h); a new
+    // output (kWriteNew) is never staged.
+    if (access == Access::kWrite) {
       for (auto& earlier : keep_) t->share_staging_with(*earlier);
     }
     keep_.push_back(std::move(t));

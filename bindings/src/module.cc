@@ -32,6 +32,7 @@
 #include "store.h"
 #include "pending_op.h"
 #include "tensor_import.h"
+#include "torch_objects.h"
 
 namespace py = pybind11;
 
@@ -292,7 +293,7 @@ PYBIND11_MODULE(_gyre, m) {
   register_fork_handlers();
   register_exit_hook();
   m.def("_set_exception_classes", &set_exception_classes);
-  m.def("_torch_in_flight_mode", &torch_in_flight_mode);  // "pin", "copy", "": tensor_import.h
+  m.def("_torch_in_flight_mode", &torch_in_flight_mode);  // "pin", "copy", "": torch_objects.h
   bind_output_tensor(m);
   bind_store(m);
   bind_bootstrap(m);

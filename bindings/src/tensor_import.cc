@@ -156,11 +156,7 @@ std::unique_ptr<ImportedTensor> ImportedTensor::from_object(py::handle obj, cons
   std::unique_ptr<ImportedTensor> t(new ImportedTensor());
   const py::handle caller = obj;
   if (t->import_torch(obj, name)) {
-    if (access == Access::kWriteNew) {
-      t->tensor_ = py::reinterpret_borrow<py::object>(caller);  // kept alive, nothing else
-    } else {
-      t->stage(caller, name, access);
-    }
+    t->stage(caller, name, access);
     return t;
   }
   py::object detached;
@@ -198,7 +194,7 @@ std::unique_ptr<ImportedTensor> ImportedTensor::from_object(py::handle obj, cons
     }
     try {
       t->import_dlpack(obj, name, false);
-      if (torch_tensor && access != Access::kWriteNew) t->stage(caller, name, access);
+      if (torch_tensor) t->stage(caller, name, access);
       return t;
     } catch (py::error_already_set& e) {
       // numpy refuses to export read-only arrays through DLPack 0.6: those
@@ -218,6 +214,7 @@ void ImportedTensor::stage(py::handle tensor, const std::string& name, Access ac
   const std::size_t nbytes = view_.nbytes();
   if (nbytes == 0) return;  // nothing is read or written
   tensor_ = py::reinterpret_borrow<py::object>(tensor);
+  if (access == Access::kWriteNew) return;  // nobody else holds it: kept alive, nothing more
   name_ = name;
   caller_data_ = view_.data;
   write_back_pending_ = access == Access::kWrite;

@@ -74,11 +74,6 @@ namespace py = pybind11;
 // resize it in flight, so it is neither pinned nor copied, only kept alive.
 enum class Access { kRead, kWrite, kWriteNew };
 
-// How CPU torch tensors in flight are kept safe in this process: "pin" (the
-// storage's memory pinned by gyre._torch_memory, no copy), "copy" (staged
-// copies), or "" while torch is not imported. GIL held.
-std::string torch_in_flight_mode();
-
 class ImportedTensor {
  public:
   // Converts `obj`. Anything gyre cannot convert (not a tensor, a device it
@@ -131,8 +126,9 @@ class ImportedTensor {
   void import_dlpack(py::handle obj, const std::string& name, bool cuda);
   // Returns false (and sets nothing) if obj does not support the protocol.
   bool import_buffer(py::handle obj, const std::string& name, Access access);
-  // Copies the view's memory into staging_ and points the view there
-  // (see the file comment); `tensor` is the caller's torch tensor.
+  // Keeps a torch tensor's memory safe while in flight (see the file
+  // comment): pinned, or copied into staging_ with the view pointed there;
+  // kWriteNew: only kept alive. `tensor` is the caller's torch tensor.
   void stage(py::handle tensor, const std::string& name, Access access);
 
   TensorView view_;

@@ -137,10 +137,17 @@ PyMODINIT_FUNC PyInit__torch_memory() {
   PyObject* m = PyModule_Create(&gyre::python::module_def);
   if (m == nullptr) return nullptr;
   PyObject* cap = PyCapsule_New(&gyre::python::api, gyre::python::kTorchMemoryCapsule, nullptr);
-  if (cap == nullptr || PyModule_AddObject(m, "api", cap) != 0 ||
-      PyModule_AddStringConstant(m, "torch_version", GYRE_TORCH_VERSION) != 0) {
-    Py_XDECREF(cap);
+  if (cap == nullptr) {
     Py_DECREF(m);
+    return nullptr;
+  }
+  if (PyModule_AddObject(m, "api", cap) != 0) {  // steals the reference only on success
+    Py_DECREF(cap);
+    Py_DECREF(m);
+    return nullptr;
+  }
+  if (PyModule_AddStringConstant(m, "torch_version", GYRE_TORCH_VERSION) != 0) {
+    Py_DECREF(m);  // the capsule is the module's now
     return nullptr;
   }
   return m;

@@ -3,8 +3,6 @@
 #include <cstdlib>
 #include <utility>
 
-#include "tensor_import.h"
-
 namespace gyre::python {
 
 const TorchMemoryApi* TorchObjects::load_memory(py::handle torch) {

@@ -59,4 +59,9 @@ bool is_torch_tensor(const TorchObjects* t, PyObject* obj);
 // cleared if it cannot be read.
 bool torch_shape(const TorchObjects& t, PyObject* obj, std::vector<std::int64_t>& dims);
 
+// How CPU torch tensors in flight are kept safe in this process: "pin" (the
+// storage's memory pinned by gyre._torch_memory, no copy), "copy" (staged
+// copies), or "" while torch is not imported (tensor_import.h).
+std::string torch_in_flight_mode();
+
 }  // namespace gyre::python
