@@ -110,6 +110,35 @@ def hierarchical_rabenseifner(n_bytes, hosts, per_host, p):
     return shm + min(ring, rab)
 
 
+PIPELINE_START_S = 50e-6   # the network phase's thread, started per call (cost_model.h)
+MAX_PIECES = 64
+MIN_PIECE_BYTES = 64 << 10
+
+
+def hierarchical_pipelined(n_bytes, hosts, per_host, p, pieces=None):
+    """The hierarchical allreduce in pieces, pipelined (GYRE_HIERARCHICAL_PIPELINE,
+    cost_model.h hierarchical_allreduce_s): each piece's two shared-memory
+    passes run on the calling thread beside another piece's network phase
+    (recursive doubling, the ring or Rabenseifner's, as hierarchical_rabenseifner
+    chooses for the piece). pieces=None: the power of two up to 64 (pieces of at
+    least 64 KiB) the model predicts fastest, as the runtime picks."""
+    if pieces is None:
+        best = None
+        k = 1
+        while k <= MAX_PIECES and (k == 1 or n_bytes / k >= MIN_PIECE_BYTES):
+            t = hierarchical_pipelined(n_bytes, hosts, per_host, p, k)
+            best = t if best is None else min(best, t)
+            k *= 2
+        return best
+    piece = n_bytes / pieces
+    one_pass = (p["alpha_shm"] + piece * p["beta_shm"]) if per_host > 1 else 0.0
+    net = hierarchical_rabenseifner(piece, hosts, per_host, dict(p, alpha_shm=0.0, beta_shm=0.0)) \
+        if hosts > 1 else 0.0
+    if pieces == 1:
+        return 2 * one_pass + net
+    return PIPELINE_START_S + 2 * one_pass + net + (pieces - 1) * max(2 * one_pass, net)
+
+
 def tree_allreduce(n_bytes, hosts, per_host, p):
     """Not in gyre: a pipelined binary tree across hosts (reduce up, broadcast
     down; the shape of NCCL's trees), for comparison: 2 log2 H latency terms,
@@ -334,21 +363,24 @@ def scale(d):
             total = sum(sizes)
             print(f"#### {model}: {total / 1e6:.0f} MB of float32 gradients, {gbit} Gbit/s per host\n")
             print("| hosts | ranks | round (allgather) | round (log-depth AND) | flat ring | hierarchical "
-                  "| -1 picks | busbw today | hier. + Rabenseifner | best + log-depth round | busbw with both |")
-            print("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+                  "| -1 picks (before) | busbw (before) | hier. + Rabenseifner | hier. pipelined + Rabenseifner "
+                  "| best + log-depth round | busbw with all |")
+            print("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
             for hosts in (8, 32, 128, 512, 1024, 4096):
                 n = hosts * per_host
                 neg, flat = step_time(sizes, hosts, per_host, p, flat_allreduce)
                 _, hier = step_time(sizes, hosts, per_host, p, hierarchical_allreduce)
                 _, tree = step_time(sizes, hosts, per_host, p, tree_allreduce)
                 _, hier_rab = step_time(sizes, hosts, per_host, p, hierarchical_rabenseifner)
+                _, hier_pipe = step_time(sizes, hosts, per_host, p, hierarchical_pipelined)
                 neg_fix = negotiation_log_depth(n, p)
                 pick = "hier" if hier <= flat else "flat"
                 today = neg + min(flat, hier)
-                fixed = neg_fix + min(flat, hier, hier_rab, tree)
+                # The tree is not built: not in "best".
+                fixed = neg_fix + min(flat, hier, hier_rab, hier_pipe)
                 print(f"| {hosts} | {n} | {neg * 1e3:.2f} | {neg_fix * 1e3:.2f} | {flat * 1e3:.1f} | "
                       f"{hier * 1e3:.1f} | {pick} | {busbw(total, today, n):.1f} | {hier_rab * 1e3:.1f} | "
-                      f"{fixed * 1e3:.1f} | {busbw(total, fixed, n):.1f} |")
+                      f"{hier_pipe * 1e3:.1f} | {fixed * 1e3:.1f} | {busbw(total, fixed, n):.1f} |")
             print()
 
 

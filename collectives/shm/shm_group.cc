@@ -123,6 +123,10 @@ void ShmGroup::fail() noexcept {
   wake_sleepers();
 }
 
+bool ShmGroup::failed() const noexcept {
+  return header_->failed.value.load(std::memory_order_acquire) != 0;
+}
+
 void ShmGroup::barrier() {
   ++epoch_;
   header_->arrived[rank_].value.store(epoch_, std::memory_order_seq_cst);

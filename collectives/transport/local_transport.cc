@@ -34,6 +34,9 @@ struct RecvOp {
 
 namespace {
 
+// How often a waiting receive runs the interrupt check (as MpiTransport).
+constexpr std::chrono::milliseconds kLocalInterruptPeriod{50};
+
 // Delivers `msg` into `op` (both under the world mutex).
 void deliver(RecvOp& op, const std::vector<std::byte>& msg, int dst) {
   if (msg.size() != op.buf.size()) {
@@ -194,20 +197,35 @@ void LocalTransport::wait(Transfer& req) {
   }
   RecvOp& op = *it->second;
   std::condition_variable& cv = world_->boxes_[static_cast<std::size_t>(rank_)].cv;
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  using Clock = std::chrono::steady_clock;
+  const bool bounded = timeout_.count() > 0;
+  const auto deadline = bounded ? Clock::now() + timeout_ : Clock::time_point::max();
   {
     std::unique_lock<std::mutex> lock(world_->mu_);
     auto ready = [&] { return op.done || world_->failed_rank_ >= 0; };
-    if (timeout_.count() > 0) {
-      if (!cv.wait_until(lock, deadline, ready)) {
+    while (!ready()) {
+      // Woken at the deadline, and every kLocalInterruptPeriod to run the
+      // interrupt check (outside the lock: it may throw, or take time).
+      auto until = deadline;
+      if (interrupt_check_) until = std::min(until, Clock::now() + kLocalInterruptPeriod);
+      if (cv.wait_until(lock, until, ready)) break;
+      if (bounded && Clock::now() >= deadline) {
         lock.unlock();
         cancel_pending();
         throw TimeoutError(fmt::format(
             "local transport: rank {} waited {} ms to receive {} bytes from rank {} (tag {})",
             rank_, timeout_.count(), op.buf.size(), op.src, op.tag));
       }
-    } else {
-      cv.wait(lock, ready);
+      if (interrupt_check_) {
+        lock.unlock();
+        try {
+          interrupt_check_();
+        } catch (...) {
+          cancel_pending();
+          throw;
+        }
+        lock.lock();
+      }
     }
     if (!op.done) {
       const int failed = world_->failed_rank_;

@@ -17,7 +17,9 @@
 #include <string>
 #include <array>
 #include <atomic>
+#include <functional>
 #include <thread>
+#include <typeinfo>
 #include <vector>
 
 #include "gyre/collectives/algorithms.h"
@@ -487,6 +489,153 @@ TEST_CASE("hierarchical_allreduce: every dtype and op against the closed form, 2
       }
     }
   }
+}
+
+namespace {
+
+// One hierarchical allreduce over hosts x ranks as threads (host-major
+// ranks), `pieces` pieces; input element i of rank r is value(r, i). Returns
+// every rank's output; `errors[r]` (when given) receives what rank r threw
+// instead of rethrowing it.
+struct HierCase {
+  int hosts, per_host;
+  std::size_t count;
+  DataType dt;
+  ReduceOp op;
+  std::size_t pieces;
+  bool in_place = true;
+  std::size_t slot_bytes = 1024;
+  int absent = -1;  // this rank marks its host's group failed and does not call
+};
+template <class Value>
+std::vector<std::vector<std::byte>> run_hierarchical(
+    const HierCase& c, Value value, std::vector<std::string>* errors = nullptr,
+    const std::function<void(std::vector<std::shared_ptr<transport::LocalWorld>>&)>& before = {}) {
+  const int n = c.hosts * c.per_host;
+  const std::size_t esz = dtype_size(c.dt);
+  ShmOptions opt = small_slots(c.slot_bytes);
+  std::vector<std::unique_ptr<Region>> regions;
+  for (int h = 0; h < c.hosts; ++h) {
+    regions.push_back(std::make_unique<Region>(ShmGroup::region_bytes(c.per_host, opt.slot_bytes)));
+  }
+  std::vector<std::shared_ptr<transport::LocalWorld>> cross;
+  for (int l = 0; l < c.per_host; ++l) cross.push_back(transport::make_local_world(c.hosts));
+  if (before) before(cross);
+  std::vector<std::vector<std::byte>> in(n, std::vector<std::byte>(c.count * esz));
+  for (int r = 0; r < n; ++r) {
+    for (std::size_t i = 0; i < c.count; ++i) test::store(c.dt, in[r].data(), i, value(r, i));
+  }
+  std::vector<std::vector<std::byte>> out =
+      c.in_place ? in : std::vector<std::vector<std::byte>>(n, std::vector<std::byte>(c.count * esz, std::byte{0x5a}));
+  const std::vector<std::vector<std::byte>> original = in;
+  if (errors) errors->assign(n, "");
+  on_threads(n, [&](int r) {
+    const int host = r / c.per_host, local = r % c.per_host;
+    try {
+      ShmGroup g(regions[host]->p, local, c.per_host, opt);
+      if (r == c.absent) {
+        g.fail();
+        return;
+      }
+      transport::LocalTransport t(cross[local], host);
+      t.set_timeout(std::chrono::milliseconds(60000));
+      AllreduceOptions co;
+      co.chunk_bytes = 512;
+      co.small_bytes = 64;
+      const void* src = c.in_place ? out[r].data() : in[r].data();
+      hierarchical_allreduce(g, t, src, out[r].data(), c.count, c.dt, c.op, 1.0, 1.0, co, c.pieces);
+    } catch (const std::exception& e) {
+      if (!errors) throw;
+      (*errors)[r] = std::string(typeid(e).name()) + ": " + e.what();
+    }
+  });
+  if (!c.in_place) {
+    for (int r = 0; r < n; ++r) {
+      if (in[r] != original[r]) throw std::runtime_error("input of rank " + std::to_string(r) + " changed");
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("hierarchical_allreduce pipelined: the closed form in 2, 3 and 16 pieces, in and out "
+          "of place, every rank the same bits",
+          "[shm][hierarchical][pipeline]") {
+  for (auto [hosts, per_host] : {std::pair{2, 2}, std::pair{3, 2}, std::pair{2, 3}}) {
+    const int n = hosts * per_host;
+    for (DataType dt : {DataType::kFloat32, DataType::kFloat64, DataType::kInt32, DataType::kFloat16}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+        if (!op_defined(dt, op)) continue;
+        // 0 and 1 element (fewer than a piece per shard: one piece), 7, and
+        // enough for 16 pieces of several ring chunks each.
+        for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{20011}}) {
+          for (std::size_t pieces : {2, 3, 16}) {
+            for (bool in_place : {true, false}) {
+              INFO(hosts << "x" << per_host << " " << dtype_name(dt) << " " << op_name(op) << " count "
+                         << count << " pieces " << pieces << (in_place ? " in place" : " out of place"));
+              HierCase c{hosts, per_host, count, dt, op, pieces, in_place};
+              auto out = run_hierarchical(c, [&](int r, std::size_t i) { return test::contribution(op, r, i); });
+              const double tol = op == ReduceOp::kAverage ? test::scaled_tolerance(dt) : 0.0;
+              for (int r = 0; r < n; ++r) {
+                REQUIRE(out[r] == out[0]);
+                std::size_t wrong = 0, first_wrong = 0;
+                for (std::size_t i = 0; i < count; ++i) {
+                  if (!test::close_enough(test::load(dt, out[r].data(), i), test::expected(dt, op, n, i), tol)) {
+                    if (wrong++ == 0) first_wrong = i;
+                  }
+                }
+                INFO("rank " << r << ", first wrong element " << first_wrong);
+                REQUIRE(wrong == 0);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("hierarchical_allreduce pipelined: at 2 hosts the bits of the unpipelined call",
+          "[shm][hierarchical][pipeline]") {
+  // Fractions no binary type holds exactly: equal bits mean the same order
+  // of additions (the shm reduce-scatter's rank order, then one addition of
+  // the two hosts' partial sums, wherever the piece boundaries fall).
+  for (DataType dt : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16}) {
+    auto value = [](int r, std::size_t i) { return 0.1 * static_cast<double>((i * 7 + r * 13) % 10) + r; };
+    HierCase one{2, 3, 30011, dt, ReduceOp::kSum, 1};
+    const auto want = run_hierarchical(one, value);
+    for (std::size_t pieces : {2, 5, 64}) {
+      INFO(dtype_name(dt) << " pieces " << pieces);
+      HierCase c = one;
+      c.pieces = pieces;
+      CHECK(run_hierarchical(c, value) == want);
+    }
+  }
+}
+
+TEST_CASE("hierarchical_allreduce pipelined: a failure on one host stops the ranks of both "
+          "hosts with an error, none waits for its timeout",
+          "[shm][hierarchical][pipeline]") {
+  // Host 1's local rank 1 (rank 3) fails its group and never calls, so host
+  // 1's local rank 0 (rank 2) stops in its first reduce-scatter and never
+  // sends piece 0 across hosts. Local rank 1's cross-host world has failed
+  // too. On host 0, local rank 1's network thread fails at piece 0, its
+  // calling thread fails host 0's group; local rank 0's calling thread waits
+  // for piece 0, whose network thread waits for rank 2: the interrupt check
+  // (its host's group failed) stops it, not the transports' 60 s timeout.
+  HierCase c{2, 2, 200000, DataType::kFloat32, ReduceOp::kSum, 16};
+  c.absent = 3;
+  std::vector<std::string> errors;
+  run_hierarchical(c, [](int r, std::size_t i) { return test::contribution(ReduceOp::kSum, r, i); },
+                   &errors, [](auto& cross) { transport::fail_local_world(*cross[1], 1); });
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK(!errors[r].empty());
+    CHECK(errors[r].find("Timeout") == std::string::npos);
+  }
+  CHECK(errors[0].find("network phase stopped") != std::string::npos);
+  CHECK(errors[1].find("failed") != std::string::npos);
 }
 
 namespace {

@@ -32,7 +32,15 @@ TEST_CASE("cost model: the formulas at hand-computed points", "[cost_model]") {
   CHECK(flat_allreduce_s(c, 1e3) == Approx(2 * (10e-6 + 1e3 * 1e-9)));
   // Hierarchical, 1 MB: two shm passes (1 us + 100 us), then 2 steps of
   // (10 us + 2 shards of 250 KB over the link).
-  CHECK(hierarchical_allreduce_s(c, 1e6) == Approx(2 * (1e-6 + 100e-6) + 2 * (10e-6 + 500e3 * 1e-9)));
+  CHECK(hierarchical_allreduce_s(c, 1e6, 1) == Approx(2 * (1e-6 + 100e-6) + 2 * (10e-6 + 500e3 * 1e-9)));
+  // The same in 4 pieces of 250 KB, pipelined: the thread's start, the first
+  // piece's two passes (1 us + 25 us each) and network phase (shards of
+  // 125 KB, above the small size: a ring of 2 hosts, 2 steps of 10 us + two
+  // shards' halves over the link), then 3 more pieces at the slower stage
+  // (the network's 270 us).
+  const double pass = 1e-6 + 250e3 * 0.1e-9, net = 2 * (10e-6 + 2 * 62.5e3 * 1e-9);
+  CHECK(hierarchical_allreduce_s(c, 1e6, 4) ==
+        Approx(kPipelineStartS + 2 * pass + net + 3 * std::max(2 * pass, net)));
   // Allgather of 4 MB: flat 3 steps of one 1 MB block; hierarchical 1 step
   // of 2 blocks over the link, then one shm pass over the 4 MB.
   CHECK(flat_allgather_s(c, 4e6) == Approx(3 * (10e-6 + 1e6 * 1e-9)));
@@ -56,9 +64,12 @@ TEST_CASE("cost model: a network faster than shared memory, or many ranks per ho
   const LayoutCost fast_net = layout(2, 2, 50.0, 5.0);
   CHECK(flat_allreduce_s(fast_net, 64e6) < hierarchical_allreduce_s(fast_net, 64e6));
   // 8 hosts x 8 ranks on 12.5 GB/s links, 20 GB/s shared memory: the ring
-  // moves about as many bytes per link and has no shared-memory passes.
+  // moves about as many bytes per link and has no shared-memory passes, so
+  // it beats the unpipelined hierarchical form; pipelined, the passes run
+  // beside the network phase and the hierarchical form wins.
   const LayoutCost dc = layout(8, 8, 12.5, 20.0);
-  CHECK(flat_allreduce_s(dc, 64e6) < hierarchical_allreduce_s(dc, 64e6));
+  CHECK(flat_allreduce_s(dc, 64e6) < hierarchical_allreduce_s(dc, 64e6, 1));
+  CHECK(hierarchical_allreduce_s(dc, 64e6) < flat_allreduce_s(dc, 64e6));
   // ... while on 512 hosts the ring's 2(N-1) latency terms make it slower.
   const LayoutCost big = layout(512, 8, 12.5, 20.0);
   CHECK(hierarchical_allreduce_s(big, 64e6) < flat_allreduce_s(big, 64e6));
@@ -113,7 +124,35 @@ TEST_CASE("cost model: which large allreduce the defaults choose, and the forced
   const LayoutCost h = default_layout_cost(8, 2, 64 << 10);
   CHECK(cross_uses_rabenseifner(h, 64e6));
   CHECK_FALSE(cross_uses_rabenseifner(h, 100e3));  // a 50 KB shard: recursive doubling
-  CHECK(hierarchical_allreduce_s(h, 64e6) ==
+  CHECK(hierarchical_allreduce_s(h, 64e6, 1) ==
         Approx(2 * h.shm.t(64e6) + rabenseifner_allreduce_s(h.net, 8, 32e6, 2)));
   CHECK_FALSE(cross_uses_rabenseifner(default_layout_cost(8, 2, 64 << 10, 0), 64e6));
+}
+
+TEST_CASE("cost model: the pipelined hierarchical allreduce's number of pieces",
+          "[cost_model][pipeline]") {
+  // Small buffers are not cut (the thread's start costs more than it saves,
+  // and pieces stay at least kMinPieceBytes).
+  const LayoutCost c = default_layout_cost(2, 2, 64 << 10);
+  for (double bytes : {8.0, 1e3, 64e3, 128e3}) {
+    INFO(bytes << " bytes");
+    CHECK(hierarchical_pieces(c, bytes) == 1);
+  }
+  // Large ones are, and the prediction is then below the unpipelined one
+  // and never below the network phase alone.
+  for (double bytes : {16e6, 64e6, 256e6}) {
+    INFO(bytes << " bytes");
+    const int k = hierarchical_pieces(c, bytes);
+    CHECK(k > 1);
+    CHECK(k <= kMaxPieces);
+    CHECK(bytes / k >= kMinPieceBytes);
+    CHECK(hierarchical_allreduce_s(c, bytes) < hierarchical_allreduce_s(c, bytes, 1));
+    CHECK(hierarchical_allreduce_s(c, bytes) > cross_allreduce_s(c, bytes / 2));
+    for (int other = 1; other <= kMaxPieces; other *= 2) {
+      if (bytes / other < kMinPieceBytes) break;
+      CHECK(hierarchical_allreduce_s(c, bytes) <= hierarchical_allreduce_s(c, bytes, other));
+    }
+  }
+  // One rank per host: no shared-memory passes, nothing to overlap.
+  CHECK(hierarchical_pieces(default_layout_cost(4, 1, 64 << 10), 64e6) == 1);
 }

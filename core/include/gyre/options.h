@@ -57,6 +57,11 @@ struct Options {
   // hierarchically, 0 with one flat ring; -1 (default) chooses per call by
   // an alpha-beta cost model (backends/hierarchical/cost_model.h).
   long hierarchical_allreduce = -1;
+  // GYRE_HIERARCHICAL_PIPELINE: the hierarchical allreduce cut into this
+  // many pieces, the shared-memory passes of one piece running beside the
+  // network phase of another (0 or 1: not pipelined); -1 (default): the
+  // number the cost model predicts fastest for each call.
+  long hierarchical_pipeline = -1;
   // GYRE_HIERARCHICAL_ALLGATHER: the same for allgather (a ring across hosts
   // among the ranks with the same local rank, then shared memory within).
   long hierarchical_allgather = -1;

@@ -85,6 +85,10 @@ const OptionSpec kTable[] = {
    IntegerOption{&O::hierarchical_allreduce, -1, 1}, "-1", true,
    "When the job spans hosts that each hold the same number (more than one) of ranks: 1 reduces "
    "host tensors hierarchically, 0 with one flat ring, -1 chooses."},
+  {"GYRE_HIERARCHICAL_PIPELINE", "hierarchical_pipeline",
+   IntegerOption{&O::hierarchical_pipeline, -1, 64}, "-1", true,
+   "The hierarchical allreduce cut into this many pieces, pipelined: the shared-memory passes "
+   "of one piece run beside the network phase of another. 0 or 1: not pipelined; -1 chooses."},
   {"GYRE_HIERARCHICAL_ALLGATHER", "hierarchical_allgather",
    IntegerOption{&O::hierarchical_allgather, -1, 1}, "-1", true,
    "When the job spans hosts that each hold the same number (more than one) of ranks: 1 gathers "

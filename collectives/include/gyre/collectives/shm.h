@@ -99,6 +99,8 @@ class ShmGroup {
   // Marks the group failed, so peers blocked in barrier() throw instead of
   // waiting for this rank. Called when a rank leaves a collective early.
   void fail() noexcept;
+  // Whether some rank marked the group failed (any thread).
+  bool failed() const noexcept;
 
  private:
   struct Header;
@@ -180,11 +182,18 @@ struct AllgatherOptions;
 // local ranks (so that each shard has a peer on every host). `cross_opt`:
 // the inter-host allreduce's options (chunk, tag, small-message threshold);
 // its scale factors are ignored: `prescale` applies to the inputs,
-// `postscale` to the result.
+// `postscale` to the result. `pieces` > 1 pipelines the three phases: the
+// buffer is cut into that many pieces (at most one per element of a
+// shard), and while one piece crosses the hosts (on a thread started for
+// the call, the only user of `cross` meanwhile) the calling thread
+// reduce-scatters the next and allgathers the previous. Every rank must
+// pass the same `pieces`. Every rank gets the same bits; with more than two
+// hosts the association order of a sum (so its last bits) can depend on
+// `pieces`, as the cross-host ring's order depends on an element's place.
 void hierarchical_allreduce(ShmGroup& local, transport::Transport& cross, const void* in,
                             void* out, std::size_t count, DataType dt, ReduceOp op,
                             double prescale, double postscale,
-                            const AllreduceOptions& cross_opt);
+                            const AllreduceOptions& cross_opt, std::size_t pieces = 1);
 
 // Hierarchical allgather over hosts that each hold the same number p of
 // ranks: a ring allgather across hosts among the ranks with this rank's local

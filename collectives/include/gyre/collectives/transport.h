@@ -64,11 +64,14 @@ class Transport {
   void set_wait_policy(WaitPolicy p) { wait_policy_ = p; }
   WaitPolicy wait_policy() const { return wait_policy_; }
 
-  // Called by a polling wait() (MpiTransport) about every 50 ms while it
-  // waits; it may throw to stop waiting, the transfer staying pending. For
-  // a caller's thread that must stay interruptible (init() under Ctrl-C);
-  // empty: none. Transports that block in the kernel ignore it.
+  // Called by wait() (MpiTransport, LocalTransport) about every 50 ms while
+  // it waits; it may throw to stop waiting (MpiTransport leaves the transfer
+  // pending, LocalTransport cancels this rank's pending receives). For a
+  // caller's thread that must stay interruptible (init() under Ctrl-C), or a
+  // helper thread its owner may stop (the pipelined hierarchical
+  // allreduce); empty: none. Transports that block in the kernel ignore it.
   void set_interrupt_check(std::function<void()> check) { interrupt_check_ = std::move(check); }
+  const std::function<void()>& interrupt_check() const { return interrupt_check_; }
 
   // A short description used in log and error messages ("mpi", "local").
   virtual std::string name() const = 0;

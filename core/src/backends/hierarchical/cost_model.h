@@ -11,6 +11,7 @@
 // on every rank, so every rank takes the same branch.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -116,15 +117,50 @@ inline bool cross_uses_rabenseifner(const LayoutCost& c, double bytes) {
   if (c.hosts <= 1 || shard <= static_cast<double>(c.small_bytes)) return false;
   return use_rabenseifner(c, c.hosts, shard, c.per_host);
 }
-inline double hierarchical_allreduce_s(const LayoutCost& c, double bytes) {
+// The network phase alone: p concurrent allreduces of shard bytes across
+// the H hosts, sharing each host's link.
+inline double cross_allreduce_s(const LayoutCost& c, double shard) {
   const int h = c.hosts, p = c.per_host;
-  const double shm = p > 1 ? 2.0 * c.shm.t(bytes) : 0.0;
-  if (h <= 1) return shm;
-  const double shard = bytes / p;
-  const double cross = shard <= static_cast<double>(c.small_bytes)
-                           ? ceil_log2(h) * (c.net.alpha_s + p * shard * c.net.beta_s_per_b)
-                           : large_allreduce_s(c, h, shard, p);
-  return shm + cross;
+  if (h <= 1) return 0;
+  return shard <= static_cast<double>(c.small_bytes)
+             ? ceil_log2(h) * (c.net.alpha_s + p * shard * c.net.beta_s_per_b)
+             : large_allreduce_s(c, h, shard, p);
+}
+
+// Starting the network phase's thread for a pipelined call (measured: tens
+// of microseconds), so that small buffers are not cut into pieces.
+inline constexpr double kPipelineStartS = 50e-6;
+
+// Hierarchical in `pieces` pieces (pieces = 1: the three phases one after
+// the other). Pipelined, the calling thread runs each piece's two
+// shared-memory passes while another piece crosses the hosts: after the
+// first piece's reduce-scatter, each of the pieces costs the slower of the
+// two stages, and the last piece's network phase and allgather follow.
+inline double hierarchical_allreduce_s(const LayoutCost& c, double bytes, int pieces) {
+  const double piece = bytes / pieces;
+  const double pass = c.per_host > 1 ? c.shm.t(piece) : 0.0;
+  const double net = cross_allreduce_s(c, piece / c.per_host);
+  if (pieces <= 1) return 2 * pass + net;
+  return kPipelineStartS + 2 * pass + net + (pieces - 1) * std::max(2 * pass, net);
+}
+
+// The number of pieces (a power of two up to kMaxPieces, each at least
+// kMinPieceBytes) the model predicts fastest: 1 where pipelining does not pay.
+inline constexpr int kMaxPieces = 64;
+inline constexpr double kMinPieceBytes = 64 << 10;
+inline int hierarchical_pieces(const LayoutCost& c, double bytes) {
+  int best = 1;
+  double best_s = hierarchical_allreduce_s(c, bytes, 1);
+  for (int k = 2; k <= kMaxPieces && bytes / k >= kMinPieceBytes; k *= 2) {
+    const double s = hierarchical_allreduce_s(c, bytes, k);
+    if (s < best_s) best = k, best_s = s;
+  }
+  return best;
+}
+
+// Hierarchical at the model's number of pieces.
+inline double hierarchical_allreduce_s(const LayoutCost& c, double bytes) {
+  return hierarchical_allreduce_s(c, bytes, hierarchical_pieces(c, bytes));
 }
 
 // Allgather of `bytes` in all (bytes / (H*p) from each rank). Flat ring:

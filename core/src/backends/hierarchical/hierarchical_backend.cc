@@ -1,6 +1,7 @@
 // HierarchicalBackend (hierarchical_backend.h).
 #include "backends/hierarchical/hierarchical_backend.h"
 
+#include <algorithm>
 #include <string>
 
 #include "backends/hierarchical/cost_model.h"
@@ -15,9 +16,13 @@ void HierarchicalBackend::allreduce(const void* in, void* out, std::size_t count
                                     const Reduction& red, const OpLabel& what) {
   const LayoutCost& c = ring_.layout_cost();
   const double bytes = static_cast<double>(count * dtype_size(dt));
+  // Pieces of the pipelined form: the model's, or GYRE_HIERARCHICAL_PIPELINE's.
+  const int pieces = opt_.hierarchical_pipeline == -1
+                         ? hierarchical_pieces(c, bytes)
+                         : static_cast<int>(std::max(1L, opt_.hierarchical_pipeline));
   bool hierarchical = opt_.hierarchical_allreduce == 1;
   if (opt_.hierarchical_allreduce == -1) {
-    hierarchical = hierarchical_allreduce_s(c, bytes) <= flat_allreduce_s(c, bytes);
+    hierarchical = hierarchical_allreduce_s(c, bytes, pieces) <= flat_allreduce_s(c, bytes);
   }
   if (!hierarchical) {
     ring_.allreduce(in, out, count, dt, red, what);
@@ -25,13 +30,15 @@ void HierarchicalBackend::allreduce(const void* in, void* out, std::size_t count
   }
   // The cross-host allreduce takes no scale factors of its own (see
   // hierarchical_allreduce): those of `red` are passed separately. Its
-  // algorithm above the small size follows from the whole buffer's size,
-  // the same on every rank.
+  // algorithm above the small size follows from a piece's size, the same
+  // on every rank.
   collectives::AllreduceOptions cross_opt = ring_.allreduce_options(Reduction{});
-  cross_opt.large = cross_uses_rabenseifner(c, bytes) ? collectives::LargeAllreduce::kRabenseifner
-                                                      : collectives::LargeAllreduce::kRing;
+  cross_opt.large = cross_uses_rabenseifner(c, bytes / pieces)
+                        ? collectives::LargeAllreduce::kRabenseifner
+                        : collectives::LargeAllreduce::kRing;
   collectives::hierarchical_allreduce(host_->group(), *cross_, in, out, count, dt, red.op,
-                                      red.prescale, red.postscale, cross_opt);
+                                      red.prescale, red.postscale, cross_opt,
+                                      static_cast<std::size_t>(pieces));
 }
 
 const std::vector<int>& HierarchicalBackend::placement() {
