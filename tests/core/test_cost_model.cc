@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "backends/hierarchical/cost_model.h"
+#include "backends/hierarchical/link_probe.h"
 
 using namespace gyre::core;
 
@@ -155,4 +156,37 @@ TEST_CASE("cost model: the pipelined hierarchical allreduce's number of pieces",
   }
   // One rank per host: no shared-memory passes, nothing to overlap.
   CHECK(hierarchical_pieces(default_layout_cost(4, 1, 64 << 10), 64e6) == 1);
+}
+
+TEST_CASE("link probe: alpha and beta fitted from round trips, the cache line read back",
+          "[cost_model][link_probe]") {
+  // 8-byte round trips of 40 us; 1 and 4 MiB ones with two flows on the
+  // link, the first 512 KiB of each flow let through at once (a burst), the
+  // rest at 62.5 MB/s per flow: 20 us, 125 MB/s for the link.
+  const double mib = 1 << 20;
+  auto rtt = [&](double bytes) { return 40e-6 + 2 * (bytes - mib / 2) / 62.5e6; };
+  const LinkCost l = fit_link(40e-6, rtt(mib), mib, rtt(4 * mib), 4 * mib, 2);
+  CHECK(l.alpha_s == Approx(20e-6));
+  CHECK(1.0 / l.beta_s_per_b == Approx(125e6));
+  // Timings that would give nothing or less: floored, never zero or negative.
+  const LinkCost floor = fit_link(0.0, 1e-3, mib, 0.5e-3, 4 * mib, 2);
+  CHECK(floor.alpha_s > 0);
+  CHECK(floor.beta_s_per_b > 0);
+
+  LayoutCost c = default_layout_cost(2, 2, 64 << 10);
+  c.net = {35e-6, 1 / 118e6};
+  c.shm = {4e-6, 1 / 2.5e9};
+  const std::string line = link_cache_line(c);
+  auto back = parse_link_cache_line(line, default_layout_cost(2, 2, 64 << 10));
+  REQUIRE(back.has_value());
+  CHECK(back->net.alpha_s == Approx(35e-6));
+  CHECK(back->net.beta_s_per_b == Approx(1 / 118e6));
+  CHECK(back->shm.alpha_s == Approx(4e-6));
+  CHECK(back->shm.beta_s_per_b == Approx(1 / 2.5e9));
+  // Another layout's line, or a damaged one, is not used.
+  CHECK_FALSE(parse_link_cache_line(line, default_layout_cost(4, 2, 64 << 10)).has_value());
+  CHECK_FALSE(parse_link_cache_line(line.substr(0, line.size() / 2), c).has_value());
+  CHECK_FALSE(parse_link_cache_line("gyre-link-cost hosts=2 per_host=2 net_alpha_s=-1 "
+                                    "net_beta_s_per_b=1 shm_alpha_s=1 shm_beta_s_per_b=1",
+                                    c).has_value());
 }

@@ -364,6 +364,14 @@ struct RuntimeStats {
   std::int64_t store_pushes_rejected = 0;
   std::int64_t store_pushes_scaled = 0;  // applied with a factor below 1
   std::int64_t store_max_lag = 0;        // largest lag among them
+  // The parameters the cost model chooses the host allreduce's algorithm
+  // with (docs/scaling.md), the same on every rank: "built-in", or, across
+  // hosts of several ranks each with GYRE_LINK_PROBE=1, "probed" at
+  // start-up or "cached" (GYRE_LINK_PROBE_CACHE). Network: per message and
+  // per host link; shared memory: one pass over a buffer.
+  std::string link_source;
+  double net_alpha_s = 0, net_bytes_per_s = 0;
+  double shm_alpha_s = 0, shm_bytes_per_s = 0;
 };
 RuntimeStats runtime_stats();
 

@@ -62,6 +62,13 @@ struct Options {
   // network phase of another (0 or 1: not pipelined); -1 (default): the
   // number the cost model predicts fastest for each call.
   long hierarchical_pipeline = -1;
+  // GYRE_LINK_PROBE: 1 measures the cost model's parameters (network and
+  // shared-memory alpha and beta) at start-up on the job's own links when
+  // it spans hosts of several ranks each; 0 (default) keeps the built-in
+  // ones. GYRE_LINK_PROBE_CACHE: a file rank 0 reads them from (a line for
+  // this layout) instead of measuring, and writes them to after measuring.
+  long link_probe = 0;
+  std::string link_probe_cache;
   // GYRE_HIERARCHICAL_ALLGATHER: the same for allgather (a ring across hosts
   // among the ranks with the same local rank, then shared memory within).
   long hierarchical_allgather = -1;

@@ -161,6 +161,12 @@ RuntimeStats runtime_stats() {
   st.store_pushes_rejected = totals.rejected.load();
   st.store_pushes_scaled = totals.scaled.load();
   st.store_max_lag = totals.max_lag.load();
+  const core::LayoutCost& link = rt->link_cost();
+  st.link_source = rt->link_source();
+  st.net_alpha_s = link.net.alpha_s;
+  st.net_bytes_per_s = 1.0 / link.net.beta_s_per_b;
+  st.shm_alpha_s = link.shm.alpha_s;
+  st.shm_bytes_per_s = 1.0 / link.shm.beta_s_per_b;
   return st;
 }
 

@@ -68,6 +68,8 @@ class HostBackend : public Backend {
 
   // The host fusion buffer (its allocation count is a runtime statistic).
   const FusionBuffer& host_fusion_buffer() const { return ring_.host_fusion_buffer(); }
+  // The cost model's parameters its choices are made with.
+  const LayoutCost& layout_cost() const { return ring_.layout_cost(); }
 
  protected:
   CpuRingBackend ring_;

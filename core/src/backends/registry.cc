@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "backends/hierarchical/hierarchical_backend.h"
+#include "backends/hierarchical/link_probe.h"
 #include "backends/shm/shm_backend.h"
 
 #ifdef GYRE_HAVE_NCCL
@@ -90,8 +91,13 @@ BackendRegistry::~BackendRegistry() = default;
 void BackendRegistry::connect(HostLayout layout) {
   local_rank_ = layout.local_rank;
   if (layout.shm && layout.cross) {
+    LayoutCost cost = default_layout_cost(layout.cross->size(), layout.shm->group().size(),
+                                          opt_.allreduce_small_bytes, opt_.rabenseifner_allreduce);
+    if (opt_.link_probe == 1) {
+      cost = probe_links(t_, *layout.cross, layout.shm->group(), opt_, log_, cost, link_source_);
+    }
     host_ = std::make_unique<HierarchicalBackend>(t_, opt_, std::move(layout.shm),
-                                                 std::move(layout.cross));
+                                                 std::move(layout.cross), cost);
     log_.debug("host allreduces hierarchical: shared memory within hosts, a ring across them");
   } else if (layout.shm) {
     host_ = std::make_unique<ShmBackend>(t_, opt_, std::move(layout.shm));

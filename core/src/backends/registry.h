@@ -98,6 +98,10 @@ class BackendRegistry final : public BackendSet {
   Backend& host() override { return *host_; }
   const char* host_backend() const override { return host_->name(); }
   const FusionBuffer& host_fusion_buffer() const override { return host_->host_fusion_buffer(); }
+  // The host backend's cost-model parameters and where they come from:
+  // "built-in", "probed" or "cached" (GYRE_LINK_PROBE, link_probe.h).
+  const LayoutCost& host_layout_cost() const { return host_->layout_cost(); }
+  const std::string& link_source() const { return link_source_; }
 
  private:
   transport::Transport& t_;
@@ -107,6 +111,7 @@ class BackendRegistry final : public BackendSet {
   // The host backend, created at once: the runtime reads its fusion
   // statistics any time.
   std::unique_ptr<HostBackend> host_;
+  std::string link_source_ = "built-in";
   // The device backends created so far, by device kind.
   std::vector<std::pair<DeviceType, std::unique_ptr<Backend>>> created_;
 };

@@ -89,6 +89,14 @@ const OptionSpec kTable[] = {
    IntegerOption{&O::hierarchical_pipeline, -1, 64}, "-1", true,
    "The hierarchical allreduce cut into this many pieces, pipelined: the shared-memory passes "
    "of one piece run beside the network phase of another. 0 or 1: not pipelined; -1 chooses."},
+  {"GYRE_LINK_PROBE", "link_probe",
+   IntegerOption{&O::link_probe, 0, 1}, "0", true,
+   "1 measures the cost model's network and shared-memory parameters at start-up on the job's "
+   "own links (a job across hosts of several ranks each); 0 keeps the built-in ones."},
+  {"GYRE_LINK_PROBE_CACHE", "link_probe_cache",
+   TextOption{&O::link_probe_cache}, "", false,
+   "A file rank 0 reads the link parameters from (its line for this layout) instead of "
+   "measuring them, and writes them to after measuring."},
   {"GYRE_HIERARCHICAL_ALLGATHER", "hierarchical_allgather",
    IntegerOption{&O::hierarchical_allgather, -1, 1}, "-1", true,
    "When the job spans hosts that each hold the same number (more than one) of ranks: 1 gathers "

@@ -152,6 +152,10 @@ class Runtime {
   };
   NegotiationCounters negotiation_counters() const;
   const char* host_backend() const { return backends_.host_backend(); }
+  // The host backend's cost-model parameters and their source (set at
+  // start-up, read-only after): any thread.
+  const LayoutCost& link_cost() const { return backends_.host_layout_cost(); }
+  const std::string& link_source() const { return backends_.link_source(); }
   int fusion_allocations() const { return backends_.host_fusion_buffer().allocations(); }
   // Messages and bytes this rank sent over its transports: negotiation, the
   // collectives' data, and the hierarchical allreduce's cross-host

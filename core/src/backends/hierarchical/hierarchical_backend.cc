@@ -74,8 +74,7 @@ void HierarchicalBackend::allgather(const void* in, std::span<const std::size_t>
                                     void* out, const OpLabel& what) {
   bool hierarchical = opt_.hierarchical_allgather == 1;
   if (opt_.hierarchical_allgather == -1) {
-    const LayoutCost c =
-        default_layout_cost(cross_->size(), host_->group().size(), opt_.allreduce_small_bytes);
+    const LayoutCost& c = ring_.layout_cost();
     double bytes = 0;
     for (auto b : block_bytes) bytes += static_cast<double>(b);
     hierarchical = hierarchical_allgather_s(c, bytes) <= flat_allgather_s(c, bytes);

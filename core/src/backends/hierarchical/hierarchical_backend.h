@@ -30,12 +30,12 @@ namespace gyre::core {
 
 class HierarchicalBackend final : public HostBackend {
  public:
+  // `cost`: the cost model's parameters for this layout (built in, or
+  // measured by the link probe).
   HierarchicalBackend(transport::Transport& world, const Options& opt,
                       std::shared_ptr<transport::ShmHost> host,
-                      std::shared_ptr<transport::Transport> cross)
-      : HostBackend(world, opt,
-                    default_layout_cost(cross->size(), host->group().size(),
-                                        opt.allreduce_small_bytes, opt.rabenseifner_allreduce)),
+                      std::shared_ptr<transport::Transport> cross, const LayoutCost& cost)
+      : HostBackend(world, opt, cost),
         world_(world),
         opt_(opt),
         host_(std::move(host)),
