@@ -111,8 +111,10 @@ def hierarchical_rabenseifner(n_bytes, hosts, per_host, p):
 
 
 PIPELINE_START_S = 50e-6   # the network phase's thread, started per call (cost_model.h)
+PIECE_S = 20e-6            # a piece's hand-over between the threads (LayoutCost::piece_s)
 MAX_PIECES = 64
 MIN_PIECE_BYTES = 64 << 10
+PIPELINE_MIN_GAIN = 0.05
 
 
 def hierarchical_pipelined(n_bytes, hosts, per_host, p, pieces=None):
@@ -123,20 +125,21 @@ def hierarchical_pipelined(n_bytes, hosts, per_host, p, pieces=None):
     chooses for the piece). pieces=None: the power of two up to 64 (pieces of at
     least 64 KiB) the model predicts fastest, as the runtime picks."""
     if pieces is None:
-        best = None
-        k = 1
-        while k <= MAX_PIECES and (k == 1 or n_bytes / k >= MIN_PIECE_BYTES):
-            t = hierarchical_pipelined(n_bytes, hosts, per_host, p, k)
-            best = t if best is None else min(best, t)
+        one = best = hierarchical_pipelined(n_bytes, hosts, per_host, p, 1)
+        k = 2
+        while k <= MAX_PIECES and n_bytes / k >= MIN_PIECE_BYTES:
+            best = min(best, hierarchical_pipelined(n_bytes, hosts, per_host, p, k))
             k *= 2
-        return best
+        # Pipelined only when predicted PIPELINE_MIN_GAIN faster (cost_model.h).
+        return best if best <= (1 - PIPELINE_MIN_GAIN) * one else one
     piece = n_bytes / pieces
     one_pass = (p["alpha_shm"] + piece * p["beta_shm"]) if per_host > 1 else 0.0
     net = hierarchical_rabenseifner(piece, hosts, per_host, dict(p, alpha_shm=0.0, beta_shm=0.0)) \
         if hosts > 1 else 0.0
     if pieces == 1:
         return 2 * one_pass + net
-    return PIPELINE_START_S + 2 * one_pass + net + (pieces - 1) * max(2 * one_pass, net)
+    return PIPELINE_START_S + 2 * one_pass + net + \
+        (pieces - 1) * (max(2 * one_pass, net) + p.get("piece_s", PIECE_S))
 
 
 def tree_allreduce(n_bytes, hosts, per_host, p):

@@ -38,10 +38,10 @@ TEST_CASE("cost model: the formulas at hand-computed points", "[cost_model]") {
   // piece's two passes (1 us + 25 us each) and network phase (shards of
   // 125 KB, above the small size: a ring of 2 hosts, 2 steps of 10 us + two
   // shards' halves over the link), then 3 more pieces at the slower stage
-  // (the network's 270 us).
+  // (the network's 270 us), each handed over (piece_s).
   const double pass = 1e-6 + 250e3 * 0.1e-9, net = 2 * (10e-6 + 2 * 62.5e3 * 1e-9);
   CHECK(hierarchical_allreduce_s(c, 1e6, 4) ==
-        Approx(kPipelineStartS + 2 * pass + net + 3 * std::max(2 * pass, net)));
+        Approx(kPipelineStartS + 2 * pass + net + 3 * (std::max(2 * pass, net) + c.piece_s)));
   // Allgather of 4 MB: flat 3 steps of one 1 MB block; hierarchical 1 step
   // of 2 blocks over the link, then one shm pass over the 4 MB.
   CHECK(flat_allgather_s(c, 4e6) == Approx(3 * (10e-6 + 1e6 * 1e-9)));
@@ -147,13 +147,20 @@ TEST_CASE("cost model: the pipelined hierarchical allreduce's number of pieces",
     CHECK(k > 1);
     CHECK(k <= kMaxPieces);
     CHECK(bytes / k >= kMinPieceBytes);
-    CHECK(hierarchical_allreduce_s(c, bytes) < hierarchical_allreduce_s(c, bytes, 1));
+    CHECK(hierarchical_allreduce_s(c, bytes) <=
+          (1 - kPipelineMinGain) * hierarchical_allreduce_s(c, bytes, 1));
     CHECK(hierarchical_allreduce_s(c, bytes) > cross_allreduce_s(c, bytes / 2));
     for (int other = 1; other <= kMaxPieces; other *= 2) {
       if (bytes / other < kMinPieceBytes) break;
       CHECK(hierarchical_allreduce_s(c, bytes) <= hierarchical_allreduce_s(c, bytes, other));
     }
   }
+  // A gain below the margin keeps one piece: shared memory so fast that the
+  // passes are a small part of the time.
+  LayoutCost fast_shm = c;
+  fast_shm.shm = {0.1e-6, 1.0 / 400e9};
+  CHECK(hierarchical_allreduce_s(fast_shm, 64e6, 2) < hierarchical_allreduce_s(fast_shm, 64e6, 1));
+  CHECK(hierarchical_pieces(fast_shm, 64e6) == 1);
   // One rank per host: no shared-memory passes, nothing to overlap.
   CHECK(hierarchical_pieces(default_layout_cost(4, 1, 64 << 10), 64e6) == 1);
 }
@@ -176,6 +183,7 @@ TEST_CASE("link probe: alpha and beta fitted from round trips, the cache line re
   LayoutCost c = default_layout_cost(2, 2, 64 << 10);
   c.net = {35e-6, 1 / 118e6};
   c.shm = {4e-6, 1 / 2.5e9};
+  c.piece_s = 300e-6;
   const std::string line = link_cache_line(c);
   auto back = parse_link_cache_line(line, default_layout_cost(2, 2, 64 << 10));
   REQUIRE(back.has_value());
@@ -183,10 +191,11 @@ TEST_CASE("link probe: alpha and beta fitted from round trips, the cache line re
   CHECK(back->net.beta_s_per_b == Approx(1 / 118e6));
   CHECK(back->shm.alpha_s == Approx(4e-6));
   CHECK(back->shm.beta_s_per_b == Approx(1 / 2.5e9));
+  CHECK(back->piece_s == Approx(300e-6));
   // Another layout's line, or a damaged one, is not used.
   CHECK_FALSE(parse_link_cache_line(line, default_layout_cost(4, 2, 64 << 10)).has_value());
   CHECK_FALSE(parse_link_cache_line(line.substr(0, line.size() / 2), c).has_value());
   CHECK_FALSE(parse_link_cache_line("gyre-link-cost hosts=2 per_host=2 net_alpha_s=-1 "
-                                    "net_beta_s_per_b=1 shm_alpha_s=1 shm_beta_s_per_b=1",
+                                    "net_beta_s_per_b=1 shm_alpha_s=1 shm_beta_s_per_b=1 piece_s=1",
                                     c).has_value());
 }

@@ -22,6 +22,7 @@
 using namespace gyre;
 using namespace gyre::core;
 using gyre::core::test::expect;
+using gyre::core::test::on_host_ranks;
 using gyre::core::test::on_ranks;
 
 namespace {
@@ -267,4 +268,52 @@ TEST_CASE("log-depth negotiation: off, every round is a full one", "[negotiator]
     expect(!c.log_depth && c.messages == 3 && c.agreed.responses.size() == 1, r,
            "the ring allgather's n - 1 messages");
   });
+}
+
+TEST_CASE("log-depth negotiation in two tiers: ceil(log2 hosts) messages from local rank 0, "
+          "none from the others; a new request still takes the full exchange",
+          "[negotiator][log-depth][tiers]") {
+  for (auto [hosts, per_host] : {std::pair{2, 2}, std::pair{3, 2}, std::pair{2, 3},
+                                 std::pair{4, 4}, std::pair{5, 3}, std::pair{1, 4}}) {
+    const int n = hosts * per_host;
+    INFO(hosts << " hosts x " << per_host);
+    std::vector<std::vector<std::string>> orders(static_cast<std::size_t>(n));
+    on_host_ranks(hosts, per_host, NegotiatorOptions{}, [&](int r, int local, Negotiator& neg) {
+      expect(neg.tier_hosts() == hosts, r, "the tier's host count");
+      Counted c = counted_round(neg, {named("a", 3, 1), named("b", 5, 1)});
+      expect(!c.log_depth && c.agreed.responses.size() == 2, r, "a full first round");
+      const std::uint64_t want = local == 0 ? ceil_log2(hosts) : 0;
+      for (std::uint64_t seq = 2; seq <= 4; ++seq) {
+        c = counted_round(neg, {named("b", 5, seq), named("a", 3, seq)});
+        expect(c.log_depth, r, "a log-depth round");
+        expect(c.messages == want, r, fmt::format("{} messages, not {}", want, c.messages));
+        expect(c.agreed.responses.size() == 2, r, "2 responses");
+        for (const auto& resp : c.agreed.responses) {
+          expect(resp.ok() && resp.agreed.seq == seq && resp.contributors == n, r,
+                 "each response is the iteration every rank submitted");
+        }
+        if (seq == 2) orders[static_cast<std::size_t>(r)] = names(c.agreed);
+      }
+      // The last rank asks for a new tensor: every rank takes the full
+      // exchange (over every rank) and agrees on it.
+      std::vector<Request> reqs = {named("a", 3, 5), named("b", 5, 5)};
+      if (r == n - 1) reqs.push_back(named("new", 2, 1));
+      c = counted_round(neg, reqs);
+      expect(!c.log_depth, r, "a full round for the new request");
+      if (r != n - 1) {
+        c = counted_round(neg, {named("new", 2, 1)});
+        expect(c.agreed.responses.size() == 1 && c.agreed.responses[0].name == "new", r,
+               "the new tensor agreed once every rank sent it");
+      } else {
+        c = counted_round(neg, {});
+        expect(c.agreed.responses.size() == 1 && c.agreed.responses[0].name == "new", r,
+               "the new tensor agreed once every rank sent it");
+      }
+      // Idle rounds are log depth and tiered too.
+      c = counted_round(neg, {});
+      expect(c.log_depth && c.agreed.idle && c.messages == want, r, "an idle tiered round");
+    });
+    for (int r = 1; r < n; ++r) CHECK(orders[static_cast<std::size_t>(r)] == orders[0]);
+    CHECK(orders[0] == std::vector<std::string>{"a", "b"});
+  }
 }

@@ -133,6 +133,15 @@ std::uint64_t ceil_log2(int n) {
   return k;
 }
 
+// This rank's messages per log-depth round: ceil(log2 n), or in two tiers
+// across hosts ceil(log2 hosts) from local rank 0 and none from the others.
+std::uint64_t log_depth_messages(const RuntimeStats& st) {
+  if (st.negotiation_tier_hosts > 0) {
+    return local_rank() == 0 ? ceil_log2(st.negotiation_tier_hosts) : 0;
+  }
+  return ceil_log2(size());
+}
+
 }  // namespace
 
 TEST_CASE("mpi: fused buckets over shared memory give the bits of the same tensors unfused, "
@@ -414,11 +423,17 @@ TEST_CASE("mpi: Adasum with a joined rank, which contributes zeros (Horovod's jo
   CHECK((last >= 1 && last < n));
 }
 
-TEST_CASE("mpi: steady-state negotiation rounds are log depth, ceil(log2 n) messages each",
+TEST_CASE("mpi: steady-state negotiation rounds are log depth, ceil(log2 n) messages each "
+          "(two tiers across hosts of several ranks: ceil(log2 hosts) from local rank 0)",
           "[mpi]") {
-  Session s(test_options());
-  const int n = size();
-  const std::uint64_t log2n = ceil_log2(n);
+  const Options o = test_options();
+  Session s(o);
+  // Across hosts of several ranks each the rounds are tiered, unless an
+  // option turns it (or shared memory, or log depth) off.
+  const bool tiered = cross_size() > 1 && size() > cross_size() && o.host_negotiation != 0 &&
+                      o.shared_memory != 0 && o.log_negotiation != 0;
+  CHECK(runtime_stats().negotiation_tier_hosts == (tiered ? cross_size() : 0));
+  const std::uint64_t log2n = log_depth_messages(runtime_stats());
   std::vector<float> a(64, 1.0f), b(1000, 2.0f);
   auto step = [&] {
     Handle ha = allreduce_async("ld.a", view(a), view(a), ReduceOp::kAverage);
@@ -458,8 +473,7 @@ TEST_CASE("mpi: runtime_stats' negotiation counters agree with each other while 
   // its messages but not the round, so that a later difference came out
   // short by one round's messages.
   Session s(test_options());
-  const int n = size();
-  const std::uint64_t log2n = ceil_log2(n);
+  const std::uint64_t log2n = log_depth_messages(runtime_stats());
   std::vector<float> a(64, 1.0f);
   allreduce_async("agree.a", view(a), view(a), ReduceOp::kSum).wait();  // fills the cache
   barrier();

@@ -349,6 +349,11 @@ struct RuntimeStats {
   std::uint64_t cache_hits_sent = 0;  // requests sent as a cache bit
   std::uint64_t log_depth_rounds = 0;      // rounds decided in log depth
   std::uint64_t negotiation_messages = 0;  // messages this rank sent negotiating
+  // Across hosts of several ranks each (GYRE_HOST_NEGOTIATION=1): the
+  // hosts a log-depth round is combined over, by local rank 0 of each
+  // (ceil(log2 hosts) messages; the other local ranks send none); 0 when
+  // rounds are not tiered (ceil(log2 ranks) messages from every rank).
+  int negotiation_tier_hosts = 0;
   // Everything this rank's runtime sent over its transports (MPI): the
   // negotiation, the collectives' data and, across hosts, the hierarchical
   // allreduce's network phase. Shared memory within a host is not counted:

@@ -34,6 +34,10 @@ struct Options {
   // are cache hits at one step by a log-depth exchange (ceil(log2 n)
   // messages per rank); 0 always runs the full exchange.
   long log_negotiation = 1;
+  // GYRE_HOST_NEGOTIATION: 1 combines a log-depth round within each host
+  // over shared memory first, then among one rank per host, in a job across
+  // hosts of several ranks each; 0 over every rank.
+  long host_negotiation = 1;
   // GYRE_RING_CHUNK_BYTES: pipelined chunk size of the ring algorithms (> 0).
   std::size_t ring_chunk_bytes = 256u << 10;
   // GYRE_ALLREDUCE_SMALL_BYTES: allreduces (single tensors or fused buckets)

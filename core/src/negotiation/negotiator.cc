@@ -148,6 +148,45 @@ std::vector<RoundMessage> Negotiator::exchange(const RoundMessage& mine) {
   return out;
 }
 
+void Negotiator::set_host_tier(collectives::ShmGroup& local, transport::Transport& cross) {
+  local_ = &local;
+  tier_hosts_ = cross.size();
+  if (local.rank() == 0) leaders_ = std::make_unique<transport::CountingTransport>(cross);
+}
+
+void Negotiator::combine_all(std::vector<std::uint64_t>& v, const Combine& combine) {
+  collectives::DisseminationOptions o;
+  o.tag = opt_.tag;
+  const std::size_t bytes = v.size() * sizeof(std::uint64_t);
+  // The vector's size follows from the cache's slots, alike on every rank:
+  // every rank takes the same branch.
+  if (!local_ || bytes > local_->slot_bytes()) {
+    collectives::dissemination_allreduce(counted_, v, combine, o);
+    return;
+  }
+  collectives::ShmGroup& g = *local_;
+  try {
+    std::memcpy(g.slot(g.rank()), v.data(), bytes);
+    g.barrier();
+    if (g.rank() == 0) {
+      std::vector<std::uint64_t> in(v.size());
+      for (int q = 1; q < g.size(); ++q) {
+        std::memcpy(in.data(), g.slot(q), bytes);
+        combine(v, in);
+      }
+      if (leaders_->size() > 1) collectives::dissemination_allreduce(*leaders_, v, combine, o);
+      std::memcpy(g.slot(0), v.data(), bytes);
+    }
+    g.barrier();
+    if (g.rank() != 0) std::memcpy(v.data(), g.slot(0), bytes);
+    // Slot 0 is read before anyone writes a slot again.
+    g.barrier();
+  } catch (...) {
+    g.fail();  // the host's other ranks stop waiting for this one
+    throw;
+  }
+}
+
 bool Negotiator::log_depth_possible() const {
   const std::vector<bool>& joined = coord_.joined();
   return opt_.log_depth && t_.size() > 1 && cache_.capacity() > 0 &&
@@ -186,20 +225,15 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
     v[and_at + slot / 64] |= std::uint64_t{1} << (slot % 64);
     v[or_at + slot / 64] |= std::uint64_t{1} << (slot % 64);
   }
-  collectives::DisseminationOptions o;
-  o.tag = opt_.tag;
-  collectives::dissemination_allreduce(
-      counted_, v,
-      [&](std::span<std::uint64_t> acc, std::span<const std::uint64_t> in) {
-        acc[kNeedsFull] |= in[kNeedsFull];
-        acc[kMinStep] = std::min(acc[kMinStep], in[kMinStep]);
-        acc[kMaxStep] = std::max(acc[kMaxStep], in[kMaxStep]);
-        for (std::size_t w = 0; w < words; ++w) {
-          acc[and_at + w] &= in[and_at + w];
-          acc[or_at + w] |= in[or_at + w];
-        }
-      },
-      o);
+  combine_all(v, [&](std::span<std::uint64_t> acc, std::span<const std::uint64_t> in) {
+    acc[kNeedsFull] |= in[kNeedsFull];
+    acc[kMinStep] = std::min(acc[kMinStep], in[kMinStep]);
+    acc[kMaxStep] = std::max(acc[kMaxStep], in[kMaxStep]);
+    for (std::size_t w = 0; w < words; ++w) {
+      acc[and_at + w] &= in[and_at + w];
+      acc[or_at + w] |= in[or_at + w];
+    }
+  });
   if (v[kNeedsFull] != 0 || v[kMinStep] != v[kMaxStep]) return std::nullopt;
 
   // The slots every rank set, less the members of a grouped allreduce whose

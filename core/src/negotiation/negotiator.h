@@ -26,17 +26,28 @@
 // limit is each hit's own: a rank that is always one operation ahead holds
 // a different one each round and never reaches it).
 //
+// In two tiers across hosts (set_host_tier): the log-depth vector is
+// combined within each host over shared memory first (no messages), then
+// by dissemination among one rank per host (local rank 0, over its
+// cross-host transport: ceil(log2 hosts) messages), and handed back to the
+// host's other ranks over shared memory, which send nothing. The full
+// exchange stays over every rank.
+//
 // Thread: background thread only (round() is a collective: every rank of the
 // transport calls it in the same sequence).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "gyre/collectives/counting_transport.h"
+#include "gyre/collectives/shm.h"
 #include "gyre/collectives/transport.h"
 #include "negotiation/coordinator.h"
 #include "negotiation/message.h"
@@ -75,6 +86,16 @@ class Negotiator {
  public:
   Negotiator(transport::Transport& t, const NegotiatorOptions& opt, VersionVector& vv);
 
+  // Log-depth rounds in two tiers (see above): `local` is this rank's host
+  // group, `cross` its transport among the ranks of its local rank on every
+  // host (only local rank 0 uses it here; `hosts` = cross.size()). Before
+  // the first round, on every rank of the job or on none; both must outlive
+  // the Negotiator. The background thread uses `local` and `cross` for
+  // collectives too, never at the same time.
+  void set_host_tier(collectives::ShmGroup& local, transport::Transport& cross);
+  // The hosts of the two-tier rounds; 0 when rounds are not tiered.
+  int tier_hosts() const { return local_ ? tier_hosts_ : 0; }
+
   // Sends `fresh` (this rank's requests enqueued since the previous round,
   // or announced as failed) and `flags`, receives every rank's, and returns
   // the agreed responses in the order every rank runs them. Throws
@@ -91,8 +112,10 @@ class Negotiator {
   // Rounds decided by the log-depth exchange alone, and the messages this
   // rank sent in negotiation (both kinds of round). Any thread.
   std::uint64_t log_depth_rounds() const { return log_depth_rounds_.load(); }
-  std::uint64_t messages_sent() const { return counted_.messages(); }
-  std::uint64_t bytes_sent() const { return counted_.bytes(); }
+  std::uint64_t messages_sent() const {
+    return counted_.messages() + (leaders_ ? leaders_->messages() : 0);
+  }
+  std::uint64_t bytes_sent() const { return counted_.bytes() + (leaders_ ? leaders_->bytes() : 0); }
 
  private:
   // Allgathers the encoded messages: every rank's first kInlineBytes in one
@@ -111,6 +134,10 @@ class Negotiator {
                                            Clock::time_point now);
   // Whether every rank tries the log-depth round now (state alike everywhere).
   bool log_depth_possible() const;
+  // The log-depth vector combined over every rank: by dissemination over
+  // the transport, or in two tiers (set_host_tier).
+  using Combine = std::function<void(std::span<std::uint64_t>, std::span<const std::uint64_t>)>;
+  void combine_all(std::vector<std::uint64_t>& v, const Combine& combine);
 
   transport::Transport& t_;
   // t_, counting this rank's negotiation messages: all negotiation traffic
@@ -126,6 +153,11 @@ class Negotiator {
   // This rank's cache hits that some rank had not submitted in the last
   // log-depth round: sent again first in the next round, in order.
   std::vector<Hit> held_;
+  // The two tiers (set_host_tier): the host's group, and local rank 0's
+  // cross-host transport, counted like t_.
+  collectives::ShmGroup* local_ = nullptr;
+  std::unique_ptr<transport::CountingTransport> leaders_;
+  int tier_hosts_ = 0;
 };
 
 }  // namespace gyre::core

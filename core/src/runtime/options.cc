@@ -61,6 +61,10 @@ const OptionSpec kTable[] = {
    IntegerOption{&O::log_negotiation, 0, 1}, "1", true,
    "1 decides a negotiation round in which every rank's requests are response-cache hits at "
    "one committed step by a log-depth exchange, 0 always by the full exchange."},
+  {"GYRE_HOST_NEGOTIATION", "host_negotiation",
+   IntegerOption{&O::host_negotiation, 0, 1}, "1", true,
+   "1 combines a log-depth negotiation round within each host over shared memory first, then "
+   "among one rank per host, in a job across hosts of several ranks each; 0 over every rank."},
   {"GYRE_RING_CHUNK_BYTES", "ring_chunk_bytes",
    SizeOption{&O::ring_chunk_bytes, 1, kMaxChunkBytes}, "256K", true,
    "Pipelined chunk size of the ring algorithms (allreduce, allgather, broadcast, "

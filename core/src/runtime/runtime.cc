@@ -98,6 +98,11 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
   agree_at_start(failure_kind, failure);
   if (info_.connect_host) info_.connect_host(info_);
   if (info_.cross) {
+    // Across hosts of several ranks each: log-depth rounds in two tiers,
+    // over the uncounted cross transport (the negotiator counts its own).
+    if (info_.shm && opt_.log_negotiation != 0 && opt_.host_negotiation != 0) {
+      negotiator_.set_host_tier(info_.shm->group(), *info_.cross);
+    }
     cross_counted_ = std::make_shared<transport::CountingTransport>(info_.cross);
     info_.cross = cross_counted_;
   }

@@ -151,6 +151,8 @@ class Runtime {
     std::uint64_t messages = 0;
   };
   NegotiationCounters negotiation_counters() const;
+  // Hosts of the two-tier log-depth rounds (0: not tiered). Any thread.
+  int negotiation_tier_hosts() const { return negotiator_.tier_hosts(); }
   const char* host_backend() const { return backends_.host_backend(); }
   // The host backend's cost-model parameters and their source (set at
   // start-up, read-only after): any thread.

@@ -33,6 +33,9 @@ struct LayoutCost {
   // Above small_bytes: 0 the ring, 1 Rabenseifner's algorithm, -1 whichever
   // the model predicts faster (GYRE_RABENSEIFNER_ALLREDUCE).
   long rabenseifner = -1;
+  // What each piece of a pipelined hierarchical allreduce costs beyond its
+  // bytes: handing it between the two threads, and waking them.
+  double piece_s = 20e-6;
 };
 
 // Defaults measured on the simulated hosts of scripts/hosts.sh (10 Gbit/s
@@ -135,27 +138,33 @@ inline constexpr double kPipelineStartS = 50e-6;
 // the other). Pipelined, the calling thread runs each piece's two
 // shared-memory passes while another piece crosses the hosts: after the
 // first piece's reduce-scatter, each of the pieces costs the slower of the
-// two stages, and the last piece's network phase and allgather follow.
+// two stages plus the hand-over (piece_s), and the last piece's network
+// phase and allgather follow.
 inline double hierarchical_allreduce_s(const LayoutCost& c, double bytes, int pieces) {
   const double piece = bytes / pieces;
   const double pass = c.per_host > 1 ? c.shm.t(piece) : 0.0;
   const double net = cross_allreduce_s(c, piece / c.per_host);
   if (pieces <= 1) return 2 * pass + net;
-  return kPipelineStartS + 2 * pass + net + (pieces - 1) * std::max(2 * pass, net);
+  return kPipelineStartS + 2 * pass + net + (pieces - 1) * (std::max(2 * pass, net) + c.piece_s);
 }
 
 // The number of pieces (a power of two up to kMaxPieces, each at least
-// kMinPieceBytes) the model predicts fastest: 1 where pipelining does not pay.
+// kMinPieceBytes) the model predicts fastest, and 1 (not pipelined) unless
+// that is predicted at least kPipelineMinGain faster than one piece: a
+// margin for parameters that are themselves measurements (link_probe.h),
+// so that a noisy figure does not cut a buffer the pipeline barely helps.
 inline constexpr int kMaxPieces = 64;
 inline constexpr double kMinPieceBytes = 64 << 10;
+inline constexpr double kPipelineMinGain = 0.05;
 inline int hierarchical_pieces(const LayoutCost& c, double bytes) {
   int best = 1;
-  double best_s = hierarchical_allreduce_s(c, bytes, 1);
+  const double one = hierarchical_allreduce_s(c, bytes, 1);
+  double best_s = one;
   for (int k = 2; k <= kMaxPieces && bytes / k >= kMinPieceBytes; k *= 2) {
     const double s = hierarchical_allreduce_s(c, bytes, k);
     if (s < best_s) best = k, best_s = s;
   }
-  return best;
+  return best_s <= (1 - kPipelineMinGain) * one ? best : 1;
 }
 
 // Hierarchical at the model's number of pieces.

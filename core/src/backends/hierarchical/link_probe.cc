@@ -80,6 +80,24 @@ double shm_pass(collectives::ShmGroup& local, std::size_t count) {
   return median(t);
 }
 
+// What a piece of a pipelined hierarchical allreduce costs beyond its bytes:
+// one of kPieces pieces of a few elements, the median over kShmReps calls.
+double piece_cost(transport::Transport& cross, collectives::ShmGroup& local) {
+  constexpr std::size_t kPieces = 16;
+  std::vector<float> buf(kPieces * static_cast<std::size_t>(local.size()), 1.0f);
+  collectives::AllreduceOptions o;
+  o.tag = kTagData;
+  std::vector<double> t;
+  for (int i = 0; i <= kShmReps; ++i) {
+    local.barrier();
+    const auto t0 = Clock::now();
+    collectives::hierarchical_allreduce(local, cross, buf.data(), buf.data(), buf.size(),
+                                        DataType::kFloat32, ReduceOp::kMax, 1.0, 1.0, o, kPieces);
+    if (i > 0) t.push_back(seconds_since(t0) / kPieces);
+  }
+  return median(t);
+}
+
 // Every rank's figures, the largest of each (the slowest link decides).
 void agree_max(transport::Transport& world, std::vector<double>& v) {
   collectives::AllreduceOptions o;
@@ -100,18 +118,18 @@ LinkCost fit_link(double small_rtt_s, double a_rtt_s, double a_bytes, double b_r
 
 std::string link_cache_line(const LayoutCost& c) {
   return fmt::format("gyre-link-cost hosts={} per_host={} net_alpha_s={:.9g} net_beta_s_per_b={:.9g} "
-                     "shm_alpha_s={:.9g} shm_beta_s_per_b={:.9g}",
+                     "shm_alpha_s={:.9g} shm_beta_s_per_b={:.9g} piece_s={:.9g}",
                      c.hosts, c.per_host, c.net.alpha_s, c.net.beta_s_per_b, c.shm.alpha_s,
-                     c.shm.beta_s_per_b);
+                     c.shm.beta_s_per_b, c.piece_s);
 }
 
 std::optional<LayoutCost> parse_link_cache_line(const std::string& line, const LayoutCost& layout) {
   int hosts = 0, per_host = 0;
-  double v[4];
+  double v[5];
   if (std::sscanf(line.c_str(),
                   "gyre-link-cost hosts=%d per_host=%d net_alpha_s=%lg net_beta_s_per_b=%lg "
-                  "shm_alpha_s=%lg shm_beta_s_per_b=%lg",
-                  &hosts, &per_host, &v[0], &v[1], &v[2], &v[3]) != 6) {
+                  "shm_alpha_s=%lg shm_beta_s_per_b=%lg piece_s=%lg",
+                  &hosts, &per_host, &v[0], &v[1], &v[2], &v[3], &v[4]) != 7) {
     return std::nullopt;
   }
   if (hosts != layout.hosts || per_host != layout.per_host) return std::nullopt;
@@ -121,6 +139,7 @@ std::optional<LayoutCost> parse_link_cache_line(const std::string& line, const L
   LayoutCost c = layout;
   c.net = {v[0], v[1]};
   c.shm = {v[2], v[3]};
+  c.piece_s = v[4];
   return c;
 }
 
@@ -129,12 +148,13 @@ LayoutCost probe_links(transport::Transport& world, transport::Transport& cross,
                        const LayoutCost& base, std::string& source) {
   // Rank 0's cache line, if any, reaches every rank through the agreement:
   // [found, net alpha, net beta, shm alpha, shm beta], zeros elsewhere.
-  std::vector<double> cached(5, 0.0);
+  std::vector<double> cached(6, 0.0);
   if (world.rank() == 0 && !opt.link_probe_cache.empty()) {
     std::ifstream f(opt.link_probe_cache);
     for (std::string line; std::getline(f, line);) {
       if (auto c = parse_link_cache_line(line, base)) {
-        cached = {1.0, c->net.alpha_s, c->net.beta_s_per_b, c->shm.alpha_s, c->shm.beta_s_per_b};
+        cached = {1.0, c->net.alpha_s, c->net.beta_s_per_b, c->shm.alpha_s, c->shm.beta_s_per_b,
+                  c->piece_s};
       }
     }
   }
@@ -143,12 +163,13 @@ LayoutCost probe_links(transport::Transport& world, transport::Transport& cross,
   if (cached[0] != 0.0) {
     c.net = {cached[1], cached[2]};
     c.shm = {cached[3], cached[4]};
+    c.piece_s = cached[5];
     source = "cached";
   } else {
     const auto t0 = Clock::now();
-    // [net alpha, net beta, shm alpha, shm beta]: zeros from a rank without
-    // a partner (an odd host count's last host) leave the others' figures.
-    std::vector<double> mine(4, 0.0);
+    // [net alpha, net beta, shm alpha, shm beta, piece]: zeros from a rank
+    // without a partner (an odd host count's last host) leave the others'.
+    std::vector<double> mine(5, 0.0);
     // Every local rank of a host has the host's cross rank: all of them
     // probe, or none.
     const int partner = cross.rank() ^ 1;
@@ -167,10 +188,13 @@ LayoutCost probe_links(transport::Transport& world, transport::Transport& cross,
       const double bytes = static_cast<double>(kShmLargeCount * sizeof(float));
       mine[2] = std::max(small, kFloorS);
       mine[3] = std::max((large - small) / (bytes - kShmSmallCount * sizeof(float)), 1e-13);
+      // A collective over every rank of the cross transport and the group.
+      mine[4] = std::max(piece_cost(cross, local), kFloorS);
     }
     agree_max(world, mine);
     if (mine[0] > 0) c.net = {mine[0], mine[1]};
     if (mine[2] > 0) c.shm = {mine[2], mine[3]};
+    if (mine[4] > 0) c.piece_s = mine[4];
     source = "probed";
     log.debug("link probe took {:.1f} ms", seconds_since(t0) * 1e3);
     if (world.rank() == 0 && !opt.link_probe_cache.empty()) {
@@ -181,9 +205,9 @@ LayoutCost probe_links(transport::Transport& world, transport::Transport& cross,
   }
   if (world.rank() == 0) {
     log.info("link parameters ({}): network {:.1f} us, {:.3f} GB/s per host; shared memory "
-             "{:.1f} us, {:.2f} GB/s per pass",
+             "{:.1f} us, {:.2f} GB/s per pass; {:.1f} us per piece of a pipelined allreduce",
              source, c.net.alpha_s * 1e6, 1e-9 / c.net.beta_s_per_b, c.shm.alpha_s * 1e6,
-             1e-9 / c.shm.beta_s_per_b);
+             1e-9 / c.shm.beta_s_per_b, c.piece_s * 1e6);
   }
   return c;
 }

@@ -10,7 +10,11 @@
 //   allreduce's network phase shares the host's link: 8-byte round trips
 //   give alpha, 1 and 4 MiB ones the link's seconds per byte (beta);
 // - shared memory: a reduce-scatter and an allgather over the host's group
-//   of a small and a 4 MiB buffer give one pass's alpha and beta.
+//   of a small and a 4 MiB buffer give one pass's alpha and beta;
+// - the pipeline: a hierarchical allreduce of a few elements in 16 pieces
+//   gives what a piece costs beyond its bytes (the hand-over between the
+//   two threads, their wake-ups, the network phase's latency), which on a
+//   host with fewer cores than threads is far above the built-in figure.
 // The slowest rank's figures are agreed by an allreduce (max) over the
 // world, so every rank holds the same parameters and takes the same branch.
 // GYRE_LINK_PROBE_CACHE names a file: rank 0 reads the parameters from it
