@@ -559,7 +559,7 @@ std::vector<std::vector<std::byte>> run_hierarchical(
 
 }  // namespace
 
-TEST_CASE("hierarchical_allreduce pipelined: the closed form in 2, 3 and 16 pieces, in and out "
+TEST_CASE("hierarchical_allreduce pipelined: the closed form in 3 and 16 pieces, in and out "
           "of place, every rank the same bits",
           "[shm][hierarchical][pipeline]") {
   for (auto [hosts, per_host] : {std::pair{2, 2}, std::pair{3, 2}, std::pair{2, 3}}) {
@@ -570,7 +570,7 @@ TEST_CASE("hierarchical_allreduce pipelined: the closed form in 2, 3 and 16 piec
         // 0 and 1 element (fewer than a piece per shard: one piece), 7, and
         // enough for 16 pieces of several ring chunks each.
         for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{20011}}) {
-          for (std::size_t pieces : {2, 3, 16}) {
+          for (std::size_t pieces : {3, 16}) {
             for (bool in_place : {true, false}) {
               INFO(hosts << "x" << per_host << " " << dtype_name(dt) << " " << op_name(op) << " count "
                          << count << " pieces " << pieces << (in_place ? " in place" : " out of place"));
