@@ -208,6 +208,7 @@ void bind_divergence(py::module_& m) {
     d["cache_hits_sent"] = st.cache_hits_sent;
     d["log_depth_rounds"] = st.log_depth_rounds;
     d["negotiation_messages"] = st.negotiation_messages;
+    d["negotiation_tier_hosts"] = st.negotiation_tier_hosts;
     d["transport_messages"] = st.transport_messages;
     d["transport_bytes"] = st.transport_bytes;
     d["versions"] = st.versions;
@@ -217,6 +218,10 @@ void bind_divergence(py::module_& m) {
     d["store_pushes_rejected"] = st.store_pushes_rejected;
     d["store_pushes_scaled"] = st.store_pushes_scaled;
     d["store_max_lag"] = st.store_max_lag;
+    d["link"] = py::dict(py::arg("source") = st.link_source, py::arg("net_alpha_s") = st.net_alpha_s,
+                         py::arg("net_bytes_per_s") = st.net_bytes_per_s,
+                         py::arg("shm_alpha_s") = st.shm_alpha_s,
+                         py::arg("shm_bytes_per_s") = st.shm_bytes_per_s);
     return d;
   });
   m.def(

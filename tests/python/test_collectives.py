@@ -310,6 +310,16 @@ def test_runtime_stats_count_log_depth_rounds(size, rank):
     after = gyre.runtime_stats()
     assert torch.equal(out, torch.full((16,), float(size)))
     log2 = (size - 1).bit_length()
+    hosts = after["negotiation_tier_hosts"]
+    if hosts:  # two tiers across hosts: ceil(log2 hosts) from local rank 0 only
+        log2 = (hosts - 1).bit_length() if gyre.local_rank() == 0 else 0
     rounds = after["log_depth_rounds"] - before["log_depth_rounds"]
     assert rounds >= 10
     assert after["negotiation_messages"] - before["negotiation_messages"] >= log2 * rounds
+    # The cost model's link parameters: built in unless GYRE_LINK_PROBE=1
+    # across hosts of several ranks each; positive either way.
+    link = after["link"]
+    assert link["source"] in ("built-in", "probed", "cached")
+    assert link["source"] == "built-in" or gyre.cross_size() > 1
+    assert all(link[k] > 0 for k in ("net_alpha_s", "net_bytes_per_s", "shm_alpha_s",
+                                       "shm_bytes_per_s"))

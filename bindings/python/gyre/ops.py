@@ -117,12 +117,16 @@ def runtime_stats() -> dict:
     """This rank's runtime counters: negotiation rounds, requests sent in
     full and as cache bits, rounds decided in log depth
     (``log_depth_rounds``) and the messages this rank sent negotiating
-    (``negotiation_messages``), and the messages and bytes it sent over
+    (``negotiation_messages``; across hosts of several ranks each the
+    hosts a log-depth round is combined over, ``negotiation_tier_hosts``,
+    0 when rounds are not tiered), and the messages and bytes it sent over
     its transports, negotiation and collectives' data (``transport_*``;
     shared memory within a host is not counted); the version vector (``versions``) and how many
     committed steps each rank is behind the most advanced one (``behind``);
     the parameter stores' shard pushes made by this process, applied,
-    rejected and scaled, and the largest lag among them (``store_*``)."""
+    rejected and scaled, and the largest lag among them (``store_*``); the
+    cost model's link parameters and their source (``link``: "built-in",
+    or "probed"/"cached" under GYRE_LINK_PROBE=1)."""
     return dict(_gyre.runtime_stats())
 
 
