@@ -58,6 +58,9 @@ class CrossStage {
   CrossStage(ShmGroup& local, transport::Transport& cross,
              std::function<void(std::size_t)> reduce)
       : cross_(cross), saved_check_(cross.interrupt_check()), reduce_(std::move(reduce)) {
+    // The thread first: if it cannot start, the transport is left as it
+    // was. It uses the transport only for a submitted piece, after this.
+    thread_ = std::thread([this] { run(); });
     cross_.set_interrupt_check([this, &local] {
       if (stopping_.load() || local.failed()) {
         throw TransportError(
@@ -66,7 +69,6 @@ class CrossStage {
       }
       if (saved_check_) saved_check_();
     });
-    thread_ = std::thread([this] { run(); });
   }
   ~CrossStage() {
     {

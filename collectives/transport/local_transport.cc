@@ -204,6 +204,10 @@ void LocalTransport::wait(Transfer& req) {
     std::unique_lock<std::mutex> lock(world_->mu_);
     auto ready = [&] { return op.done || world_->failed_rank_ >= 0; };
     while (!ready()) {
+      if (!bounded && !interrupt_check_) {
+        cv.wait(lock, ready);
+        break;
+      }
       // Woken at the deadline, and every kLocalInterruptPeriod to run the
       // interrupt check (outside the lock: it may throw, or take time).
       auto until = deadline;
