@@ -428,10 +428,12 @@ TEST_CASE("mpi: steady-state negotiation rounds are log depth, ceil(log2 n) mess
           "[mpi]") {
   const Options o = test_options();
   Session s(o);
-  // Across hosts of several ranks each the rounds are tiered, unless an
-  // option turns it (or shared memory, or log depth) off.
-  const bool tiered = cross_size() > 1 && size() > cross_size() && o.host_negotiation != 0 &&
-                      o.shared_memory != 0 && o.log_negotiation != 0;
+  // Across hosts of several ranks each the rounds are tiered, on the
+  // hierarchical layout's groups (set up unless both hierarchical options
+  // are 0), unless an option turns it (or shared memory, or log depth) off.
+  const bool hierarchical_layout = o.hierarchical_allreduce != 0 || o.hierarchical_allgather != 0;
+  const bool tiered = cross_size() > 1 && size() > cross_size() && hierarchical_layout &&
+                      o.host_negotiation != 0 && o.shared_memory != 0 && o.log_negotiation != 0;
   CHECK(runtime_stats().negotiation_tier_hosts == (tiered ? cross_size() : 0));
   const std::uint64_t log2n = log_depth_messages(runtime_stats());
   std::vector<float> a(64, 1.0f), b(1000, 2.0f);
