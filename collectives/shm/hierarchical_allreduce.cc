@@ -19,28 +19,6 @@ namespace gyre::collectives {
 
 namespace {
 
-// `count` elements cut into one shard per local rank: earlier local ranks
-// take one extra element when the count does not divide evenly (the same
-// split on every host).
-struct Shards {
-  std::vector<std::size_t> counts, blocks;
-  std::size_t mine_at = 0;  // elements before this rank's shard
-};
-
-Shards shards_of(std::size_t count, int p, int me, std::size_t esize) {
-  Shards s;
-  s.counts.resize(static_cast<std::size_t>(p));
-  s.blocks.resize(static_cast<std::size_t>(p));
-  std::size_t first = 0;
-  for (int r = 0; r < p; ++r) {
-    s.counts[r] = count / p + (static_cast<std::size_t>(r) < count % p ? 1 : 0);
-    s.blocks[r] = s.counts[r] * esize;
-    if (r == me) s.mine_at = first;
-    first += s.counts[r];
-  }
-  return s;
-}
-
 // The network phase of a pipelined allreduce, on a thread of its own: the
 // caller hands over pieces in order (submit), the thread reduces each
 // across hosts in that order, and the caller waits for each before its
@@ -133,6 +111,20 @@ class CrossStage {
 
 }  // namespace
 
+ShmShards shm_shards(std::size_t count, int p, int me, std::size_t esize) {
+  ShmShards s;
+  s.counts.resize(static_cast<std::size_t>(p));
+  s.blocks.resize(static_cast<std::size_t>(p));
+  std::size_t first = 0;
+  for (int r = 0; r < p; ++r) {
+    s.counts[r] = count / p + (static_cast<std::size_t>(r) < count % p ? 1 : 0);
+    s.blocks[r] = s.counts[r] * esize;
+    if (r == me) s.mine_at = first;
+    first += s.counts[r];
+  }
+  return s;
+}
+
 void hierarchical_allreduce(ShmGroup& local, transport::Transport& cross, const void* in,
                             void* out, std::size_t count, DataType dt, ReduceOp op,
                             double prescale, double postscale,
@@ -151,8 +143,8 @@ void hierarchical_allreduce(ShmGroup& local, transport::Transport& cross, const 
   pieces = std::max<std::size_t>(1, std::min(pieces, count / static_cast<std::size_t>(p)));
   std::vector<std::size_t> first(pieces + 1);
   for (std::size_t k = 0; k <= pieces; ++k) first[k] = k * count / pieces;
-  std::vector<Shards> split(pieces);
-  for (std::size_t k = 0; k < pieces; ++k) split[k] = shards_of(first[k + 1] - first[k], p, me, esize);
+  std::vector<ShmShards> split(pieces);
+  for (std::size_t k = 0; k < pieces; ++k) split[k] = shm_shards(first[k + 1] - first[k], p, me, esize);
   const auto* src = static_cast<const std::byte*>(in);
   auto* dst = static_cast<std::byte*>(out);
   auto shard = [&](std::size_t k) { return dst + (first[k] + split[k].mine_at) * esize; };

@@ -174,6 +174,17 @@ namespace gyre::collectives {
 struct AllreduceOptions;
 struct AllgatherOptions;
 
+// `count` elements cut into one shard per rank of a group of `p`: earlier
+// ranks take one extra element when the count does not divide evenly (the
+// same split on every host of a hierarchical allreduce). Per rank its
+// element count and its bytes (`esize` per element); `mine_at`: the
+// elements before rank `me`'s shard.
+struct ShmShards {
+  std::vector<std::size_t> counts, blocks;
+  std::size_t mine_at = 0;
+};
+ShmShards shm_shards(std::size_t count, int p, int me, std::size_t esize);
+
 // Hierarchical allreduce over hosts that each hold the same number of ranks:
 // reduce-scatter within the host over shared memory (`local`), an allreduce
 // of each rank's shard among the ranks with its local rank on the other hosts

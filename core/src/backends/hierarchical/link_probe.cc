@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 #include <vector>
 
 #include <fmt/format.h>
@@ -59,22 +58,17 @@ double round_trips(transport::Transport& cross, collectives::ShmGroup& local, in
 // One shared-memory pass (half a reduce-scatter + allgather) over `count`
 // float32 per rank; median seconds.
 double shm_pass(collectives::ShmGroup& local, std::size_t count) {
-  const int p = local.size();
   std::vector<float> buf(count, 1.0f);
-  std::vector<std::size_t> counts(p), blocks(p);
-  for (int r = 0; r < p; ++r) {
-    counts[r] = count / p + (static_cast<std::size_t>(r) < count % p ? 1 : 0);
-    blocks[r] = counts[r] * sizeof(float);
-  }
-  std::size_t mine = 0;
-  for (int r = 0; r < local.rank(); ++r) mine += counts[r];
+  const collectives::ShmShards s =
+      collectives::shm_shards(count, local.size(), local.rank(), sizeof(float));
+  float* mine = buf.data() + s.mine_at;
   std::vector<double> t;
   for (int i = 0; i <= kShmReps; ++i) {
     local.barrier();
     const auto t0 = Clock::now();
-    collectives::shm_reduce_scatter(local, buf.data(), buf.data() + mine, counts,
-                                    DataType::kFloat32, ReduceOp::kMax);
-    collectives::shm_allgather(local, buf.data() + mine, buf.data(), blocks);
+    collectives::shm_reduce_scatter(local, buf.data(), mine, s.counts, DataType::kFloat32,
+                                    ReduceOp::kMax);
+    collectives::shm_allgather(local, mine, buf.data(), s.blocks);
     if (i > 0) t.push_back(seconds_since(t0) / 2);
   }
   return median(t);
@@ -147,7 +141,7 @@ LayoutCost probe_links(transport::Transport& world, transport::Transport& cross,
                        collectives::ShmGroup& local, const Options& opt, const Logger& log,
                        const LayoutCost& base, std::string& source) {
   // Rank 0's cache line, if any, reaches every rank through the agreement:
-  // [found, net alpha, net beta, shm alpha, shm beta], zeros elsewhere.
+  // [found, net alpha, net beta, shm alpha, shm beta, piece], zeros elsewhere.
   std::vector<double> cached(6, 0.0);
   if (world.rank() == 0 && !opt.link_probe_cache.empty()) {
     std::ifstream f(opt.link_probe_cache);
