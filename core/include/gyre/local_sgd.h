@@ -1,8 +1,9 @@
 // Local SGD and DiLoCo for C++ jobs (docs/training-modes.md): each rank
 // trains alone for `period` steps, then one outer round makes the ranks'
-// parameters one model again. The C++ counterpart of Python's
-// gyre.torch.LocalSGD, without its streaming fragments and partial
-// participation.
+// parameters one model again, or, streaming, one fragment of the
+// parameters at a time with its round overlapping the next inner steps. The
+// C++ counterpart of Python's gyre.torch.LocalSGD (partial participation:
+// gyre/partial_local_sgd.h).
 //
 //   std::vector<float> w(n), b(m);                 // the job's parameters
 //   gyre::LocalSgd sgd({.period = 16, .outer = gyre::OuterOptimizer::diloco()},
@@ -20,6 +21,20 @@
 // become θ_synced, identical on every rank. Each round is one commit of the
 // version vector (gyre::commit_step(); LocalSgdOptions::commit).
 //
+// Streaming (LocalSgdOptions::fragments = F, sync_delay = D): the parameters
+// are cut into F fragments, runs of consecutive parameters balanced by
+// elements. Fragment f's round starts at the local steps s with
+// s % period == ((f + 1) * period / F) % period (the last fragment at the
+// multiples of the period, the others spread over it); its allreduce is
+// started then and waited for D steps later, so that it overlaps those inner
+// steps. When it completes, the outer optimizer steps the fragment's
+// θ_synced and its parameters become θ_synced + (θ_local now − θ_local at the
+// start) (the D inner steps taken meanwhile kept on top of the round's
+// result), or with `mixing` = α, α·θ_local + (1 − α)·θ_synced. Each completed
+// fragment round is a commit, and fragment_versions() says which commit each
+// fragment of this rank's parameters includes. F = 1, D = 0 is the round
+// above.
+//
 // Ownership: the caller owns the parameter buffers and keeps them alive, at
 // the same address and size, as long as the LocalSgd; LocalSgd owns
 // θ_synced and the outer optimizer's momentum, one copy of each parameter.
@@ -32,6 +47,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gyre/gyre.h"
@@ -88,6 +104,15 @@ struct LocalSgdOptions {
   // LocalSGD and DistributedOptimizer on such a set do not commit either.
   // Turn it off where the job counts its commits itself.
   bool commit = true;
+  // Streaming (above): fragments in [1, period] and at most the number of
+  // parameters; sync_delay in [0, period).
+  int fragments = 1;
+  int sync_delay = 0;
+  // With sync_delay > 0: a fragment's parameters after its round are
+  // mixing·θ_local + (1 − mixing)·θ_synced; below 0 (the default): θ_synced
+  // plus the inner steps taken while the round was in flight. In [0, 1] or
+  // negative.
+  double mixing = -1;
 };
 
 class LocalSgd {
@@ -97,12 +122,15 @@ class LocalSgd {
   // set's first rank's parameters are broadcast into every rank's, so that
   // every rank starts from the same model. Throws InvalidArgument naming the
   // problem for a period below 1, negative warm-up steps, an lr that is not
-  // positive, a momentum outside [0, 1), Nesterov without momentum, an empty
-  // name or parameter list, a parameter of another dtype, off the host, with
+  // positive, a momentum outside [0, 1), Nesterov without momentum, fragments
+  // or sync_delay out of range, a mixing above 1, an empty name or parameter
+  // list, a parameter of another dtype, off the host, with
   // a null buffer, or given twice; a rank outside the process set gets
   // InvalidArgument from the broadcast, ranks whose shapes or dtypes differ
   // MismatchError.
   LocalSgd(const LocalSgdOptions& options, std::vector<TensorView> params);
+  // Waits for the rounds still in flight (their errors are dropped): their
+  // buffers are the LocalSgd's.
   ~LocalSgd();
   LocalSgd(const LocalSgd&) = delete;
   LocalSgd& operator=(const LocalSgd&) = delete;
@@ -112,12 +140,16 @@ class LocalSgd {
 
   // Called after each of the job's own (inner) updates of the parameters:
   // counts the step and, at every period-th step (and every step of the
-  // warm-up), runs an outer round. Returns true when it ran one. Collective
-  // at those steps. If the round's allreduce fails, its error is thrown and
-  // the parameters, θ_synced, the momentum and the counters are unchanged.
+  // warm-up), runs an outer round; streaming, completes the fragments'
+  // rounds due at this step, then starts those whose turn it is (and, with
+  // no sync delay, completes them). Returns true when a round (of a
+  // fragment) completed. Collective at those steps. If a round's allreduce
+  // fails, its error is thrown and that fragment's parameters, θ_synced,
+  // momentum and counters are as before the round (the round is dropped).
   bool step();
-  // One outer round now, whatever the step (collective): for instance at the
-  // end of training, so that every rank holds the same final model.
+  // Completes the rounds in flight, then one outer round of every fragment
+  // now, whatever the step (collective): for instance at the end of
+  // training, so that every rank holds the same final model.
   void sync();
 
   // Elastic training (gyre/elastic.h): registers what this LocalSgd keeps
@@ -131,16 +163,28 @@ class LocalSgd {
   // `.commit = false` on the global process set (InvalidArgument otherwise,
   // as two commit_step() per round would break the State's count). The
   // LocalSgd must outlive the State's use of these buffers (a move keeps
-  // them where they are). Under int8 compression every round counts the
-  // process set's ranks afresh, so rounds after a rebuild average over the
-  // survivors.
+  // them where they are). Only without a sync delay (InvalidArgument
+  // otherwise): a commit must not fall while a round is in flight. The
+  // fragments' round and version counters are registered too
+  // ("<name>.fragment_rounds", "<name>.fragment_versions"). Under int8
+  // compression every round counts the process set's ranks afresh, so
+  // rounds after a rebuild average over the survivors.
   void add_to(elastic::State& state);
 
   std::int64_t local_steps() const;  // step() calls so far
-  std::int64_t rounds() const;       // outer rounds completed
+  std::int64_t rounds() const;       // outer rounds completed (of any fragment)
   // gyre::committed_steps() right after this LocalSgd's last round; 0 before
   // one, and always without `commit`.
   std::uint64_t version() const;
+  // Per fragment: gyre::committed_steps() right after the last round merged
+  // into this rank's parameters of that fragment (0: none yet); without
+  // `commit` or on a process set other than the global one, the number of
+  // the fragment's rounds instead (such rounds are not commits).
+  std::vector<std::uint64_t> fragment_versions() const;
+  std::vector<std::int64_t> fragment_rounds() const;
+  // The indices (into the constructor's `params`) of fragment f's parameters:
+  // [first, last).
+  std::pair<std::size_t, std::size_t> fragment_params(int f) const;
   const LocalSgdOptions& options() const;
 
  private:

@@ -1,119 +1,31 @@
 // LocalSgd (gyre/local_sgd.h): the argument checks, the start from the
-// set's first rank, and the outer round, written on gyre.h's public calls
-// alone (broadcast, grouped allreduce, commit_step). A round changes nothing
-// until its allreduce has succeeded: the pseudo-gradients are computed into
-// a buffer of their own, and θ_synced, the momentum and the caller's
-// parameters are written only after the wait returned. Under int8
-// compression the round is an allgather of every rank's quantized
-// pseudo-gradients instead of an allreduce (int8_round).
+// set's first rank, and the outer rounds of the fragments, written on
+// gyre.h's public calls alone (broadcast, grouped allreduce or allgather,
+// commit_step); the arithmetic on each parameter is local_sgd_wire.cc's. A
+// round changes nothing until its collective has succeeded: the
+// pseudo-gradients are computed into buffers of their own, and θ_synced,
+// the momentum and the caller's parameters are written only after the wait
+// returned. A fragment's round is started (start()) and completed
+// (finish()), at once or sync_delay steps later; between the two its
+// buffers (wire, int8 message, θ_local at the start) are not touched.
 #include "gyre/local_sgd.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <exception>
-#include <limits>
+#include <string>
 #include <utility>
 
 #include <fmt/format.h>
 
-#include "gyre/collectives/float16.h"
 #include "gyre/elastic.h"
+#include "local_sgd_wire.h"
 
 namespace gyre {
 
-// One parameter: the caller's buffer and what LocalSgd keeps beside it, all
-// in the parameter's dtype but for `wire` under compression (16-bit, or
-// float32 for int8: the pseudo-gradient before quantization and the average
-// after the round).
-// Outside the anonymous namespace: LocalSgd::State holds them.
-struct LocalSgdSlot {
-  TensorView local;
-  std::size_t count = 0;
-  std::vector<std::byte> synced;    // θ_synced
-  std::vector<std::byte> momentum;  // the outer optimizer's buffer (momentum > 0)
-  std::vector<std::byte> wire;      // the pseudo-gradient as the allreduce carries it
-};
+using local_sgd_detail::Slot;
 
 namespace {
-
-using Slot = LocalSgdSlot;
-
-std::size_t wire_size(const Slot& s, LocalSgdCompression c) {
-  switch (c) {
-    case LocalSgdCompression::kNone: return s.local.nbytes();
-    case LocalSgdCompression::kInt8: return s.count * sizeof(float);
-    case LocalSgdCompression::kFloat16:
-    case LocalSgdCompression::kBFloat16: break;
-  }
-  return s.count * sizeof(std::uint16_t);
-}
-
-DataType wire_dtype(const Slot& s, LocalSgdCompression c) {
-  switch (c) {
-    case LocalSgdCompression::kFloat16: return DataType::kFloat16;
-    case LocalSgdCompression::kBFloat16: return DataType::kBFloat16;
-    case LocalSgdCompression::kInt8: return DataType::kFloat32;
-    case LocalSgdCompression::kNone: break;
-  }
-  return s.local.dtype;
-}
-
-std::uint16_t to_16(float v, LocalSgdCompression c) {
-  return c == LocalSgdCompression::kFloat16 ? collectives::float_to_half(v)
-                                            : collectives::float_to_bf16(v);
-}
-
-float from_16(std::uint16_t v, LocalSgdCompression c) {
-  return c == LocalSgdCompression::kFloat16 ? collectives::half_to_float(v)
-                                            : collectives::bf16_to_float(v);
-}
-
-// wire = θ_synced − θ_local, in T, in float32 (int8: quantized later), or
-// cast to 16 bits.
-template <typename T>
-void pseudo_gradient(Slot& s, LocalSgdCompression c) {
-  const T* synced = reinterpret_cast<const T*>(s.synced.data());
-  const T* local = static_cast<const T*>(s.local.data);
-  if (c == LocalSgdCompression::kNone) {
-    T* out = reinterpret_cast<T*>(s.wire.data());
-    for (std::size_t i = 0; i < s.count; ++i) out[i] = synced[i] - local[i];
-    return;
-  }
-  if (c == LocalSgdCompression::kInt8) {
-    auto* out = reinterpret_cast<float*>(s.wire.data());
-    for (std::size_t i = 0; i < s.count; ++i) out[i] = static_cast<float>(synced[i] - local[i]);
-    return;
-  }
-  auto* out = reinterpret_cast<std::uint16_t*>(s.wire.data());
-  for (std::size_t i = 0; i < s.count; ++i) {
-    out[i] = to_16(static_cast<float>(synced[i] - local[i]), c);
-  }
-}
-
-// The outer optimizer's step on θ_synced with the averaged pseudo-gradient
-// in `wire` (torch.optim.SGD's update, in T), then θ_local = θ_synced.
-template <typename T>
-void outer_step(Slot& s, LocalSgdCompression c, const OuterOptimizer& o) {
-  T* synced = reinterpret_cast<T*>(s.synced.data());
-  T* buf = s.momentum.empty() ? nullptr : reinterpret_cast<T*>(s.momentum.data());
-  const T* wire = reinterpret_cast<const T*>(s.wire.data());
-  const auto* wire16 = reinterpret_cast<const std::uint16_t*>(s.wire.data());
-  const auto* wire32 = reinterpret_cast<const float*>(s.wire.data());
-  const T lr = static_cast<T>(o.lr), m = static_cast<T>(o.momentum);
-  for (std::size_t i = 0; i < s.count; ++i) {
-    const T g = c == LocalSgdCompression::kNone   ? wire[i]
-                : c == LocalSgdCompression::kInt8 ? static_cast<T>(wire32[i])
-                                                  : static_cast<T>(from_16(wire16[i], c));
-    T d = g;
-    if (buf != nullptr) {
-      buf[i] = m * buf[i] + g;
-      d = o.nesterov ? g + m * buf[i] : buf[i];
-    }
-    synced[i] -= lr * d;
-  }
-  if (s.count > 0) std::memcpy(s.local.data, s.synced.data(), s.local.nbytes());
-}
 
 // Waits for every handle, then rethrows the first failure: no operation is
 // left in flight on buffers the caller may free once this throws.
@@ -127,91 +39,6 @@ void wait_all(const std::vector<Handle>& handles) {
     }
   }
   if (first) std::rethrow_exception(first);
-}
-
-// The int8 message of one rank, one row of the round's allgather: every
-// slot's values (int8, in slot order), zero bytes up to a multiple of 4,
-// then every slot's block scales (float32, in slot order).
-struct Int8Layout {
-  std::size_t values = 0;  // int8 values in all (the parameters' elements)
-  std::size_t scales = 0;  // blocks in all
-  std::size_t scales_at = 0;
-  std::size_t bytes = 0;
-};
-
-std::size_t blocks_of(std::size_t count) {
-  return (count + kLocalSgdInt8Block - 1) / kLocalSgdInt8Block;
-}
-
-Int8Layout int8_layout(const std::vector<Slot>& slots) {
-  Int8Layout l;
-  for (const Slot& s : slots) {
-    l.values += s.count;
-    l.scales += blocks_of(s.count);
-  }
-  l.scales_at = (l.values + 3) / 4 * 4;
-  l.bytes = l.scales_at + l.scales * sizeof(float);
-  return l;
-}
-
-// Quantizes every slot's float32 `wire` into `out` (int8_layout's bytes):
-// per block, scale = absmax / 127 and q = round(v / scale) in [-127, 127];
-// an all-zero block has scale 0 and q 0. A block holding a NaN or an
-// infinity gets a NaN scale (and q 0): its average becomes NaN on every rank,
-// as it would uncompressed, instead of an arbitrary number.
-void quantize(const std::vector<Slot>& slots, const Int8Layout& l, std::byte* out) {
-  auto* q = reinterpret_cast<std::int8_t*>(out);
-  std::vector<float> scales;
-  scales.reserve(l.scales);
-  for (const Slot& s : slots) {
-    const auto* v = reinterpret_cast<const float*>(s.wire.data());
-    for (std::size_t b = 0; b < s.count; b += kLocalSgdInt8Block) {
-      const std::size_t e = std::min(s.count, b + kLocalSgdInt8Block);
-      float absmax = 0;
-      bool finite = true;
-      for (std::size_t i = b; i < e; ++i) {
-        finite = finite && std::isfinite(v[i]);
-        absmax = std::max(absmax, std::fabs(v[i]));
-      }
-      const float scale = finite ? absmax / 127.0f : std::numeric_limits<float>::quiet_NaN();
-      for (std::size_t i = b; i < e; ++i) {
-        float r = 0;
-        if (finite && scale > 0) r = std::clamp(std::nearbyint(v[i] / scale), -127.0f, 127.0f);
-        *q++ = static_cast<std::int8_t>(r);
-      }
-      scales.push_back(scale);
-    }
-  }
-  std::memset(out + l.values, 0, l.scales_at - l.values);
-  if (!scales.empty()) std::memcpy(out + l.scales_at, scales.data(), scales.size() * sizeof(float));
-}
-
-// Every slot's `wire` = the average over the gathered rows (one per rank,
-// in rank order) of their dequantized values, summed in float32 in rank
-// order: the same arithmetic on every rank, so the same result.
-void dequantize_average(std::vector<Slot>& slots, const Int8Layout& l, const std::byte* rows,
-                        std::size_t ranks) {
-  for (Slot& s : slots) std::memset(s.wire.data(), 0, s.wire.size());
-  for (std::size_t r = 0; r < ranks; ++r) {
-    const std::byte* row = rows + r * l.bytes;
-    const auto* q = reinterpret_cast<const std::int8_t*>(row);
-    const std::byte* scale_at = row + l.scales_at;  // the next block's scale
-    for (Slot& s : slots) {
-      auto* sum = reinterpret_cast<float*>(s.wire.data());
-      for (std::size_t b = 0; b < s.count; b += kLocalSgdInt8Block) {
-        float scale;
-        std::memcpy(&scale, scale_at, sizeof(float));
-        scale_at += sizeof(float);
-        const std::size_t e = std::min(s.count, b + kLocalSgdInt8Block);
-        for (std::size_t i = b; i < e; ++i) sum[i] += static_cast<float>(*q++) * scale;
-      }
-    }
-  }
-  const float n = static_cast<float>(ranks);
-  for (Slot& s : slots) {
-    auto* sum = reinterpret_cast<float*>(s.wire.data());
-    for (std::size_t i = 0; i < s.count; ++i) sum[i] /= n;
-  }
 }
 
 void check_options(const LocalSgdOptions& o) {
@@ -234,13 +61,24 @@ void check_options(const LocalSgdOptions& o) {
     bad(fmt::format("unknown compression {}", static_cast<int>(o.compression)));
   }
   if (o.name.empty()) bad("name (the prefix of the operations' names) is empty");
+  if (o.fragments < 1 || o.fragments > o.period) {
+    bad(fmt::format("fragments must be between 1 and period ({}), got {}", o.period, o.fragments));
+  }
+  if (o.sync_delay < 0 || o.sync_delay >= o.period) {
+    bad(fmt::format("sync_delay must be >= 0 and < period ({}), got {}", o.period, o.sync_delay));
+  }
+  if (!(o.mixing <= 1)) bad(fmt::format("mixing must be in [0, 1] or negative, got {}", o.mixing));
 }
 
-void check_params(const std::vector<TensorView>& params) {
+void check_params(const std::vector<TensorView>& params, int fragments) {
   auto bad = [](std::size_t i, const std::string& what) {
     throw InvalidArgument(fmt::format("LocalSgd: parameter {} {}", i, what));
   };
   if (params.empty()) throw InvalidArgument("LocalSgd: no parameters given");
+  if (static_cast<std::size_t>(fragments) > params.size()) {
+    throw InvalidArgument(fmt::format("LocalSgd: {} fragments but only {} parameters", fragments,
+                                      params.size()));
+  }
   for (std::size_t i = 0; i < params.size(); ++i) {
     const TensorView& p = params[i];
     if (!p.refusal.empty()) bad(i, fmt::format("cannot be taken: {}", p.refusal));
@@ -265,22 +103,48 @@ void check_params(const std::vector<TensorView>& params) {
 
 }  // namespace
 
+// One fragment: slots [first, last) and its round in flight, if any.
+struct LocalSgdFragment {
+  std::size_t first = 0, last = 0;
+  int offset = 0;                   // its rounds start at steps s with s % period == offset
+  Handle handle;                    // the round in flight (invalid: none)
+  std::vector<std::byte> int8_row;  // this rank's int8 message while in flight
+  std::int64_t started = 0;         // the local step its round started at
+  std::int64_t due = 0;             // the local step it completes at
+  std::int64_t rounds = 0;
+  std::uint64_t version = 0;
+};
+
 struct LocalSgd::State {
   LocalSgdOptions options;
   std::vector<Slot> slots;
+  std::vector<LocalSgdFragment> fragments;
   std::vector<std::string> round_names;
   std::int64_t local_steps = 0;
   std::int64_t rounds = 0;
   std::uint64_t version = 0;
 
-  void round();
-  void int8_round();
+  std::vector<Slot*> slots_of(const LocalSgdFragment& f) {
+    std::vector<Slot*> out;
+    for (std::size_t i = f.first; i < f.last; ++i) out.push_back(&slots[i]);
+    return out;
+  }
+  std::string int8_name(const LocalSgdFragment& f) const {
+    const std::string base = options.name + ".round.int8";
+    return fragments.size() == 1 ? base : fmt::format("{}.{}", base, f.first);
+  }
+  void start(LocalSgdFragment& f);
+  // Completes f's round if one is in flight; true if it did.
+  bool finish(LocalSgdFragment& f);
+  void wait_for(LocalSgdFragment& f);
+  // Waits for every round in flight, dropping them; errors are swallowed.
+  void drop_in_flight() noexcept;
 };
 
 LocalSgd::LocalSgd(const LocalSgdOptions& options, std::vector<TensorView> params)
     : state_(std::make_unique<State>()) {
   check_options(options);
-  check_params(params);
+  check_params(params, options.fragments);
   State& st = *state_;
   st.options = options;
 
@@ -297,6 +161,7 @@ LocalSgd::LocalSgd(const LocalSgdOptions& options, std::vector<TensorView> param
   }
   wait_all(started);
 
+  std::vector<std::size_t> counts;
   for (std::size_t i = 0; i < params.size(); ++i) {
     Slot s;
     s.local = params[i];
@@ -305,61 +170,72 @@ LocalSgd::LocalSgd(const LocalSgdOptions& options, std::vector<TensorView> param
     s.synced.resize(bytes);
     if (bytes > 0) std::memcpy(s.synced.data(), s.local.data, bytes);
     if (options.outer.momentum > 0) s.momentum.assign(bytes, std::byte{0});
-    s.wire.resize(wire_size(s, options.compression));
+    s.wire.resize(local_sgd_detail::wire_size(s, options.compression));
+    if (options.sync_delay > 0) s.at_start.resize(bytes);
+    counts.push_back(s.count);
     st.slots.push_back(std::move(s));
     st.round_names.push_back(fmt::format("{}.round.{}", options.name, i));
   }
+  const auto cuts = local_sgd_detail::fragment_cuts(counts, options.fragments);
+  for (int f = 0; f < options.fragments; ++f) {
+    LocalSgdFragment frag;
+    frag.first = cuts[static_cast<std::size_t>(f)];
+    frag.last = cuts[static_cast<std::size_t>(f) + 1];
+    frag.offset = (f + 1) * options.period / options.fragments % options.period;
+    st.fragments.push_back(std::move(frag));
+  }
 }
 
-LocalSgd::~LocalSgd() = default;
+LocalSgd::~LocalSgd() {
+  if (state_) state_->drop_in_flight();
+}
 LocalSgd::LocalSgd(LocalSgd&&) noexcept = default;
-LocalSgd& LocalSgd::operator=(LocalSgd&&) noexcept = default;
+LocalSgd& LocalSgd::operator=(LocalSgd&& other) noexcept {
+  if (this != &other) {
+    if (state_) state_->drop_in_flight();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
 
-void LocalSgd::State::round() {
+void LocalSgd::State::start(LocalSgdFragment& f) {
   const LocalSgdCompression c = options.compression;
-  for (Slot& s : slots) {
-    if (s.local.dtype == DataType::kFloat32) {
-      pseudo_gradient<float>(s, c);
-    } else {
-      pseudo_gradient<double>(s, c);
-    }
+  const std::vector<Slot*> mine = slots_of(f);
+  for (Slot* s : mine) {
+    local_sgd_detail::pseudo_gradient(*s, c);
+    if (!s->at_start.empty()) std::memcpy(s->at_start.data(), s->local.data, s->at_start.size());
   }
   if (c == LocalSgdCompression::kInt8) {
-    int8_round();
+    const auto l = local_sgd_detail::int8_layout(mine);
+    f.int8_row.resize(l.bytes);
+    local_sgd_detail::quantize(mine, l, f.int8_row.data());
+    f.handle = allgather_async(
+        int8_name(f),
+        TensorView{f.int8_row.data(), DataType::kUInt8, {1, static_cast<std::int64_t>(l.bytes)}},
+        options.process_set);
   } else {
+    std::vector<std::string> names(round_names.begin() + static_cast<std::ptrdiff_t>(f.first),
+                                   round_names.begin() + static_cast<std::ptrdiff_t>(f.last));
     std::vector<TensorView> wires;
-    wires.reserve(slots.size());
-    for (Slot& s : slots) {
-      void* data = s.wire.empty() ? nullptr : s.wire.data();
-      wires.push_back(TensorView{data, wire_dtype(s, c), s.local.shape});
+    for (Slot* s : mine) {
+      void* data = s->wire.empty() ? nullptr : s->wire.data();
+      wires.push_back(TensorView{data, local_sgd_detail::wire_dtype(*s, c), s->local.shape});
     }
-    grouped_allreduce_async(round_names, wires, wires, ReduceOp::kAverage, 1.0, 1.0,
-                            options.process_set)
-        .wait();
+    f.handle = grouped_allreduce_async(names, wires, wires, ReduceOp::kAverage, 1.0, 1.0,
+                                       options.process_set);
   }
-  for (Slot& s : slots) {
-    if (s.local.dtype == DataType::kFloat32) {
-      outer_step<float>(s, c, options.outer);
-    } else {
-      outer_step<double>(s, c, options.outer);
-    }
-  }
-  if (options.commit && options.process_set == kGlobalProcessSet) {
-    commit_step();
-    version = committed_steps();
-  }
-  ++rounds;
+  f.started = local_steps;
+  f.due = local_steps + options.sync_delay;
 }
 
-void LocalSgd::State::int8_round() {
-  const Int8Layout l = int8_layout(slots);
-  std::vector<std::byte> mine(l.bytes);
-  quantize(slots, l, mine.data());
-  const Handle h = allgather_async(
-      options.name + ".round.int8",
-      TensorView{mine.data(), DataType::kUInt8, {1, static_cast<std::int64_t>(l.bytes)}},
-      options.process_set);
+// Waits for f's round; on an error the round is dropped and rethrown.
+void LocalSgd::State::wait_for(LocalSgdFragment& f) {
+  Handle h = std::move(f.handle);
+  f.handle = Handle{};
   h.wait();
+  if (options.compression != LocalSgdCompression::kInt8) return;
+  const std::vector<Slot*> mine = slots_of(f);
+  const auto l = local_sgd_detail::int8_layout(mine);
   const OwnedTensor& rows = h.output();
   // Counted now, not at construction: after an elastic rebuild the set
   // holds the survivors.
@@ -372,19 +248,84 @@ void LocalSgd::State::int8_round() {
         "parameters no longer have the same shapes",
         rows.data.size(), ranks, l.bytes));
   }
-  dequantize_average(slots, l, rows.data.data(), ranks);
+  local_sgd_detail::dequantize_average(mine, l, rows.data.data(), ranks);
+}
+
+bool LocalSgd::State::finish(LocalSgdFragment& f) {
+  if (!f.handle.valid()) return false;
+  wait_for(f);
+  const bool drift = f.started != local_steps;
+  for (Slot* s : slots_of(f)) {
+    local_sgd_detail::outer_step(*s, options.compression, options.outer);
+    local_sgd_detail::merge(*s, drift, options.mixing);
+  }
+  ++f.rounds;
+  ++rounds;
+  if (options.commit && options.process_set == kGlobalProcessSet) {
+    commit_step();
+    version = committed_steps();
+    f.version = version;
+  } else {
+    f.version = static_cast<std::uint64_t>(f.rounds);
+  }
+  return true;
+}
+
+void LocalSgd::State::drop_in_flight() noexcept {
+  for (LocalSgdFragment& f : fragments) {
+    if (!f.handle.valid()) continue;
+    try {
+      f.handle.wait();
+    } catch (...) {  // the round is dropped either way
+    }
+    f.handle = Handle{};
+  }
 }
 
 bool LocalSgd::step() {
   State& st = *state_;
-  const std::int64_t next = st.local_steps + 1;
-  const bool due = next <= st.options.warmup_steps || next % st.options.period == 0;
-  if (due) st.round();
-  st.local_steps = next;
-  return due;
+  st.local_steps += 1;
+  const std::int64_t now = st.local_steps;
+  bool completed = false;
+  try {
+    if (now <= st.options.warmup_steps) {
+      for (LocalSgdFragment& f : st.fragments) {
+        completed = st.finish(f) || completed;  // one started before the warm-up's end
+        st.start(f);
+        completed = st.finish(f) || completed;
+      }
+      return completed;
+    }
+    // Rounds due now complete before new ones start (a fragment's next round
+    // starts a period after its last, and sync_delay < period).
+    for (LocalSgdFragment& f : st.fragments) {
+      if (f.handle.valid() && f.due <= now) completed = st.finish(f) || completed;
+    }
+    for (LocalSgdFragment& f : st.fragments) {
+      if (now % st.options.period != f.offset) continue;
+      st.start(f);
+      if (st.options.sync_delay == 0) completed = st.finish(f) || completed;
+    }
+  } catch (...) {
+    st.drop_in_flight();  // no round left in flight on a failed step
+    throw;
+  }
+  return completed;
 }
 
-void LocalSgd::sync() { state_->round(); }
+void LocalSgd::sync() {
+  State& st = *state_;
+  try {
+    for (LocalSgdFragment& f : st.fragments) st.finish(f);
+    for (LocalSgdFragment& f : st.fragments) {
+      st.start(f);
+      st.finish(f);
+    }
+  } catch (...) {
+    st.drop_in_flight();
+    throw;
+  }
+}
 
 void LocalSgd::add_to(elastic::State& state) {
   State& st = *state_;
@@ -394,6 +335,12 @@ void LocalSgd::add_to(elastic::State& state) {
         "LocalSgd::add_to: this LocalSgd commits its rounds itself (.commit = true); with an "
         "elastic State the State's commit() is the round's commit: construct it with "
         ".commit = false and call state.commit() after each step() that ran a round");
+  }
+  if (o.sync_delay > 0) {
+    throw InvalidArgument(fmt::format(
+        "LocalSgd::add_to: sync_delay is {}; an elastic State's commit must not fall while a "
+        "round is in flight, so elastic LocalSgd needs sync_delay 0",
+        o.sync_delay));
   }
   for (std::size_t i = 0; i < st.slots.size(); ++i) {
     Slot& s = st.slots[i];
@@ -408,11 +355,40 @@ void LocalSgd::add_to(elastic::State& state) {
   }
   state.add(o.name + ".local_steps", &st.local_steps, DataType::kInt64, 1);
   state.add(o.name + ".rounds", &st.rounds, DataType::kInt64, 1);
+  if (st.fragments.size() > 1) {
+    for (std::size_t f = 0; f < st.fragments.size(); ++f) {
+      state.add(fmt::format("{}.fragment_rounds.{}", o.name, f), &st.fragments[f].rounds,
+                DataType::kInt64, 1);
+      state.add(fmt::format("{}.fragment_versions.{}", o.name, f), &st.fragments[f].version,
+                DataType::kInt64, 1);  // the bits of a uint64
+    }
+  }
 }
 
 std::int64_t LocalSgd::local_steps() const { return state_->local_steps; }
 std::int64_t LocalSgd::rounds() const { return state_->rounds; }
 std::uint64_t LocalSgd::version() const { return state_->version; }
 const LocalSgdOptions& LocalSgd::options() const { return state_->options; }
+
+std::vector<std::uint64_t> LocalSgd::fragment_versions() const {
+  std::vector<std::uint64_t> out;
+  for (const auto& f : state_->fragments) out.push_back(f.version);
+  return out;
+}
+
+std::vector<std::int64_t> LocalSgd::fragment_rounds() const {
+  std::vector<std::int64_t> out;
+  for (const auto& f : state_->fragments) out.push_back(f.rounds);
+  return out;
+}
+
+std::pair<std::size_t, std::size_t> LocalSgd::fragment_params(int f) const {
+  const auto& frags = state_->fragments;
+  if (f < 0 || static_cast<std::size_t>(f) >= frags.size()) {
+    throw InvalidArgument(fmt::format("LocalSgd::fragment_params: fragment {} of {}", f,
+                                      frags.size()));
+  }
+  return {frags[static_cast<std::size_t>(f)].first, frags[static_cast<std::size_t>(f)].last};
+}
 
 }  // namespace gyre
