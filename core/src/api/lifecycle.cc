@@ -161,7 +161,12 @@ core::RuntimeInfo runtime_info(transport::MpiWorld& world, const Options& option
         ri.shm = transport::ShmHost::create_per_host(
             so, options.shared_memory != 0 &&
                     (options.hierarchical_allreduce != 0 || options.hierarchical_allgather != 0));
-        if (ri.shm) ri.cross = world.make_cross_transport();
+        if (ri.shm) {
+          ri.cross = world.make_cross_transport();
+          // The network phase's transfers have the same deadline as every
+          // other transfer of the background thread (GYRE_OP_TIMEOUT_S).
+          ri.cross->set_timeout(so.timeout);
+        }
       }
     };
   }
