@@ -20,6 +20,7 @@
 
 #include "gyre/elastic.h"
 #include "local_sgd_wire.h"
+#include "training_checks.h"
 
 namespace gyre {
 
@@ -45,15 +46,7 @@ void check_options(const LocalSgdOptions& o) {
   auto bad = [](const std::string& what) { throw InvalidArgument("LocalSgd: " + what); };
   if (o.period < 1) bad(fmt::format("period must be >= 1, got {}", o.period));
   if (o.warmup_steps < 0) bad(fmt::format("warmup_steps must be >= 0, got {}", o.warmup_steps));
-  if (!(std::isfinite(o.outer.lr) && o.outer.lr > 0)) {
-    bad(fmt::format("the outer optimizer's lr must be positive and finite, got {}", o.outer.lr));
-  }
-  if (!(o.outer.momentum >= 0 && o.outer.momentum < 1)) {
-    bad(fmt::format("the outer optimizer's momentum must be in [0, 1), got {}", o.outer.momentum));
-  }
-  if (o.outer.nesterov && o.outer.momentum == 0) {
-    bad("the outer optimizer's Nesterov correction needs a momentum above 0");
-  }
+  training_detail::check_outer_optimizer(o.outer, "LocalSgd");
   if (o.compression != LocalSgdCompression::kNone &&
       o.compression != LocalSgdCompression::kFloat16 &&
       o.compression != LocalSgdCompression::kBFloat16 &&
@@ -71,33 +64,10 @@ void check_options(const LocalSgdOptions& o) {
 }
 
 void check_params(const std::vector<TensorView>& params, int fragments) {
-  auto bad = [](std::size_t i, const std::string& what) {
-    throw InvalidArgument(fmt::format("LocalSgd: parameter {} {}", i, what));
-  };
-  if (params.empty()) throw InvalidArgument("LocalSgd: no parameters given");
+  training_detail::check_params(params, "LocalSgd");
   if (static_cast<std::size_t>(fragments) > params.size()) {
     throw InvalidArgument(fmt::format("LocalSgd: {} fragments but only {} parameters", fragments,
                                       params.size()));
-  }
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const TensorView& p = params[i];
-    if (!p.refusal.empty()) bad(i, fmt::format("cannot be taken: {}", p.refusal));
-    if (p.dtype != DataType::kFloat32 && p.dtype != DataType::kFloat64) {
-      bad(i, fmt::format("has dtype {}; LocalSgd takes float32 and float64 parameters",
-                         dtype_name(p.dtype)));
-    }
-    if (p.device.type != DeviceType::kCPU) {
-      bad(i, fmt::format("is on {}; LocalSgd takes host parameters", device_name(p.device.type)));
-    }
-    for (auto d : p.shape) {
-      if (d < 0) bad(i, fmt::format("has a negative dimension ({})", d));
-    }
-    if (p.data == nullptr && p.numel() > 0) bad(i, "has a null buffer");
-    for (std::size_t j = 0; j < i; ++j) {
-      if (p.data != nullptr && p.data == params[j].data) {
-        bad(i, fmt::format("is the same buffer as parameter {}", j));
-      }
-    }
   }
 }
 

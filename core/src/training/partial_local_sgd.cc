@@ -1,0 +1,295 @@
+// PartialLocalSgd (gyre/partial_local_sgd.h), the rank's side: the argument
+// checks, the start from the model the store holds, a round (post, wait,
+// adopt), close(), and the accessors of what the aggregator published. The
+// store's layout and the aggregator: partial_local_sgd_state.h.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "training/partial_local_sgd_state.h"
+#include "training/training_checks.h"
+
+namespace gyre {
+
+using core::partial::Aggregator;
+using core::partial::Backoff;
+using core::partial::Clock;
+using core::partial::MetaLayout;
+using core::partial::PartialStore;
+
+namespace {
+
+void check_options(const PartialLocalSgdOptions& o) {
+  auto bad = [](const std::string& what) { throw InvalidArgument("PartialLocalSgd: " + what); };
+  if (o.period < 1) bad(fmt::format("period must be >= 1, got {}", o.period));
+  if (!(o.late_after_s >= 0 && std::isfinite(o.late_after_s))) {
+    bad(fmt::format("late_after_s must be >= 0 and finite, got {}", o.late_after_s));
+  }
+  if (o.max_staleness < 0) bad(fmt::format("max_staleness must be >= 0, got {}", o.max_staleness));
+  training_detail::check_outer_optimizer(o.outer, "PartialLocalSgd");
+  if (std::isnan(o.timeout_s)) bad("timeout_s is NaN");
+  if (o.name.empty()) bad("name (the prefix of the store's tensors) is empty");
+}
+
+void check_params(const std::vector<TensorView>& params) {
+  training_detail::check_params(params, "PartialLocalSgd");
+  std::int64_t total = 0;
+  for (const TensorView& p : params) total += p.numel();
+  if (total == 0) throw InvalidArgument("PartialLocalSgd: the parameters hold no elements");
+}
+
+// The parameters, one after the other, as float64.
+std::vector<double> flatten(const std::vector<TensorView>& params) {
+  std::vector<double> out;
+  for (const TensorView& p : params) {
+    const auto count = static_cast<std::size_t>(p.numel());
+    if (p.dtype == DataType::kFloat32) {
+      const auto* v = static_cast<const float*>(p.data);
+      out.insert(out.end(), v, v + count);
+    } else {
+      const auto* v = static_cast<const double*>(p.data);
+      out.insert(out.end(), v, v + count);
+    }
+  }
+  return out;
+}
+
+void unflatten(const std::vector<double>& values, const std::vector<TensorView>& params) {
+  std::size_t at = 0;
+  for (const TensorView& p : params) {
+    const auto count = static_cast<std::size_t>(p.numel());
+    if (p.dtype == DataType::kFloat32) {
+      auto* v = static_cast<float*>(p.data);
+      for (std::size_t k = 0; k < count; ++k) v[k] = static_cast<float>(values[at + k]);
+    } else if (count > 0) {
+      std::memcpy(p.data, values.data() + at, count * sizeof(double));
+    }
+    at += count;
+  }
+}
+
+double default_timeout(double timeout_s) {
+  if (timeout_s > 0) return timeout_s;
+  const double stall = Options::from_env().stall_shutdown_s;
+  return stall > 0 ? stall : 600.0;
+}
+
+}  // namespace
+
+PartialLocalSgd::PartialLocalSgd(const PartialLocalSgdOptions& options,
+                                 std::vector<TensorView> params)
+    : state_(std::make_unique<State>()) {
+  check_options(options);
+  check_params(params);
+  State& st = *state_;
+  st.options = options;
+  st.timeout_s = default_timeout(options.timeout_s);
+  st.ranks = process_set_ranks(options.process_set);  // throws for an unknown set
+  const int me = rank();
+  const auto mine = std::find(st.ranks.begin(), st.ranks.end(), me);
+  if (mine == st.ranks.end()) {
+    throw InvalidArgument(fmt::format("PartialLocalSgd: rank {} is not in process set {}", me,
+                                      options.process_set));
+  }
+  st.n = static_cast<int>(st.ranks.size());
+  st.me = static_cast<int>(mine - st.ranks.begin());
+  st.params = std::move(params);
+  st.posted_at = {st.n};
+  st.meta_at = {st.n};
+  st.log = core::Logger(me, Options::from_env().log_level);
+  st.posted.assign(static_cast<std::size_t>(st.posted_at.size()), 0);
+  bool any64 = false;
+  for (const TensorView& p : st.params) any64 = any64 || p.dtype == DataType::kFloat64;
+  const DataType wire = any64 ? DataType::kFloat64 : DataType::kFloat32;
+
+  // Collective: the set's first rank's parameters become the model.
+  st.store = std::make_unique<PartialStore>(options, st.timeout_s, wire, st.n,
+                                            flatten(st.params));
+  std::vector<double> model;
+  const std::int64_t version = st.store->pull_model(model);
+  st.adopt(model, version);
+  if (st.me == 0) st.aggregator = std::make_unique<Aggregator>(st);
+}
+
+PartialLocalSgd::~PartialLocalSgd() = default;
+PartialLocalSgd::PartialLocalSgd(PartialLocalSgd&&) noexcept = default;
+PartialLocalSgd& PartialLocalSgd::operator=(PartialLocalSgd&&) noexcept = default;
+
+PartialLocalSgd::State::~State() { stop_aggregator(); }
+
+void PartialLocalSgd::State::stop_aggregator() {
+  if (aggregator) aggregator->stop();
+}
+
+std::vector<std::int64_t> PartialLocalSgd::State::meta() const {
+  if (final_meta) return *final_meta;  // closed: what the aggregator left
+  return store->pull_ints(store->meta_name());
+}
+
+// Polls <name>.meta until `ready` holds, bounded by timeout_s; raises the
+// aggregator's failure as soon as it is published.
+template <typename Ready>
+std::vector<std::int64_t> PartialLocalSgd::State::wait(Ready ready, const std::string& what) const {
+  const auto start = Clock::now();
+  Backoff backoff;
+  while (true) {
+    std::vector<std::int64_t> m = meta();
+    if (m[MetaLayout::kFailed] != 0) {
+      throw StateError(fmt::format(
+          "PartialLocalSgd: the aggregator on rank {} failed (its error is in its log); rank {} "
+          "was waiting for {}",
+          ranks.front(), ranks[static_cast<std::size_t>(me)], what));
+    }
+    if (ready(m)) return m;
+    if (core::partial::seconds_since(start) > timeout_s) {
+      throw TimeoutError(fmt::format(
+          "PartialLocalSgd: rank {} waited {:g} s for {} (the aggregator runs on rank {})",
+          ranks[static_cast<std::size_t>(me)], timeout_s, what, ranks.front()));
+    }
+    backoff.nap();
+  }
+}
+
+// The model of round `v` into the parameters; θ_synced as they hold it (a
+// float32 parameter rounds the model's value); one commit per round moved.
+void PartialLocalSgd::State::adopt(const std::vector<double>& value, std::int64_t v) {
+  unflatten(value, params);
+  synced = flatten(params);
+  if (options.commit && options.process_set == kGlobalProcessSet) {
+    for (std::int64_t k = version; k < v; ++k) commit_step();
+  }
+  version = std::max(version, v);
+}
+
+void PartialLocalSgd::State::check_rejections(const std::vector<std::int64_t>& m) {
+  const std::int64_t rejected = m[static_cast<std::size_t>(meta_at.rejected(me))];
+  if (rejected > seen_rejected) {
+    log.warn("PartialLocalSgd: rank {}: {} contribution(s) rejected as more than {} round(s) "
+             "stale; it continues from the current model (round {})",
+             ranks[static_cast<std::size_t>(me)], rejected - seen_rejected,
+             options.max_staleness, version);
+    seen_rejected = rejected;
+  }
+}
+
+bool PartialLocalSgd::step() {
+  State& st = *state_;
+  ++st.local_steps;
+  if (st.local_steps % st.options.period != 0) return false;
+  round();
+  return true;
+}
+
+void PartialLocalSgd::round() {
+  State& st = *state_;
+  if (st.closed) throw StateError("PartialLocalSgd: round() after close()");
+  const int me = st.me;
+  const auto mine = static_cast<std::size_t>(me);
+  PartialStore& store = *st.store;
+  const std::int64_t posted = st.posted[static_cast<std::size_t>(st.posted_at.count(me))];
+  // The mailbox is free once the aggregator has consumed the last one.
+  const auto consumed_at = static_cast<std::size_t>(st.meta_at.consumed(me));
+  st.wait([&](const auto& meta) { return meta[consumed_at] >= posted; },
+          "its previous contribution to be consumed");
+
+  // Into an empty mailbox (0 + x = x exactly): θ_synced − θ_local, then the
+  // round it starts from + 1, so that an empty mailbox reads as none.
+  std::vector<double> contribution = flatten(st.params);
+  for (std::size_t k = 0; k < contribution.size(); ++k) {
+    contribution[k] = st.synced[k] - contribution[k];
+  }
+  contribution.push_back(static_cast<double>(st.version + 1));
+  store.add(store.slot_name(me), contribution);
+  std::vector<std::int64_t> delta(st.posted.size(), 0);
+  delta[static_cast<std::size_t>(st.posted_at.count(me))] = 1;
+  const auto base_at = static_cast<std::size_t>(st.posted_at.base(me));
+  delta[base_at] = st.version - st.posted[base_at];
+  store.add_ints(store.posted_name(), delta);
+  for (std::size_t k = 0; k < delta.size(); ++k) st.posted[k] += delta[k];
+
+  const std::int64_t base = st.version;
+  const auto m = st.wait([&](const auto& meta) { return meta[MetaLayout::kRounds] > base; },
+                         fmt::format("round {} to close", base + 1));
+  if (m[static_cast<std::size_t>(st.meta_at.merged_round(me))] != base + 1) {
+    // Round base + 1 closed without this contribution.
+    ++st.rounds_late;
+    st.log.info("PartialLocalSgd: rank {} is late: {} round(s) closed since round {}, which its "
+                "contribution started from; it goes into a later one or is rejected",
+                st.ranks[mine], m[MetaLayout::kRounds] - base, base);
+  }
+  std::vector<double> model;
+  const std::int64_t version = store.pull_model(model);
+  st.adopt(model, version);
+  st.check_rejections(st.meta());
+}
+
+void PartialLocalSgd::close() {
+  State& st = *state_;
+  if (st.closed) return;
+  st.closed = true;
+  PartialStore& store = *st.store;
+  try {
+    std::vector<std::int64_t> delta(st.posted.size(), 0);
+    delta[static_cast<std::size_t>(st.posted_at.stopped(st.me))] = 1;
+    store.add_ints(store.posted_name(), delta);
+    const auto m = st.wait([](const auto& meta) { return meta[MetaLayout::kFinished] == 1; },
+                           "the aggregator to finish");
+    std::vector<double> model;
+    const std::int64_t version = store.pull_model(model);
+    st.adopt(model, version);
+    st.check_rejections(m);
+    st.final_meta = m;
+  } catch (...) {
+    // The others close the store too (collective), whatever happened here.
+    st.stop_aggregator();
+    try {
+      store.close();
+    } catch (const std::exception& e) {
+      st.log.warn("PartialLocalSgd: closing the store after an error failed too: {}", e.what());
+    }
+    throw;
+  }
+  st.stop_aggregator();  // it has finished: a join
+  store.close();
+}
+
+std::int64_t PartialLocalSgd::local_steps() const { return state_->local_steps; }
+std::int64_t PartialLocalSgd::version() const { return state_->version; }
+std::int64_t PartialLocalSgd::rounds_late() const { return state_->rounds_late; }
+const PartialLocalSgdOptions& PartialLocalSgd::options() const { return state_->options; }
+
+PartialLocalSgdCounters PartialLocalSgd::counters() const {
+  const State& st = *state_;
+  const std::vector<std::int64_t> m = st.meta();
+  PartialLocalSgdCounters c;
+  c.rounds = m[MetaLayout::kRounds];
+  for (int i = 0; i < st.n; ++i) {
+    c.merged_late_by_rank.push_back(m[static_cast<std::size_t>(st.meta_at.merged_late(i))]);
+    c.rejected_by_rank.push_back(m[static_cast<std::size_t>(st.meta_at.rejected(i))]);
+  }
+  const auto mine = static_cast<std::size_t>(st.me);
+  c.merged_late = c.merged_late_by_rank[mine];
+  c.rejected = c.rejected_by_rank[mine];
+  c.rounds_late = st.rounds_late;
+  return c;
+}
+
+std::vector<std::int64_t> PartialLocalSgd::merged_rounds() const {
+  const State& st = *state_;
+  const std::vector<std::int64_t> m = st.meta();
+  std::vector<std::int64_t> out;
+  for (int i = 0; i < st.n; ++i) {
+    out.push_back(m[static_cast<std::size_t>(st.meta_at.merged_round(i))]);
+  }
+  return out;
+}
+
+std::vector<PartialLocalSgdRound> PartialLocalSgd::round_history() const {
+  const State& st = *state_;
+  return st.aggregator ? st.aggregator->history() : std::vector<PartialLocalSgdRound>{};
+}
+
+}  // namespace gyre
