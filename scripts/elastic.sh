@@ -85,6 +85,10 @@ if [ "$with_python" = 1 ]; then
     GYRE_ELASTIC_TIMEOUT_S=300 bash "$GYRE_ROOT/tests/elastic/run_elastic.sh" "$venv/bin/mpirun" 3 \
       -x GYRE_TEST_KILL_RANK=$kill_rank "$venv/bin/python" \
       "$GYRE_ROOT/tests/elastic/elastic_local_sgd.py" || fail "elastic_local_sgd.py, rank $kill_rank killed"
+    echo "== Python: elastic PartialLocalSGD (period 4), 3 ranks, rank $kill_rank killed between rounds"
+    GYRE_ELASTIC_TIMEOUT_S=300 bash "$GYRE_ROOT/tests/elastic/run_elastic.sh" "$venv/bin/mpirun" 3 \
+      -x GYRE_TEST_KILL_RANK=$kill_rank "$venv/bin/python" \
+      "$GYRE_ROOT/tests/elastic/elastic_partial_local_sgd.py" || fail "elastic_partial_local_sgd.py, rank $kill_rank killed"
   done
 fi
 # Growing back and min_np (docs/elastic.md, "Growing back"): the C++ tests

@@ -254,3 +254,19 @@ def test_push_many_takes_a_staleness_and_policy_per_tensor(rank, size):
             with pytest.raises(gyre.InvalidArgumentError, match="one output per name"):
                 store.pull_many(["a"], [torch.zeros(4), torch.zeros(4)])
         gyre.barrier()
+
+
+def test_discard_stops_the_store_without_a_collective(rank, size):
+    store = gyre.ps.ParameterStore()
+    store.register("w", torch.ones(4))
+    assert torch.equal(store.pull("w")[0], torch.ones(4))
+    gyre.barrier()  # nobody is still calling it
+    store.discard()
+    with pytest.raises(gyre.StateError, match="discarded"):
+        store.pull("w")
+    with pytest.raises(gyre.StateError, match="discarded"):
+        store.push("w", torch.ones(4), (0,))
+    # A new store over the same ranks takes the same names again.
+    with gyre.ps.ParameterStore() as again:
+        again.register("w", torch.full((4,), 2.0))
+        assert torch.equal(again.pull("w")[0], torch.full((4,), 2.0))

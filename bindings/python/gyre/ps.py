@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _gyre
 from .basics import check_process_set
-from .exceptions import InvalidArgumentError
+from .exceptions import InvalidArgumentError, StateError
 
 __all__ = ["ParameterStore", "Version", "StoreHandle"]
 
@@ -85,6 +85,13 @@ class _Registered:
         return numpy.empty(self.shape, dtype=self.dtype)
 
 
+class _Discarded:
+    """What a discarded ParameterStore calls instead of its store."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise StateError("ParameterStore: the store was discarded (discard()); open a new one")
+
+
 class ParameterStore:
     """A versioned, sharded parameter store over the ranks of ``process_set``
     (None: every rank). Construction, ``register`` and ``close`` are
@@ -124,6 +131,16 @@ class ParameterStore:
             self._pool.shutdown(wait=True)
             self._pool = None
         self._store.close()
+
+    def discard(self) -> None:
+        """Not collective: stops serving this rank's shards at once and lets
+        go of the store, for a store that cannot be closed together: after
+        a member's death under elastic training (its calls then raise
+        RankFailedError). Later calls raise StateError."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+        self._store = _Discarded()
 
     def __enter__(self) -> "ParameterStore":
         return self

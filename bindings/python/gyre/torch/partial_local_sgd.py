@@ -56,7 +56,7 @@ import torch
 import gyre
 from gyre.torch._wrapper import OptimizerWrapper
 from gyre.basics import check_process_set
-from gyre.exceptions import InvalidArgumentError
+from gyre.exceptions import InvalidArgumentError, RankFailedError
 from gyre.ps import ParameterStore
 
 __all__ = ["PartialLocalSGD"]
@@ -90,15 +90,35 @@ class PartialLocalSGD(OptimizerWrapper):
         if timeout_s is None:
             timeout_s = float(os.environ.get("GYRE_STALL_SHUTDOWN_S", "600") or 0) or 600.0
         self.timeout_s = float(timeout_s)
-        self._ranks = list(process_set.ranks) if sid else list(range(gyre.size()))
-        self._n = len(self._ranks)
-        self._me = self._ranks.index(gyre.rank())
+        self._process_set = process_set
+        self._sid = sid
+        self._make_outer = outer_optimizer or functools.partial(torch.optim.SGD, lr=1.0)
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._buffers = [b for b in model.buffers() if b.dtype.is_floating_point]
         self._np = sum(p.numel() for p in self._params)
         self._nb = sum(b.numel() for b in self._buffers)
+        self.local_step = 0
+        self.rounds_late = 0        # rounds this rank arrived at after they had closed
+        # Whether the last step() adopted a new round (TorchState: commit then).
+        self.completed_round = False
+        # False under a TorchState (gyre.torch.elastic), which then counts the
+        # commits: state.commit() after each step whose completed_round is True.
+        self._gyre_auto_commit = True
+        self._rounds_before = 0     # rounds of the stores before this one (elastic)
+        self.store: Optional[ParameterStore] = None
+        self._aggregator: Optional[_Aggregator] = None
+        self._open_store()
+
+    def _open_store(self) -> None:
+        """Collective: the store over the set's ranks now, holding this
+        rank's model (every rank's must be the same: the set's first rank's
+        is registered), and the aggregator on the set's first rank."""
+        process_set = self._process_set
+        self._ranks = list(process_set.ranks) if self._sid else list(range(gyre.size()))
+        self._n = len(self._ranks)
+        self._me = self._ranks.index(gyre.rank())
         n = self._n
-        self.store = ParameterStore(process_set, timeout_s=timeout_s)
+        self.store = ParameterStore(process_set, timeout_s=self.timeout_s)
         self.store.register(f"{_PREFIX}.model", self._flat_local())
         for i in range(n):
             self.store.register(f"{_PREFIX}.slot.{i}", torch.zeros(self._np + self._nb + 1))
@@ -112,28 +132,26 @@ class PartialLocalSGD(OptimizerWrapper):
         self._posted = torch.zeros(3 * n, dtype=torch.int64)  # this rank's part of it
         self._shards: Dict[str, int] = {}
         self._final_meta: Optional[torch.Tensor] = None
-        self.local_step = 0
-        self.version = 0            # the round of the model this rank works from
-        self.rounds_late = 0        # rounds this rank arrived at after they had closed
+        self._store_round = 0       # the round of this store's model this rank works from
         self._seen_rejected = 0
         self._synced = torch.empty(self._np)
         self._adopt(self._pull_model())
-        self._aggregator: Optional[_Aggregator] = None
         if self._me == 0:
-            make = outer_optimizer or functools.partial(torch.optim.SGD, lr=1.0)
-            self._aggregator = _Aggregator(self, make)
+            self._aggregator = _Aggregator(self, self._make_outer)
             self._aggregator.start()
 
     # -- the optimizer's interface ---------------------------------------------
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"inner": self.optimizer.state_dict(), "local_step": self.local_step}
+        return {"inner": self.optimizer.state_dict(), "local_step": self.local_step,
+                "version": self.version}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["inner"])
         self.local_step = state["local_step"]
 
     def step(self, closure: Any = None) -> Any:
+        self.completed_round = False
         loss = self.optimizer.step(closure)
         self.local_step += 1
         if self.local_step % self.period == 0:
@@ -151,14 +169,14 @@ class PartialLocalSGD(OptimizerWrapper):
         self._wait(lambda m: m[3 + me] >= posted, "its previous contribution to be consumed")
         with torch.no_grad():
             pseudo = self._synced - torch.cat([p.detach().reshape(-1).float() for p in self._params])
-            contribution = torch.cat([pseudo, self._flat_buffers(), torch.tensor([float(self.version + 1)])])
+            contribution = torch.cat([pseudo, self._flat_buffers(), torch.tensor([float(self._store_round + 1)])])
         self._add(f"{_PREFIX}.slot.{me}", contribution)  # into an empty mailbox: exact
         delta = torch.zeros(3 * n, dtype=torch.int64)
         delta[me] = 1
-        delta[n + me] = self.version - int(self._posted[n + me])
+        delta[n + me] = self._store_round - int(self._posted[n + me])
         self._add(f"{_PREFIX}.posted", delta)
         self._posted += delta
-        base = self.version
+        base = self._store_round
         meta = self._wait(lambda m: m[0] > base, f"round {base + 1} to close")
         if meta[3 + n + me] != base + 1:  # round base + 1 closed without this contribution
             self.rounds_late += 1
@@ -208,6 +226,54 @@ class PartialLocalSGD(OptimizerWrapper):
         """On the aggregator's rank: every closed round (its number, the
         ranks merged on time, merged late, rejected); elsewhere empty."""
         return list(self._aggregator.history) if self._aggregator else []
+
+    @property
+    def version(self) -> int:
+        """The round of the model this rank works from, counted over the
+        whole training (after an elastic recovery: the rounds before it
+        plus the new store's)."""
+        return self._rounds_before + self._store_round
+
+    # -- elastic training (gyre.torch.elastic.TorchState) ------------------------
+
+    def register_step_pre_hook(self, hook: Callable) -> Any:
+        """The inner optimizer's: ``hook`` runs before every step()."""
+        return self.optimizer.register_step_pre_hook(hook)
+
+    def _gyre_elastic_reset(self) -> None:
+        """After a rank's death and the rebuild: the store was over the old
+        world (its calls now raise RankFailedError) and its aggregator may
+        have been on the dead rank. Stops this rank's aggregator, if any,
+        and drops the store without a collective; _gyre_elastic_sync opens
+        a new one."""
+        self.completed_round = False
+        if self._aggregator is not None:
+            self._aggregator.stop.set()
+            self._aggregator.join(self.timeout_s)
+            self._aggregator = None
+        if self.store is not None:
+            self.store.discard()
+            self.store = None
+
+    def _gyre_elastic_sync(self, root_rank: int) -> None:
+        """Every rank takes ``root_rank``'s inner optimizer state and
+        counters (TorchState.sync(), after the model's parameters were
+        broadcast from it); after a recovery, a new store over the
+        survivors holds that model, version 0 counted on from the rounds
+        before (the outer optimizer's state restarts: it was the old
+        aggregator's alone)."""
+        from gyre.objects import broadcast_object
+        from .functions import broadcast_optimizer_state
+
+        broadcast_optimizer_state(self.optimizer, root_rank=root_rank,
+                                  process_set=self._process_set)
+        counters = broadcast_object({"local_step": self.local_step, "rounds": self.version},
+                                    root_rank=root_rank, name="gyre.partial_local_sgd.elastic",
+                                    process_set=self._process_set)
+        self.local_step = counters["local_step"]
+        if self.store is None:
+            self._rounds_before = counters["rounds"]
+            self._open_store()
 
     # -- internals -----------------------------------------------------------------
 
@@ -272,9 +338,12 @@ class PartialLocalSGD(OptimizerWrapper):
         # One commit per round: the version vector's entry of this rank is its
         # round (plus the commits before construction), so ranks that have
         # adopted the same round agree, and after close() every rank does.
-        for _ in range(version - self.version):
-            gyre.commit_step()
-        self.version = version
+        if version > self._store_round:
+            self.completed_round = True
+        if self._gyre_auto_commit:
+            for _ in range(version - self._store_round):
+                gyre.commit_step()
+        self._store_round = version
 
     def _check_rejections(self, meta: torch.Tensor) -> None:
         rejected = int(meta[3 + 3 * self._n + self._me])
@@ -302,11 +371,17 @@ class _Aggregator(threading.Thread):
         self.meta = torch.zeros(3 + 4 * owner._n, dtype=torch.int64)
         self.consumed = [0] * owner._n
         self.history: List[Dict[str, Any]] = []
+        self.stop = threading.Event()  # set by an elastic reset: the store is gone
 
     def run(self) -> None:
         try:
             self._loop()
-            self._publish(finished=1)
+            if not self.stop.is_set():
+                self._publish(finished=1)
+        except RankFailedError as e:
+            # Every rank's own store calls raise it too; an elastic run
+            # recovers and opens a new store with a new aggregator.
+            log.info("PartialLocalSGD: the aggregator stops: %s", e)
         except BaseException:  # every rank must hear of it, not only this thread
             log.exception("PartialLocalSGD: the aggregator failed")
             try:
@@ -319,7 +394,7 @@ class _Aggregator(threading.Thread):
         first_on_time: Optional[float] = None
         waiting_since: Optional[float] = None  # a contribution is posted, no round closes
         nap = 0.0
-        while True:
+        while not self.stop.is_set():
             posted = o.store.pull(f"{_PREFIX}.posted")[0]
             version = int(self.meta[0])
             pending = [i for i in range(n) if int(posted[i]) > self.consumed[i]]

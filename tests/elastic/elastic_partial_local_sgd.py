@@ -1,0 +1,176 @@
+"""Elastic PartialLocalSGD with gyre.torch.elastic under an MPI with ULFM and
+`mpirun --with-ft ulfm -np 3` (run by run_elastic.sh): 3 ranks train a small
+model with PartialLocalSGD (period 4, plain averaging, inner SGD with
+momentum) held by a TorchState, committed after every round adopted. One
+rank (GYRE_TEST_KILL_RANK, default 1; 0 is the aggregator's rank) SIGKILLs
+itself at local step 6, between the first round (step 4) and the second
+(step 8). Rounds wait for every rank (late_after_s is far above the steps'
+time), so the second round cannot close without the dead rank.
+
+The survivors must get the failure as an error from the store (not a hang),
+rebuild, come back to the last commit (the model right after the first
+round, identical on every survivor, local step 4), open a new store with a
+new aggregator on the new first rank, train on to 5 rounds on 2 ranks,
+hold identical parameters after every round (allgather of a checksum), and
+end, after close(), equal to a reference computed here in one process
+without gyre.
+
+Prints "elastic: rank N PASS ..." per survivor."""
+import copy
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import gyre.torch as hvd
+
+PERIOD, ROUNDS, BS, KILL_STEP = 4, 5, 8, 6
+STEPS = PERIOD * ROUNDS
+KILL_RANK = int(os.environ.get("GYRE_TEST_KILL_RANK", "1"))
+HIDDEN, LR = 16, 0.05
+torch.set_num_threads(1)
+
+
+def new_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, HIDDEN), torch.nn.Tanh(),
+                               torch.nn.Linear(HIDDEN, 1))
+
+
+def new_inner(params):
+    return torch.optim.SGD(params, lr=LR, momentum=0.9)
+
+
+def batch(rank, size, step):
+    g = torch.Generator().manual_seed(10000 * size + 100 * rank + step)
+    x = torch.randn(BS, 8, generator=g)
+    return x, torch.sin(x.sum(dim=1, keepdim=True))
+
+
+def loss_of(model, rank, size, step):
+    x, y = batch(rank, size, step)
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def flat(tensors):
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+def checksum(model):
+    v = flat(model.parameters()).double()
+    return torch.stack([v.sum(), (v * torch.arange(1, v.numel() + 1, dtype=torch.float64)).sum()])
+
+
+def reference(root_old_rank):
+    """The expected parameters, in one process: 3 simulated ranks until the
+    commit of the first round (step PERIOD), then 2 from that commit on,
+    whose inner momentum is the sync root's at the commit; every round the
+    mean of the ranks' parameters (PartialLocalSGD's plain averaging with
+    every rank on time)."""
+    models = [new_model() for _ in range(3)]
+    inners = [new_inner(m.parameters()) for m in models]
+    for step in range(STEPS):
+        if step == PERIOD:
+            keep = inners[root_old_rank].state_dict()
+            models, inners = models[:2], inners[:2]
+            for inner in inners:
+                inner.load_state_dict(copy.deepcopy(keep))
+        size = len(models)
+        for r, (m, inner) in enumerate(zip(models, inners)):
+            inner.zero_grad()
+            loss_of(m, r, size, step).backward()
+            inner.step()
+        if (step + 1) % PERIOD == 0:
+            with torch.no_grad():
+                for ps in zip(*[list(m.parameters()) for m in models]):
+                    avg = torch.stack([p.detach() for p in ps]).mean(dim=0)
+                    for p in ps:
+                        p.copy_(avg)
+    return flat(models[0].parameters())
+
+
+def fail(msg):
+    print(f"elastic: rank {start_rank} FAIL: {msg}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+hvd.init()
+start_rank = hvd.rank()
+if not hvd.elastic_enabled():
+    fail("needs a ULFM build run with mpirun --with-ft ulfm")
+model = new_model()
+opt = hvd.PartialLocalSGD(new_inner(model.parameters()), model, period=PERIOD, late_after_s=60.0,
+                          max_staleness=1, timeout_s=120.0)
+state = hvd.elastic.TorchState(model, opt, step=0)
+held = {}        # state.step -> parameters right after its commit
+agreed = []      # per round adopted: (step, ranks, did every rank's checksum agree)
+resets = []
+step_done_at = []
+
+
+def check_restored():
+    resets.append(hvd.size())
+    if state.step != PERIOD:
+        fail(f"restored to step {state.step}, expected the commit of the first round ({PERIOD})")
+    if opt.local_step != PERIOD or opt.version != 1:
+        fail(f"PartialLocalSGD restored to local step {opt.local_step}, round {opt.version}")
+    if not torch.equal(flat(model.parameters()), held[state.step]):
+        fail("the restored parameters differ from what this rank held at the commit")
+    sums = hvd.allgather(checksum(model).unsqueeze(0), name="check.restored")
+    if not all(torch.equal(sums[0], sums[i]) for i in range(sums.shape[0])):
+        fail(f"the restored parameters differ across the survivors: {sums.tolist()}")
+
+
+state.register_reset_callbacks([check_restored])
+
+
+@hvd.elastic.run
+def train(state):
+    while state.step < STEPS:
+        step = state.step
+        if start_rank == KILL_RANK and step == KILL_STEP:
+            os.kill(os.getpid(), signal.SIGKILL)
+        opt.zero_grad()
+        loss_of(model, hvd.rank(), hvd.size(), step).backward()
+        opt.step()
+        state.step = step + 1
+        if opt.completed_round != (state.step % PERIOD == 0):
+            fail(f"completed_round is {opt.completed_round} after local step {state.step}")
+        if opt.completed_round:
+            state.commit()
+            held[state.step] = flat(model.parameters()).clone()
+            sums = hvd.allgather(checksum(model).unsqueeze(0), name=f"check.round.{state.step}")
+            agreed.append((state.step, hvd.size(),
+                           all(torch.equal(sums[0], sums[i]) for i in range(sums.shape[0]))))
+        step_done_at.append((state.step, time.monotonic()))
+    return state.step
+
+
+steps = train(state)
+opt.close()
+if resets != [2]:
+    fail(f"reset callbacks saw sizes {resets}, expected one reset to 2 ranks")
+if steps != STEPS or opt.version != ROUNDS:
+    fail(f"finished at step {steps} at round {opt.version}, expected {STEPS} and {ROUNDS}")
+after = [(s, n, ok) for s, n, ok in agreed if n == 2]
+if [s for s, _, _ in after] != list(range(2 * PERIOD, STEPS + 1, PERIOD)) or \
+        not all(ok for _, _, ok in after):
+    fail(f"rounds after the recovery (step, ranks, checksums agree): {after}")
+if hvd.committed_steps() != ROUNDS:
+    fail(f"committed {hvd.committed_steps()} steps, expected {ROUNDS}")
+old_ranks = [int(r) for r in hvd.allgather(torch.tensor([start_rank]), name="check.old_ranks")]
+root_old = old_ranks[int(state._last_rebuild["root"])]
+want = reference(root_old)
+mine = flat(model.parameters())
+if not torch.allclose(mine, want, rtol=1e-5, atol=1e-6):
+    fail(f"the parameters differ from the reference by {(mine - want).abs().max():.3g}")
+failed_at = getattr(state, "_failure_seen_at", None)
+later = [t for _, t in step_done_at if failed_at is not None and t > failed_at]
+if not later:
+    fail("no failure was seen, or no step completed after it")
+print(f"elastic: rank {start_rank} PASS: {steps} local steps, round {opt.version}, now rank "
+      f"{hvd.rank()} of {hvd.size()}, back to step {PERIOD} after the failure, rebuild "
+      f"{state._last_rebuild['seconds']:.3f} s, recovery {later[0] - failed_at:.3f} s", flush=True)
+hvd.shutdown()
