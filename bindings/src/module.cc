@@ -209,6 +209,7 @@ void bind_divergence(py::module_& m) {
     d["log_depth_rounds"] = st.log_depth_rounds;
     d["negotiation_messages"] = st.negotiation_messages;
     d["negotiation_tier_hosts"] = st.negotiation_tier_hosts;
+    d["caller_rounds"] = st.caller_rounds;
     d["transport_messages"] = st.transport_messages;
     d["transport_bytes"] = st.transport_bytes;
     d["versions"] = st.versions;

@@ -349,6 +349,9 @@ struct RuntimeStats {
   std::uint64_t cache_hits_sent = 0;  // requests sent as a cache bit
   std::uint64_t log_depth_rounds = 0;      // rounds decided in log depth
   std::uint64_t negotiation_messages = 0;  // messages this rank sent negotiating
+  // Of `rounds`, those run by a thread waiting in Handle::wait() instead of
+  // the background thread (GYRE_CALLER_ROUNDS).
+  std::uint64_t caller_rounds = 0;
   // Across hosts of several ranks each (GYRE_HOST_NEGOTIATION=1): the
   // hosts a log-depth round is combined over, by local rank 0 of each
   // (ceil(log2 hosts) messages; the other local ranks send none); 0 when

@@ -152,6 +152,7 @@ RuntimeStats runtime_stats() {
   st.log_depth_rounds = nc.log_depth_rounds;
   st.negotiation_messages = nc.messages;
   st.negotiation_tier_hosts = rt->negotiation_tier_hosts();
+  st.caller_rounds = rt->caller_rounds();
   st.transport_messages = rt->transport_messages();
   st.transport_bytes = rt->transport_bytes();
   st.versions = rt->versions().snapshot();

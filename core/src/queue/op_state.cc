@@ -50,6 +50,7 @@ core::OpState& checked(const std::shared_ptr<core::OpState>& s) {
 
 void Handle::wait() const {
   auto& s = checked(state_);
+  if (!s.done.load(std::memory_order_acquire) && s.driver) s.driver->drive(s);
   if (!s.done.load(std::memory_order_acquire)) {
     std::unique_lock<std::mutex> lock(s.mu);
     s.cv.wait(lock, [&] { return s.done.load(std::memory_order_relaxed); });

@@ -1,7 +1,9 @@
 // OpState: the shared completion record behind a gyre::Handle.
 //
-// Created on the user thread at enqueue; completed (once) by the background
-// thread, or by the user thread that shuts the runtime down. A grouped
+// Created on the user thread at enqueue; completed (once) by the thread
+// running the runtime's rounds (the background thread, or a thread waiting
+// in Handle::wait(): RoundDriver), or by the user thread that shuts the
+// runtime down. A grouped
 // operation shares one OpState among its tensors: it completes when the
 // last member does, with the first error any member had.
 #pragma once
@@ -17,6 +19,22 @@
 #include "gyre/gyre.h"
 
 namespace gyre::core {
+
+struct OpState;
+
+// Lets a thread about to block in Handle::wait() run the runtime's rounds
+// itself instead of waiting for the background thread to run them and wake
+// it (two thread hand-offs per operation). Implemented by the Runtime
+// (runtime/caller_rounds.cc); a runtime that is gone, busy on another
+// thread, or off (GYRE_CALLER_ROUNDS=0) returns at once.
+class RoundDriver {
+ public:
+  virtual ~RoundDriver() = default;
+  // Runs a few rounds on the calling thread while `op` is not done, if no
+  // other thread is running one. Never throws; a round's failure is the
+  // runtime's (fatal error: every pending operation fails).
+  virtual void drive(const OpState& op) noexcept = 0;
+};
 
 struct OpState {
   explicit OpState(int members = 1) : remaining(members) {}
@@ -44,6 +62,10 @@ struct OpState {
   // reserved until then (tensor_queue.h) without keeping the OpState, and
   // its output, alive.
   std::shared_ptr<std::atomic<bool>> taken = std::make_shared<std::atomic<bool>>(false);
+
+  // The runtime that may run its rounds on the waiting thread (set at
+  // enqueue by the TensorQueue); null: none.
+  std::shared_ptr<RoundDriver> driver;
 
   // Results, written by the background thread before completion.
   OwnedTensor output;

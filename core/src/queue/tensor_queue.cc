@@ -72,7 +72,10 @@ void TensorQueue::push(std::vector<LocalEntry> entries) {
     }
     latest_names_.clear();
     latest_taken_.reset();
-    if (!entries.empty() && entries[0].state) latest_taken_ = entries[0].state->taken;
+    if (!entries.empty() && entries[0].state) {
+      latest_taken_ = entries[0].state->taken;
+      if (driver_) entries[0].state->driver = driver_;
+    }
     auto now = Clock::now();
     for (auto& e : entries) {
       if (latest_taken_ && !is_internal(e.request.name)) latest_names_.insert(e.request.name);

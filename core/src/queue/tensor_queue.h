@@ -67,6 +67,9 @@ class TensorQueue {
   // (StateError after a shutdown, RankFailedError after a rank died). The
   // entries become the latest push; they share one OpState (a group).
   void push(std::vector<LocalEntry> entries);
+  // The runtime's RoundDriver, given to every OpState pushed from now on
+  // (Handle::wait() may then run rounds itself). Set once, before any push.
+  void set_driver(std::shared_ptr<RoundDriver> driver) { driver_ = std::move(driver); }
   // Throws the InvalidArgument of push() if `r.name` is in use on this
   // rank. Called before a call's arguments are checked: a second call of a
   // name in use is refused as a duplicate, whatever else is wrong with it,
@@ -125,6 +128,7 @@ class TensorQueue {
   std::size_t size() const;
 
  private:
+  std::shared_ptr<RoundDriver> driver_;  // set before the first push, read-only after
   // Stamps r.seq with the next submission number of r.name. Caller holds mu_.
   void number(Request& r);
   // in_use() with mu_ held.

@@ -125,6 +125,11 @@ const OptionSpec kTable[] = {
   {"GYRE_OP_TIMEOUT_S", "op_timeout_s",
    RealOption{&O::op_timeout_s, 0, kMaxSeconds}, "300", false,
    "Deadline for any single transfer of the background thread (negotiation or data)."},
+  {"GYRE_CALLER_ROUNDS", "caller_rounds",
+   IntegerOption{&O::caller_rounds, 0, 1}, "1", false,
+   "1: a thread that waits for an operation (C++ `Handle::wait()`) runs the negotiation rounds "
+   "itself when no other thread of its rank is running one, instead of waiting for the "
+   "background thread to run them and wake it."},
   {"GYRE_P2P_ON_COORDINATOR", "p2p_on_coordinator",
    IntegerOption{&O::p2p_on_coordinator, 0, 1}, "0", false,
    "1: point-to-point operations (`send_async`, `recv_async`) are driven by the world runtime's "

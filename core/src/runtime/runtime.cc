@@ -21,8 +21,6 @@ namespace gyre::core {
 
 namespace {
 
-// Longest sleep between idle negotiation rounds (see loop()).
-constexpr std::chrono::microseconds kIdleCycleMax{16000};
 // Longest nap of the background thread's waits (GYRE_SPIN_WAIT_US).
 constexpr std::chrono::microseconds kMaxNap{200};
 // Least deadline of the first round (see loop()).
@@ -116,6 +114,7 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
   if (info_.p2p) info_.p2p->set_wake([this] { queue_.nudge(); });
   log_.debug("runtime started: {} ranks over {}, fusion threshold {} B, cycle {} ms", size_,
              t_->name(), opt_.fusion_threshold_bytes, opt_.cycle_time_ms);
+  queue_.set_driver(callers_);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -276,12 +275,18 @@ void Runtime::shutdown() {
   shutdown_requested_ = true;
   queue_.wake();
   if (thread_.joinable()) thread_.join();
+  {
+    // A caller running a round holds the mutex: it finishes first.
+    std::lock_guard<std::mutex> lock(callers_->mu);
+    callers_->runtime = nullptr;
+  }
   fail_all(ErrorKind::kState,
            info_.process_set != 0
                ? fmt::format("process set {} was removed (remove_process_set) with this "
                              "operation pending", info_.process_set)
                : std::string("gyre was shut down with this operation pending"));
-  log_.debug("runtime stopped after {} rounds", rounds_.load());
+  log_.debug("runtime stopped after {} rounds ({} run by waiting callers)", rounds_.load(),
+             caller_rounds_run_.load());
 }
 
 void Runtime::fail_all(ErrorKind kind, const std::string& why) {
@@ -296,82 +301,6 @@ void Runtime::fail_all(ErrorKind kind, const std::string& why) {
     join.swap(join_state_);
   }
   if (join) join->complete_one(make_error(kind, fmt::format("join(): {}", why)));
-}
-
-void Runtime::loop() {
-  // Floored (options_table.h): a cycle of 0 would run rounds back to back.
-  const auto cycle = std::chrono::microseconds(
-      static_cast<long>(std::max(opt_.cycle_time_ms, kMinCycleTimeMs) * 1000.0));
-  auto deadline = [](double seconds) {
-    return std::chrono::milliseconds(std::max<long>(1, static_cast<long>(seconds * 1000.0)));
-  };
-  // Idle rounds (nothing enqueued, pending or said by any rank) come
-  // further apart, the sleep doubling from the cycle time up to
-  // kIdleCycleMax: each round is an exchange with every rank, and a rank
-  // waiting for a peer busy elsewhere contends with its own process's MPI
-  // calls and computation. Latency does not suffer: an enqueue wakes its
-  // rank at once, and a round can complete nothing before every rank has
-  // enqueued the tensor anyway. A joined rank keeps the cycle time, since
-  // the others' tensors wait for its rounds.
-  auto idle_sleep = cycle;
-  const auto spin = spin_time();
-  const auto idle_max = std::max(cycle, kIdleCycleMax);
-  bool first = true;
-  // The first round doubles as the start-up barrier: ranks may reach init()
-  // seconds apart, so it gets at least kStartupTimeoutS; a rank whose init()
-  // failed after creating its transport still ends the job then.
-  if (opt_.op_timeout_s > 0) t_->set_timeout(deadline(std::max(opt_.op_timeout_s, kStartupTimeoutS)));
-  try {
-    while (true) {
-      if (!first) {
-        idle_sleep = last_round_idle_ ? std::min(2 * idle_sleep, idle_max) : cycle;
-        // After a round that ran operations the caller's next one often
-        // follows at once: poll for it first (see TensorQueue).
-        wait_for_work(idle_sleep, last_round_ran_ ? spin : std::chrono::microseconds(0));
-      }
-      if (!round()) break;
-      if (first) {
-        first = false;
-        if (opt_.op_timeout_s > 0) t_->set_timeout(deadline(opt_.op_timeout_s));
-      }
-    }
-  } catch (const std::exception& e) {
-    fatal(e);
-  }
-  stopped_ = true;
-  // Nothing drives the engine any more: what is pending fails, later
-  // operations are refused (StateError), none waits for a loop that is gone.
-  if (info_.p2p) info_.p2p->stop();
-}
-
-void Runtime::wait_for_work(std::chrono::microseconds timeout, std::chrono::microseconds spin) {
-  if (!info_.p2p) {
-    queue_.wait_for_work(timeout, spin);
-    return;
-  }
-  // The engine's own thread's policy (p2p_engine.cc): while operations are
-  // pending, a few passes back to back, then naps doubling from 10 us to
-  // 1 ms; with none, sleep until a submission nudges the queue.
-  const auto round_due = std::chrono::steady_clock::now() + timeout;
-  int quiet = 0;
-  for (;;) {
-    const P2pEngine::Pass p = info_.p2p->service();
-    quiet = p.moved ? 0 : quiet + 1;
-    const auto now = std::chrono::steady_clock::now();
-    if (queue_.has_work() || now >= round_due) return;
-    auto wait = std::chrono::duration_cast<std::chrono::microseconds>(round_due - now);
-    if (p.pending) {
-      wait = std::min(wait, quiet <= 16 ? std::chrono::microseconds(0)
-                                        : std::chrono::microseconds(std::min(
-                                              1000, 10 << std::min(quiet - 16, 7))));
-    }
-    if (wait.count() == 0) {
-      std::this_thread::yield();
-    } else {
-      queue_.wait_for_work(wait, spin);
-      spin = std::chrono::microseconds(0);
-    }
-  }
 }
 
 void Runtime::fatal(const std::exception& e) {

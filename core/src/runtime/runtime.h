@@ -89,6 +89,20 @@ struct RuntimeInfo {
 // ranks may reach init() seconds apart; zero (forever) when it is 0.
 std::chrono::milliseconds startup_deadline(const Options& opt);
 
+class Runtime;
+
+// The RoundDriver the runtime gives its operations (runtime/rounds.cc):
+// `mu` is held by whichever thread runs a round, the background thread or a
+// caller in Handle::wait(); `runtime` is null once the runtime has stopped.
+class CallerRounds final : public RoundDriver {
+ public:
+  explicit CallerRounds(Runtime* r) : runtime(r) {}
+  void drive(const OpState& op) noexcept override;
+
+  std::mutex mu;
+  Runtime* runtime;  // guarded by mu
+};
+
 class Runtime {
  public:
   Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, RuntimeInfo info);
@@ -139,6 +153,8 @@ class Runtime {
 
   // Statistics for tests and benchmarks (background-thread counters).
   std::uint64_t rounds() const { return rounds_.load(); }
+  // Of them, those run by a thread waiting in Handle::wait() (rounds.cc).
+  std::uint64_t caller_rounds() const { return caller_rounds_run_.load(); }
   // The negotiation's counters as of the last round this rank completed,
   // read together: the messages of a round still in progress are not in
   // them, so messages and rounds agree with each other (each counter read
@@ -179,6 +195,11 @@ class Runtime {
   // any rank's option is out of range (see runtime.cc and options_table.h).
   void agree_at_start(ErrorKind failure_kind, const std::string& failure);
   bool round();  // false: leave the loop
+  // rounds.cc: rounds on a caller's thread (callers_->mu held) while `op`
+  // is not done; whether callers may run them at all (GYRE_CALLER_ROUNDS).
+  friend class CallerRounds;
+  void drive_for(const OpState& op);
+  bool callers_may_run_rounds() const;
   // A VERSION_LAG counter event when the version vector changed (timeline on).
   void record_versions();
   void fail_all(ErrorKind kind, const std::string& why);
@@ -231,6 +252,13 @@ class Runtime {
   std::atomic<int> cuda_device_{-1};         // claim_cuda_device(); -1: none yet
   // info_.cross wrapped to count its traffic; set before the thread starts.
   std::shared_ptr<transport::CountingTransport> cross_counted_;
+  // Rounds run by a waiting caller (rounds.cc); the fields below it are
+  // guarded by callers_->mu.
+  std::shared_ptr<CallerRounds> callers_ = std::make_shared<CallerRounds>(this);
+  bool rounds_finished_ = false;     // the last round was run (shutdown, fatal error)
+  bool callers_run_rounds_ = false;  // after the first round, if callers may
+  std::atomic<std::uint64_t> caller_rounds_run_{0};  // rounds run by waiting callers
+  std::chrono::microseconds caller_grace_{0};        // background thread only
   std::thread thread_;
 };
 
