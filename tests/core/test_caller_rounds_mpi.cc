@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "gyre/gyre.h"
+#include "gyre/view.h"
 #include "mpi_session.h"
 
 using namespace gyre;
@@ -22,10 +23,6 @@ using test::Session;
 using test::test_options;
 
 namespace {
-
-TensorView view(std::vector<float>& v) {
-  return TensorView{v.data(), DataType::kFloat32, {static_cast<std::int64_t>(v.size())}};
-}
 
 // `count` allreduces of 2 floats, each waited for at once; returns the
 // elements that were wrong.

@@ -25,9 +25,11 @@ import time
 import torch
 
 import gyre.torch as hvd
+import local_sgd_task
+from local_sgd_task import checksum, flat, loss_of
 import kill_in_send
 
-PERIOD, ROUNDS, BS, KILL_STEP = 4, 5, 8, 6
+PERIOD, ROUNDS, KILL_STEP = 4, 5, 6
 STEPS = PERIOD * ROUNDS
 KILL_RANK = int(os.environ.get("GYRE_TEST_KILL_RANK", "1"))
 KILL_IN_SEND = kill_in_send.ENABLED
@@ -40,35 +42,11 @@ torch.set_num_threads(1)
 
 
 def new_model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, HIDDEN), torch.nn.Tanh(),
-                               torch.nn.Linear(HIDDEN, 1))
+    return local_sgd_task.new_model(HIDDEN)
 
 
 def new_inner(params):
-    return torch.optim.SGD(params, lr=LR, momentum=0.9)
-
-
-def batch(rank, size, step):
-    """Rank `rank` of `size`'s batch at local step `step`."""
-    g = torch.Generator().manual_seed(10000 * size + 100 * rank + step)
-    x = torch.randn(BS, 8, generator=g)
-    return x, torch.sin(x.sum(dim=1, keepdim=True))
-
-
-def loss_of(model, rank, size, step):
-    x, y = batch(rank, size, step)
-    return torch.nn.functional.mse_loss(model(x), y)
-
-
-def flat(tensors):
-    return torch.cat([t.detach().reshape(-1) for t in tensors])
-
-
-def checksum(model):
-    """Two float64 sums of the parameters: plain and weighted by position."""
-    v = flat(model.parameters()).double()
-    return torch.stack([v.sum(), (v * torch.arange(1, v.numel() + 1, dtype=torch.float64)).sum()])
+    return local_sgd_task.new_inner(params, LR)
 
 
 def reference(root_old_rank):

@@ -26,41 +26,12 @@
 #include "gyre/partial_local_sgd.h"
 #include "gyre/view.h"
 
-#include "../core/mpi_session.h"
+#include "local_sgd_model.h"
 
 using namespace gyre;
+using namespace gyre::test_lsgd;
 
 namespace {
-
-// A gyre session per test case; a stalled collective ends the job after 60 s.
-struct Session : test::Session {
-  Session() : test::Session(test::test_options_with_stall_shutdown(60)) {}
-};
-
-constexpr double kLr = 0.05;  // the inner SGD's learning rate
-
-// The job's parameters: w (float32, 3x4) and b (float64, 5); before the
-// start each rank holds its own values, 0.01 k + `owner`.
-struct Model {
-  std::vector<float> w = std::vector<float>(12);
-  std::vector<double> b = std::vector<double>(5);
-
-  explicit Model(int owner) {
-    std::vector<double> v(17);
-    for (std::size_t k = 0; k < v.size(); ++k) v[k] = 0.01 * static_cast<double>(k) + owner;
-    set(v);
-  }
-  std::vector<TensorView> views() { return {view(w, {3, 4}), view(b)}; }
-  std::vector<double> flat() const {
-    std::vector<double> v(w.begin(), w.end());
-    v.insert(v.end(), b.begin(), b.end());
-    return v;
-  }
-  void set(const std::vector<double>& v) {
-    for (std::size_t k = 0; k < w.size(); ++k) w[k] = static_cast<float>(v[k]);
-    for (std::size_t k = 0; k < b.size(); ++k) b[k] = v[w.size() + k];
-  }
-};
 
 // As the Model holds θ: elements 0..11 rounded to float32.
 std::vector<double> as_held(std::vector<double> theta) {
@@ -68,35 +39,12 @@ std::vector<double> as_held(std::vector<double> theta) {
   return theta;
 }
 
-// Rank r's inner SGD step t on θ: gradient 0.5 θ + sin(0.37 k + 1.3 (r + 1)
-// + 0.19 t), different on every rank.
+// Rank r's inner SGD step t on θ (local_sgd_model.h's gradient), as the
+// Model would hold the result.
 void inner_update(std::vector<double>& theta, int r, int t) {
-  for (std::size_t k = 0; k < theta.size(); ++k) {
-    theta[k] -= kLr * (0.5 * theta[k] +
-                       std::sin(0.37 * static_cast<double>(k) + 1.3 * (r + 1) + 0.19 * t));
-  }
+  const std::vector<double> g = gradient(theta, r, t);
+  for (std::size_t k = 0; k < theta.size(); ++k) theta[k] -= kLr * g[k];
   theta = as_held(std::move(theta));
-}
-
-void inner_step(Model& m, int t) {
-  std::vector<double> theta = m.flat();
-  inner_update(theta, rank(), t);
-  m.set(theta);
-}
-
-// Every rank's `mine`, rank after rank.
-std::vector<std::vector<double>> gather(const std::string& name, const std::vector<double>& mine) {
-  Handle h = allgather_async(name, view(mine));
-  h.wait();
-  const OwnedTensor& out = h.output();
-  std::vector<double> all(out.data.size() / sizeof(double));
-  std::memcpy(all.data(), out.data.data(), out.data.size());
-  std::vector<std::vector<double>> per_rank;
-  for (std::size_t at = 0; at < all.size(); at += mine.size()) {
-    per_rank.emplace_back(all.begin() + static_cast<std::ptrdiff_t>(at),
-                          all.begin() + static_cast<std::ptrdiff_t>(at + mine.size()));
-  }
-  return per_rank;
 }
 
 // Whether every rank passed the same values.
@@ -106,16 +54,6 @@ bool same_on_every_rank(const std::string& name, const std::vector<double>& mine
     if (v != all.front()) return false;
   }
   return true;
-}
-
-// Elements 0..11 are float32 (w), 12..16 float64 (b): each with its tolerance.
-void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol32,
-                 double tol64, const std::string& what) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t k = 0; k < got.size(); ++k) {
-    INFO(fmt::format("{}: element {} is {:.12g}, expected {:.12g}", what, k, got[k], want[k]));
-    CHECK(std::abs(got[k] - want[k]) <= (k < 12 ? tol32 : tol64));
-  }
 }
 
 std::vector<double> as_doubles(const std::vector<std::int64_t>& v) {
