@@ -168,3 +168,21 @@ def test_refusals():
         hvd.PartialLocalSGD(sgd, model, period=2, late_after_s=-1.0)
     with pytest.raises(gyre.InvalidArgumentError, match="max_staleness"):
         hvd.PartialLocalSGD(sgd, model, period=2, late_after_s=1.0, max_staleness=-1)
+    with pytest.raises(gyre.InvalidArgumentError, match="warmup_steps"):
+        hvd.PartialLocalSGD(sgd, model, period=2, late_after_s=1.0, warmup_steps=-1)
+
+
+def test_warmup_steps_each_end_in_a_round(rank, size):
+    model = _net()
+    opt = hvd.PartialLocalSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, period=4,
+                              late_after_s=30.0, warmup_steps=3)
+    # Rounds after steps 1, 2, 3 (the warm-up), then 4 and 8.
+    versions = []
+    for step in range(1, 10):
+        _inner_step(opt, model, rank, step)
+        opt.step()
+        versions.append(opt.version)
+        digests = gyre.allgather_object(_digest(model), name=f"warmup.digest.{step}")
+        assert (len(set(digests)) == 1) == (step in (1, 2, 3, 4, 8)), (step, digests)
+    assert versions == [1, 2, 3, 4, 4, 4, 4, 5, 5]
+    opt.close()

@@ -6,9 +6,10 @@
 // its first round) does not hold the others, its late contribution is merged
 // (max_staleness 10) or rejected (max_staleness 0) and counted, and after
 // close() every rank holds the same model; waits end in TimeoutError or the
-// aggregator's failure in StateError, never a hang; bad arguments are
-// refused naming the problem; on a process set that leaves rank 0 out, the
-// set's first rank aggregates and rounds are no commits. The model is a
+// aggregator's failure in StateError, never a hang; every step of a
+// warm-up ends in a round; bad arguments are refused naming the problem; on
+// a process set that leaves rank 0 out, the set's first rank aggregates and
+// rounds are no commits. The model is a
 // float32 tensor and a float64 one (so the store's tensors are float64).
 #include <catch2/catch.hpp>
 
@@ -269,6 +270,25 @@ TEST_CASE("partial local SGD: the aggregator's failure reaches every rank as Sta
   CHECK_THROWS_AS(sgd.close(), StateError);
 }
 
+TEST_CASE("partial local SGD: every step of the warm-up ends in a round", "[mpi]") {
+  Session s;
+  Model m(rank());
+  PartialLocalSgd sgd({.period = 4, .warmup_steps = 3, .late_after_s = 30}, m.views());
+  // Rounds after steps 1, 2, 3 (the warm-up), then 4 and 8.
+  const std::vector<bool> rounds = {true, true, true, true, false, false, false, true, false};
+  std::int64_t version = 0;
+  for (int t = 1; t <= static_cast<int>(rounds.size()); ++t) {
+    inner_step(m, t);
+    INFO(fmt::format("step {}", t));
+    const bool ran = rounds[static_cast<std::size_t>(t - 1)];
+    CHECK(sgd.step() == ran);
+    version += ran;
+    CHECK(sgd.version() == version);
+    CHECK(same_on_every_rank(fmt::format("test.pls.warmup.{}", t), m.flat()) == ran);
+  }
+  sgd.close();
+}
+
 TEST_CASE("partial local SGD: bad arguments are refused, naming the problem", "[mpi]") {
   Session s;
   Model m(rank());
@@ -278,6 +298,7 @@ TEST_CASE("partial local SGD: bad arguments are refused, naming the problem", "[
     CHECK_THROWS_WITH(PartialLocalSgd(o, std::move(params)), Catch::Contains(says));
   };
   refused({.period = 0}, m.views(), "period must be >= 1, got 0");
+  refused({.warmup_steps = -1}, m.views(), "warmup_steps must be >= 0, got -1");
   refused({.late_after_s = -1}, m.views(), "late_after_s must be >= 0");
   refused({.late_after_s = std::nan("")}, m.views(), "late_after_s must be >= 0");
   refused({.max_staleness = -1}, m.views(), "max_staleness must be >= 0, got -1");

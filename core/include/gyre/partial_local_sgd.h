@@ -78,6 +78,7 @@ namespace gyre {
 
 struct PartialLocalSgdOptions {
   int period = 1;              // inner steps per round, >= 1
+  int warmup_steps = 0;        // the first warmup_steps steps each end in a round, >= 0
   // A round closes at most this long after its first on-time post, >= 0.
   double late_after_s = 1.0;
   int max_staleness = 1;       // rounds a late contribution may lag and still be merged, >= 0
@@ -118,7 +119,8 @@ class PartialLocalSgd {
   // dtypes are fine), updated in place. Collective over the process set:
   // makes the store and registers the model, the set's first rank's
   // parameters, which every rank then starts from. Throws InvalidArgument
-  // naming the problem for a period below 1, a negative or non-finite
+  // naming the problem for a period below 1, negative warm-up steps, a
+  // negative or non-finite
   // late_after_s, a negative max_staleness, an lr that is not positive, a
   // momentum outside [0, 1), Nesterov without momentum, an empty name or
   // parameter list, a parameter of another dtype, off the host, with a null
@@ -136,7 +138,8 @@ class PartialLocalSgd {
   PartialLocalSgd& operator=(PartialLocalSgd&&) noexcept;
 
   // Called after each of the job's own (inner) updates: counts the step and
-  // at every period-th runs round(). Returns true when it did.
+  // at every period-th (and every step of the warm-up) runs round().
+  // Returns true when it did.
   bool step();
   // Posts this rank's contribution, waits for the round after its version
   // to close (at most late_after_s after the first on-time contribution,

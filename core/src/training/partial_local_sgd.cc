@@ -25,6 +25,7 @@ namespace {
 void check_options(const PartialLocalSgdOptions& o) {
   auto bad = [](const std::string& what) { throw InvalidArgument("PartialLocalSgd: " + what); };
   if (o.period < 1) bad(fmt::format("period must be >= 1, got {}", o.period));
+  if (o.warmup_steps < 0) bad(fmt::format("warmup_steps must be >= 0, got {}", o.warmup_steps));
   if (!(o.late_after_s >= 0 && std::isfinite(o.late_after_s))) {
     bad(fmt::format("late_after_s must be >= 0 and finite, got {}", o.late_after_s));
   }
@@ -178,7 +179,9 @@ void PartialLocalSgd::State::check_rejections(const std::vector<std::int64_t>& m
 bool PartialLocalSgd::step() {
   State& st = *state_;
   ++st.local_steps;
-  if (st.local_steps % st.options.period != 0) return false;
+  if (st.local_steps > st.options.warmup_steps && st.local_steps % st.options.period != 0) {
+    return false;
+  }
   round();
   return true;
 }

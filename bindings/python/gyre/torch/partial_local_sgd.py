@@ -73,9 +73,13 @@ class PartialLocalSGD(OptimizerWrapper):
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, period: int,
                  late_after_s: float, max_staleness: int = 1,
                  outer_optimizer: Optional[Callable[[List[torch.Tensor]], torch.optim.Optimizer]] = None,
-                 process_set: Any = None, timeout_s: Optional[float] = None) -> None:
+                 process_set: Any = None, timeout_s: Optional[float] = None,
+                 warmup_steps: int = 0) -> None:
         if period < 1:
             raise InvalidArgumentError(f"PartialLocalSGD: period must be >= 1, got {period}")
+        if warmup_steps < 0:
+            raise InvalidArgumentError(
+                f"PartialLocalSGD: warmup_steps must be >= 0, got {warmup_steps}")
         if not late_after_s >= 0:
             raise InvalidArgumentError(f"PartialLocalSGD: late_after_s must be >= 0, got {late_after_s}")
         if max_staleness < 0:
@@ -85,6 +89,7 @@ class PartialLocalSGD(OptimizerWrapper):
         self.optimizer = optimizer
         self.model = model
         self.period = period
+        self.warmup_steps = warmup_steps
         self.late_after_s = float(late_after_s)
         self.max_staleness = max_staleness
         if timeout_s is None:
@@ -154,7 +159,7 @@ class PartialLocalSGD(OptimizerWrapper):
         self.completed_round = False
         loss = self.optimizer.step(closure)
         self.local_step += 1
-        if self.local_step % self.period == 0:
+        if self.local_step <= self.warmup_steps or self.local_step % self.period == 0:
             self.round()
         return loss
 
