@@ -29,9 +29,11 @@
 // InvalidArgument on the calling rank only: the store is one-sided, nothing
 // is announced. A request an owner does not answer within the deadline
 // throws TimeoutError naming the owner. Under ULFM a member's death ends
-// the store on every member: the calls that follow (on this rank's own
-// shards excepted) throw RankFailedError naming the dead member; a push
-// the dead member was sending was applied whole or not at all.
+// the store on every member: the calls that follow throw RankFailedError
+// naming the dead member (a call on this rank's own shards only, once this
+// rank's server has seen the death, which its waits for requests report
+// within milliseconds); a push the dead member was sending was applied
+// whole or not at all.
 //
 // Threads: the constructor, register_tensor() and close() are collective
 // over the set (one thread of each member, the same order); pull() and

@@ -43,6 +43,9 @@ void ParameterStore::Impl::serve() {
       source = channel->receive_any(kRequestTag, message);
     } catch (const std::exception& e) {
       log.error("parameter store: the server stops: {}", e.what());
+      server_failure = e.what();
+      server_failure_rank = dynamic_cast<const RankFailedError*>(&e) != nullptr;
+      server_failed.store(true, std::memory_order_release);
       return;
     }
     if (source) {
