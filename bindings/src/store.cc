@@ -128,6 +128,7 @@ void bind_store(py::module_& m) {
              return out;
            })
       .def("shard_owners", &ParameterStore::shard_owners)
+      .def("check_members", &ParameterStore::check_members)
       .def("stats",
            [](const ParameterStore& s) {
              const StoreStats st = s.stats();

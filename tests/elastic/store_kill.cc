@@ -18,7 +18,9 @@
 //    live owner a request happened to go to;
 //  - find its own shard whole: every element equal to the shard's version
 //    (each applied push adds 1 everywhere and 1 to the version), so a
-//    request cut short by the death was applied in full or not at all.
+//    request cut short by the death was applied in full or not at all;
+//  - have check_members() raise RankFailedError within 10 s (reads of its
+//    own shard go on; this is how a loop reading only those learns of it).
 // Then the survivors drop the store, rebuild the world and shut gyre down
 // (an exit without a crash), and print "elastic: rank N PASS".
 #include <chrono>
@@ -162,6 +164,24 @@ int main() {
                            names[me], i, got[static_cast<std::size_t>(i)], version[0]));
     }
   }
+  // The own shard's reads go on; check_members() says a member died, so
+  // that a loop reading only its own shards learns of it (this rank's
+  // server sees the death by itself, within the deadline).
+  std::string members_error;
+  const auto asked = Clock::now();
+  while (members_error.empty()) {
+    try {
+      store->check_members();
+    } catch (const gyre::RankFailedError& e) {
+      members_error = e.what();
+      break;
+    }
+    if (std::chrono::duration<double>(Clock::now() - asked).count() > 10) {
+      fail(me, "check_members() did not report the death within 10 s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::fprintf(stderr, "elastic: rank %d: check_members(): %.300s\n", me, members_error.c_str());
   std::fprintf(stderr, "elastic: rank %d: first error (call to rank %d's tensor): %.300s\n", me,
                failed_on, first_error.c_str());
   std::fprintf(stderr, "elastic: rank %d: call to rank %d's tensor: %.300s\n", me, other,

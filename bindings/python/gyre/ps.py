@@ -239,6 +239,15 @@ class ParameterStore:
         return StoreHandle(self._executor().submit(self.push, name, delta, base_version, staleness,
                                                    policy, shards))
 
+    def check_members(self) -> None:
+        """Raises RankFailedError if this rank's store server has stopped
+        because a member died (under ULFM; it sees that within
+        milliseconds), StateError if it stopped on another error. Calls on
+        this rank's own shards do not check it (they go on after a death):
+        a loop that may read only its own shards while it waits for the
+        others calls this to learn of a death."""
+        self._store.check_members()
+
     def shard_owners(self, name: str) -> List[int]:
         """The rank owning each shard of ``name``."""
         return list(self._store.shard_owners(name))

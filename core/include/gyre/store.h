@@ -29,11 +29,10 @@
 // InvalidArgument on the calling rank only: the store is one-sided, nothing
 // is announced. A request an owner does not answer within the deadline
 // throws TimeoutError naming the owner. Under ULFM a member's death ends
-// the store on every member: the calls that follow throw RankFailedError
-// naming the dead member (a call on this rank's own shards only, once this
-// rank's server has seen the death, which its waits for requests report
-// within milliseconds); a push the dead member was sending was applied
-// whole or not at all.
+// the store on every member: the calls that follow (on this rank's own
+// shards excepted) throw RankFailedError naming the dead member, and so
+// does check_members() once this rank's server has seen the death; a push
+// the dead member was sending was applied whole or not at all.
 //
 // Threads: the constructor, register_tensor() and close() are collective
 // over the set (one thread of each member, the same order); pull() and
@@ -141,6 +140,13 @@ class ParameterStore {
   std::vector<std::vector<std::int64_t>> pull_many(const std::vector<PullItem>& items);
   std::vector<PushResult> push_many(const std::vector<PushItem>& items);
 
+  // Throws RankFailedError if this rank's server has stopped because a
+  // member died (under ULFM; it sees that within milliseconds, whether or
+  // not anyone asks it anything), StateError if it stopped on another
+  // error; else returns. Calls on this rank's own shards do not check it
+  // (they go on after a death): a loop that may read only its own shards
+  // while it waits for the others calls this to learn of a death.
+  void check_members() const;
   // The tensor's number of shards and the world rank owning each.
   std::vector<int> shard_owners(const std::string& name) const;
   StoreStats stats() const;

@@ -218,6 +218,15 @@ std::vector<std::int64_t> ParameterStore::pull(const std::string& name, const Te
   return pull_many({PullItem{name, out}})[0];
 }
 
+void ParameterStore::check_members() const {
+  if (!impl_->server_failed.load(std::memory_order_acquire)) return;
+  const std::string text = fmt::format(
+      "ParameterStore: this rank's store server stopped: {}; the store cannot go on",
+      impl_->server_failure);
+  if (impl_->server_failure_rank) throw RankFailedError(text);
+  throw StateError(text);
+}
+
 std::vector<std::vector<std::int64_t>> ParameterStore::pull_many(
     const std::vector<PullItem>& items) {
   impl_->check_open("pull");

@@ -135,8 +135,7 @@ struct ParameterStore::Impl {
   bool closed = false;  // close() ran: every member is done with the communicator
   std::atomic<bool> stop_server{false};
   // Set by the server thread when it stopped on an error (under ULFM: a
-  // member's death, RankFailedError): every later call fails with it, on
-  // this rank's own shards too, since this rank no longer serves them.
+  // member's death, RankFailedError): check_members() then throws it.
   // server_failure and server_failure_rank are written before the flag.
   std::atomic<bool> server_failed{false};
   std::string server_failure;
@@ -162,13 +161,6 @@ struct ParameterStore::Impl {
     if (!open.load()) {
       throw StateError(fmt::format("ParameterStore::{}: the store is closed (close(), or gyre "
                                    "was shut down)", call));
-    }
-    if (server_failed.load(std::memory_order_acquire)) {
-      const std::string text = fmt::format(
-          "ParameterStore::{}: this rank's store server stopped: {}; the store cannot go on",
-          call, server_failure);
-      if (server_failure_rank) throw RankFailedError(text);
-      throw StateError(text);
     }
   }
 

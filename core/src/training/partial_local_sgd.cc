@@ -137,6 +137,7 @@ std::vector<std::int64_t> PartialLocalSgd::State::wait(Ready ready, const std::s
   const auto start = Clock::now();
   Backoff backoff;
   while (true) {
+    if (!final_meta) store->check_members();  // the meta may be this rank's own shard
     std::vector<std::int64_t> m = meta();
     if (m[MetaLayout::kFailed] != 0) {
       throw StateError(fmt::format(

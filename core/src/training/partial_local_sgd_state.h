@@ -107,6 +107,9 @@ class PartialStore {
   // versions (the aggregator pushes them one by one); bounded by timeout_s.
   std::int64_t pull_model(std::vector<double>& out);
   void close() { store_.close(); }
+  // RankFailedError once this rank's store server has seen a member die
+  // (ParameterStore::check_members): reads of this rank's own shards do not.
+  void check_members() const { store_.check_members(); }
 
  private:
   PushItem apply_item(const std::string& name, TensorView delta) const;

@@ -306,6 +306,10 @@ class PartialLocalSGD(OptimizerWrapper):
         start = time.monotonic()
         nap = 0.0
         while True:
+            if self._final_meta is None:
+                # The meta may be this rank's own shard, whose reads go on
+                # after a member's death: ask the store whether one died.
+                self.store.check_members()
             m = self._meta()
             if m[2]:
                 raise gyre.StateError(f"PartialLocalSGD: the aggregator on rank {self._ranks[0]} "
