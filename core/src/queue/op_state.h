@@ -3,9 +3,9 @@
 // Created on the user thread at enqueue; completed (once) by the thread
 // running the runtime's rounds (the background thread, or a thread waiting
 // in Handle::wait(): RoundDriver), or by the user thread that shuts the
-// runtime down. A grouped
-// operation shares one OpState among its tensors: it completes when the
-// last member does, with the first error any member had.
+// runtime down. A grouped operation shares one OpState among its tensors:
+// it completes when the last member does, with the first error any member
+// had.
 #pragma once
 
 #include <atomic>
@@ -25,7 +25,7 @@ struct OpState;
 // Lets a thread about to block in Handle::wait() run the runtime's rounds
 // itself instead of waiting for the background thread to run them and wake
 // it (two thread hand-offs per operation). Implemented by the Runtime
-// (runtime/caller_rounds.cc); a runtime that is gone, busy on another
+// (runtime/rounds.cc); a runtime that is gone, busy on another
 // thread, or off (GYRE_CALLER_ROUNDS=0) returns at once.
 class RoundDriver {
  public:
