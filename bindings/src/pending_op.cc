@@ -317,8 +317,14 @@ void PendingOp::wait() const {
     bool done = false;
     {
       py::gil_scoped_release release;
-      std::unique_lock<std::mutex> lock(completion_->mu);
-      done = completion_->cv.wait_for(lock, 50ms, [&] { return completion_->done; });
+      // The runtime's wait first: this thread may run the rounds that
+      // complete the operation (GYRE_CALLER_ROUNDS) instead of being woken
+      // by the background thread. The completion callback then runs here
+      // too, or is running on the thread that completed it.
+      if (handle_.wait_for(50ms)) {
+        std::unique_lock<std::mutex> lock(completion_->mu);
+        done = completion_->cv.wait_for(lock, 50ms, [&] { return completion_->done; });
+      }
     }
     if (done) break;
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();

@@ -5,9 +5,11 @@
 // once, beside asynchronous operations completed by the background thread,
 // all get the right sums; a caller waiting for an operation the other
 // ranks never enqueue gets the shutdown's error, not a hang.
+// Handle::wait_for returns false at its timeout and true once done.
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -105,4 +107,28 @@ TEST_CASE("caller rounds: a waiting caller gets the shutdown's error", "[mpi]") 
   } else if (rank() == 0) {
     shutdown();
   }
+}
+
+TEST_CASE("caller rounds: wait_for returns at its timeout, then once the operation completes",
+          "[mpi]") {
+  using namespace std::chrono_literals;
+  Session s;
+  const int n = size(), r = rank();
+  std::vector<float> g(3, static_cast<float>(r + 1));
+  const bool last = r == n - 1;
+  Handle h;
+  if (last) {
+    // The other ranks enqueue it only after the barrier below, which needs
+    // this rank: it cannot complete within the timeout.
+    h = allreduce_async("late", view(g), view(g), ReduceOp::kSum);
+    CHECK_FALSE(h.wait_for(20ms));
+    CHECK_FALSE(h.poll());
+  }
+  barrier();
+  if (!last) h = allreduce_async("late", view(g), view(g), ReduceOp::kSum);
+  CHECK(h.wait_for(60s));
+  CHECK(h.wait_for(0ms));  // done: true at once
+  h.wait();
+  const float want = static_cast<float>(n * (n + 1) / 2);
+  CHECK(g == std::vector<float>(3, want));
 }

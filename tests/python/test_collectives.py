@@ -5,6 +5,7 @@ reference is computed locally and compared with what gyre returns.
 """
 
 import gc
+import os
 import threading
 import time
 import weakref
@@ -286,6 +287,29 @@ def test_integer_average_truncates_as_horovod(size, rank):
     out = gyre.allreduce(t, op=gyre.Average)
     assert out.dtype == torch.int32
     assert out.tolist() == [want] * 4
+
+
+def test_blocking_calls_run_rounds_on_the_callers_thread(size, rank):
+    """A Python caller waiting for its operation runs the negotiation rounds
+    itself (GYRE_CALLER_ROUNDS, on by default), as a C++ caller in
+    Handle::wait() does, instead of being woken by the background thread:
+    runtime_stats()["caller_rounds"] grows over blocking calls, and every
+    result is right."""
+    if os.environ.get("GYRE_CALLER_ROUNDS", "1") == "0" or \
+            os.environ.get("GYRE_P2P_ON_COORDINATOR", "0") != "0":
+        pytest.skip("caller rounds are off in this environment")
+    if torch.cuda.is_available():
+        # Once a rank has used a CUDA tensor its rounds stay on the
+        # background thread (NCCL's streams are that thread's).
+        pytest.skip("the CUDA tests of this process may have turned caller rounds off")
+    t = torch.ones(2)
+    gyre.allreduce_(t, name="stats.caller", op=gyre.Sum)  # fills the response cache
+    before = gyre.runtime_stats()["caller_rounds"]
+    for i in range(200):
+        t.fill_(rank + i)
+        gyre.allreduce_(t, name="stats.caller", op=gyre.Sum)
+        assert t.tolist() == [float(size * i + size * (size - 1) // 2)] * 2
+    assert gyre.runtime_stats()["caller_rounds"] > before
 
 
 def test_int16_and_bool_allreduce(size, rank):

@@ -19,6 +19,7 @@
 // refused every time, however soon the first one completed.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -71,6 +72,11 @@ class Handle {
   // Blocks until the operation completes; rethrows its error if it failed.
   // Either way its name is free again (see Names above).
   void wait() const;
+  // Waits at most `timeout` for the operation to complete (running rounds on
+  // this thread as wait() does); true once it has. It never throws the
+  // operation's error: wait() or poll() reports it. For a caller that must
+  // wake now and then while it waits (a signal check, a deadline).
+  bool wait_for(std::chrono::nanoseconds timeout) const;
   // True once the operation has completed (successfully or not); its name
   // is then free again.
   bool poll() const;

@@ -97,7 +97,7 @@ struct Options {
   // runtime's background loop (between its rounds) instead of a thread of
   // their own; kept to measure that choice (docs/architecture.md).
   long p2p_on_coordinator = 0;
-  // GYRE_CALLER_ROUNDS: 1 lets a thread waiting in Handle::wait() run its
+  // GYRE_CALLER_ROUNDS: 1 lets a thread waiting in Handle::wait() (or wait_for()) run its
   // runtime's rounds itself when no other thread is (runtime/rounds.cc).
   long caller_rounds = 1;
   // GYRE_MAX_VERSION_LAG: largest difference of committed steps allowed

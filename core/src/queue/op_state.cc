@@ -64,6 +64,19 @@ void Handle::wait() const {
   if (err) std::rethrow_exception(err);
 }
 
+bool Handle::wait_for(std::chrono::nanoseconds timeout) const {
+  auto& s = checked(state_);
+  if (!s.done.load(std::memory_order_acquire) && s.driver) s.driver->drive(s);
+  if (!s.done.load(std::memory_order_acquire)) {
+    std::unique_lock<std::mutex> lock(s.mu);
+    if (!s.cv.wait_for(lock, timeout, [&] { return s.done.load(std::memory_order_relaxed); })) {
+      return false;
+    }
+  }
+  s.taken->store(true, std::memory_order_release);
+  return true;
+}
+
 bool Handle::poll() const {
   auto& s = checked(state_);
   if (!s.done.load(std::memory_order_acquire)) return false;
