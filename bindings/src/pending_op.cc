@@ -316,6 +316,13 @@ void PendingOp::wait() const {
   for (;;) {
     bool done = false;
     {
+      // Completed already (a second wait, a caller that polled): the GIL
+      // stays.
+      std::lock_guard<std::mutex> lock(completion_->mu);
+      done = completion_->done;
+    }
+    if (done) break;
+    {
       py::gil_scoped_release release;
       // The runtime's wait first: this thread may run the rounds that
       // complete the operation (GYRE_CALLER_ROUNDS) instead of being woken

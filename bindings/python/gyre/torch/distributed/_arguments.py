@@ -16,6 +16,7 @@ _OPS = {
     _RedOpType.MAX: _GyreOp.MAX,
     _RedOpType.PRODUCT: _GyreOp.PRODUCT,
 }
+_OP_INTS = {k: int(v) for k, v in _OPS.items()}
 
 
 def _reduce_op(op: Any) -> Tuple[int, float, str]:
@@ -23,13 +24,14 @@ def _reduce_op(op: Any) -> Tuple[int, float, str]:
     a ReduceOp (options) or a bare RedOpType (``group.allreduce([t])``: no
     options), which isinstance also takes for a ReduceOp."""
     kind = getattr(op, "op", op)
+    gop = _OP_INTS.get(kind)
+    if gop is not None:  # the usual case first: one dict lookup
+        return gop, 1.0, ""
     if kind == _RedOpType.PREMUL_SUM:
         factor = op.__getstate__()[1]
         if isinstance(factor, torch.Tensor):
             factor = factor.item()
         return int(_GyreOp.SUM), float(factor), ""
-    if kind in _OPS:
-        return int(_OPS[kind]), 1.0, ""
     return int(_GyreOp.SUM), 1.0, f"reduce op {kind} is not supported by the gyre backend " \
         "(supported: SUM, AVG, MIN, MAX, PRODUCT, PREMUL_SUM)"
 

@@ -97,11 +97,13 @@ class GyreProcessGroup(_SyncAndPointToPoint, dist.ProcessGroup):
         return self._allreduce(tensors, opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
 
     def _allreduce(self, tensors: List[torch.Tensor], op: Any) -> GyreWork:
-        if any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo for t in tensors):
+        refusal = _tensor_refusal(tensors, "allreduce")  # sparse tensors too: one pass
+        if refusal and any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo
+                           for t in tensors):
             return self._sparse_allreduce(tensors, op)
         name = self._name()
-        gop, pre, refusal = _reduce_op(op)
-        refusal = refusal or _tensor_refusal(tensors, "allreduce")
+        gop, pre, op_refusal = _reduce_op(op)
+        refusal = op_refusal or refusal
         bufs = [t.detach().contiguous() for t in tensors] if not refusal else [None]
         if len(bufs) == 1:
             pending = _gyre.allreduce(name, bufs[0], None, gop, pre, 1.0, refusal,
