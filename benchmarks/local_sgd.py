@@ -20,7 +20,8 @@ Modes, run one after the other in the same job (same ranks, same links):
               AdamW; one allreduce of every gradient per step
   localH      gyre.torch.LocalSGD(AdamW, period=H), outer plain averaging
   dilocoH     gyre.torch.LocalSGD(AdamW, period=H,
-              outer_optimizer=LocalSGD.diloco_outer) (SGD lr 0.7, Nesterov 0.9)
+              outer_optimizer=LocalSGD.diloco_outer) (SGD lr 0.7, Nesterov 0.9;
+              --outer-lr and --outer-momentum change them)
 The synchronous run goes first for --steps steps; its final evaluation loss is
 the target. Every other mode runs until its evaluation loss is at or below the
 target or until --max-factor x --steps steps.
@@ -52,6 +53,7 @@ Output: a JSON of every curve and a summary table (time to the target and its
 ratio to the synchronous run's, steps, ms per step, bytes per step).
 """
 import argparse
+import functools
 import json
 import os
 import re
@@ -158,6 +160,11 @@ def run_mode(mode, args, succ, probs, evalset, target):
             raise SystemExit(f"local_sgd: unknown mode {mode!r} (sync, localH, dilocoH)")
         period = int(found.group(2))
         outer = hvd.LocalSGD.diloco_outer if mode.startswith("diloco") else None
+        if outer is not None and (args.outer_lr is not None or args.outer_momentum is not None):
+            # DiLoCo's outer step with other hyperparameters (Nesterov SGD).
+            lr = 0.7 if args.outer_lr is None else args.outer_lr
+            momentum = 0.9 if args.outer_momentum is None else args.outer_momentum
+            outer = functools.partial(torch.optim.SGD, lr=lr, momentum=momentum, nesterov=momentum > 0)
         inner = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
         opt = hvd.LocalSGD(inner, model, period=period, outer_optimizer=outer)
         # LocalSGD's round: one grouped allreduce of every parameter's
@@ -268,6 +275,10 @@ def main():
     parser.add_argument("--train-seqs", type=int, default=4096, help="sequences in each rank's stream")
     parser.add_argument("--eval-seqs", type=int, default=64)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--outer-lr", type=float, default=None,
+                        help="dilocoH: the outer SGD's learning rate (default DiLoCo's 0.7)")
+    parser.add_argument("--outer-momentum", type=float, default=None,
+                        help="dilocoH: the outer SGD's Nesterov momentum (default DiLoCo's 0.9)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--netdev", default="", help="interface whose tx bytes to count (eth0 in hosts.sh)")
     parser.add_argument("--out", default="")
