@@ -121,7 +121,8 @@ def runtime_stats() -> dict:
     hosts a log-depth round is combined over, ``negotiation_tier_hosts``,
     0 when rounds are not tiered; of the rounds, those a caller waiting for
     its operation ran itself, ``caller_rounds``: GYRE_CALLER_ROUNDS, C++'s
-    Handle::wait() and every blocking wait of this package), and the messages and bytes it sent over
+    Handle::wait() and every blocking wait of this package except with
+    fault tolerance on), and the messages and bytes it sent over
     its transports, negotiation and collectives' data (``transport_*``;
     shared memory within a host is not counted); the version vector (``versions``) and how many
     committed steps each rank is behind the most advanced one (``behind``);
