@@ -83,8 +83,9 @@ class Handle {
   // Registers `fn`, called once on completion with nullptr on success or the
   // operation's exception. Called on the thread that ran the round which
   // completed it (the background thread, or a thread waiting in wait():
-  // GYRE_CALLER_ROUNDS), or at once on this thread if already complete. It must not block on other handles;
-  // an exception it throws is reported on stderr and otherwise ignored.
+  // GYRE_CALLER_ROUNDS), or at once on this thread if already complete. It
+  // must not block on other handles; an exception it throws is reported on
+  // stderr and otherwise ignored.
   void on_complete(std::function<void(std::exception_ptr)> fn) const;
   // The runtime-allocated output (allgather, alltoall, reducescatter); valid
   // after wait() returns.

@@ -127,8 +127,8 @@ const OptionSpec kTable[] = {
    "Deadline for any single transfer of the background thread (negotiation or data)."},
   {"GYRE_CALLER_ROUNDS", "caller_rounds",
    IntegerOption{&O::caller_rounds, 0, 1}, "1", false,
-   "1: a thread that waits for an operation (C++ `Handle::wait()`; Python's blocking calls, except with fault tolerance on) runs the negotiation rounds "
-   "itself when no other thread of its rank is running one, instead of waiting for the "
+   "1: a thread that waits for an operation (C++ `Handle::wait()`; Python's blocking calls, "
+   "except with fault tolerance on) runs the negotiation rounds itself when no other thread of its rank is running one, instead of waiting for the "
    "background thread to run them and wake it."},
   {"GYRE_P2P_ON_COORDINATOR", "p2p_on_coordinator",
    IntegerOption{&O::p2p_on_coordinator, 0, 1}, "0", false,

@@ -9,14 +9,14 @@ import torch.distributed as dist
 from gyre.ops import ReduceOp as _GyreOp
 
 _RedOpType = dist.ReduceOp.RedOpType
+# torch's ops as gyre's op numbers (what the extension takes).
 _OPS = {
-    _RedOpType.SUM: _GyreOp.SUM,
-    _RedOpType.AVG: _GyreOp.AVERAGE,
-    _RedOpType.MIN: _GyreOp.MIN,
-    _RedOpType.MAX: _GyreOp.MAX,
-    _RedOpType.PRODUCT: _GyreOp.PRODUCT,
+    _RedOpType.SUM: int(_GyreOp.SUM),
+    _RedOpType.AVG: int(_GyreOp.AVERAGE),
+    _RedOpType.MIN: int(_GyreOp.MIN),
+    _RedOpType.MAX: int(_GyreOp.MAX),
+    _RedOpType.PRODUCT: int(_GyreOp.PRODUCT),
 }
-_OP_INTS = {k: int(v) for k, v in _OPS.items()}
 
 
 def _reduce_op(op: Any) -> Tuple[int, float, str]:
@@ -24,7 +24,7 @@ def _reduce_op(op: Any) -> Tuple[int, float, str]:
     a ReduceOp (options) or a bare RedOpType (``group.allreduce([t])``: no
     options), which isinstance also takes for a ReduceOp."""
     kind = getattr(op, "op", op)
-    gop = _OP_INTS.get(kind)
+    gop = _OPS.get(kind)
     if gop is not None:  # the usual case first: one dict lookup
         return gop, 1.0, ""
     if kind == _RedOpType.PREMUL_SUM:
