@@ -60,10 +60,14 @@ bool Runtime::callers_may_run_rounds() const {
   return opt_.caller_rounds != 0 && !info_.p2p;
 }
 
-void Runtime::drive_for(const OpState& op) {
+bool Runtime::callers_run_rounds_now() const {
   // Not once this rank has used a CUDA tensor: a round may then run NCCL
   // operations, whose device and streams are the background thread's.
-  if (rounds_finished_ || !callers_run_rounds_ || cuda_device_.load() >= 0) return;
+  return callers_run_rounds_ && cuda_device_.load() < 0;
+}
+
+void Runtime::drive_for(const OpState& op) {
+  if (rounds_finished_ || !callers_run_rounds_now()) return;
   try {
     for (int i = 0; i < kCallerRounds && !op.done.load(std::memory_order_acquire); ++i) {
       caller_rounds_run_.fetch_add(1, std::memory_order_relaxed);
@@ -106,7 +110,10 @@ void Runtime::loop() {
     // follows at once: poll for it first (see TensorQueue).
     if (!first) {
       wait_for_work(idle_sleep, next_spin);
-      if (caller_grace_.count() > 0) {
+      // Only while a caller can take the round: on a rank that has used a
+      // CUDA tensor nobody would, and the grace would only delay it.
+      if (caller_grace_.count() > 0 && callers_run_rounds_now()) {
+        caller_graces_.fetch_add(1, std::memory_order_relaxed);
         // Work has come: the caller who enqueued it may be about to wait
         // for it and run the round itself (its thread is running already;
         // this one would hand the result back to it). Give it a moment.

@@ -155,6 +155,9 @@ class Runtime {
   std::uint64_t rounds() const { return rounds_.load(); }
   // Of them, those run by a thread waiting in Handle::wait() (rounds.cc).
   std::uint64_t caller_rounds() const { return caller_rounds_run_.load(); }
+  // Times the background thread held back from a round to leave it to a
+  // caller about to wait (the grace in Runtime::loop).
+  std::uint64_t caller_graces() const { return caller_graces_.load(); }
   // The negotiation's counters as of the last round this rank completed,
   // read together: the messages of a round still in progress are not in
   // them, so messages and rounds agree with each other (each counter read
@@ -164,6 +167,7 @@ class Runtime {
     std::uint64_t requests_sent = 0;
     std::uint64_t cache_hits_sent = 0;
     std::uint64_t log_depth_rounds = 0;
+    std::uint64_t speculated = 0;
     std::uint64_t messages = 0;
   };
   NegotiationCounters negotiation_counters() const;
@@ -200,6 +204,10 @@ class Runtime {
   friend class CallerRounds;
   void drive_for(const OpState& op);
   bool callers_may_run_rounds() const;
+  // Whether a waiting caller may run a round now: callers_may_run_rounds()
+  // held after the first round, and this rank has used no CUDA tensor.
+  // Under callers_->mu or on the background thread.
+  bool callers_run_rounds_now() const;
   // A VERSION_LAG counter event when the version vector changed (timeline on).
   void record_versions();
   void fail_all(ErrorKind kind, const std::string& why);
@@ -259,6 +267,7 @@ class Runtime {
   bool callers_run_rounds_ = false;  // after the first round, if callers may
   std::atomic<std::uint64_t> caller_rounds_run_{0};  // rounds run by waiting callers
   std::chrono::microseconds caller_grace_{0};        // background thread only
+  std::atomic<std::uint64_t> caller_graces_{0};      // graces given (loop)
   std::thread thread_;
 };
 
