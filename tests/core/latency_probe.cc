@@ -1,7 +1,9 @@
 // Round trip of a lone small allreduce through the runtime: every rank
 // enqueues the same 8-byte tensor, waits, repeats. Checks every result and
 // prints the mean and median latency (not asserted: timings vary), and the
-// negotiation's messages per round and share of log-depth rounds.
+// negotiation's messages per round, share of log-depth rounds, and the
+// allreduces reduced within the round itself (GYRE_SPECULATE_BYTES) with
+// all the runtime's messages per call.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -39,11 +41,16 @@ int main(int argc, char** argv) {
                 "median %.1f us, p90 %.1f us, #wrong %d\n",
                 n, iters, mean, us[us.size() / 2], us[us.size() * 9 / 10], wrong);
     std::printf("negotiation: %.0f rounds, %.2f messages per round from rank 0, %.0f%% of rounds "
-                "in log depth\n",
+                "in log depth; %llu of %d calls reduced within the round; %.2f transport messages "
+                "per call from rank 0\n",
                 rounds, static_cast<double>(after.negotiation_messages - before.negotiation_messages) /
                             std::max(rounds, 1.0),
                 100.0 * static_cast<double>(after.log_depth_rounds - before.log_depth_rounds) /
-                    std::max(rounds, 1.0));
+                    std::max(rounds, 1.0),
+                static_cast<unsigned long long>(after.speculated_allreduces -
+                                                before.speculated_allreduces),
+                iters,
+                static_cast<double>(after.transport_messages - before.transport_messages) / iters);
   }
   gyre::shutdown();
   return wrong == 0 ? 0 : 1;

@@ -29,6 +29,10 @@ TensorView view(std::vector<float>& v) {
   return TensorView{v.data(), DataType::kFloat32, {static_cast<std::int64_t>(v.size())}};
 }
 
+TensorView view(std::vector<double>& v) {
+  return TensorView{v.data(), DataType::kFloat64, {static_cast<std::int64_t>(v.size())}};
+}
+
 std::vector<std::vector<float>> random_order(std::size_t fusion_threshold) {
   Options o = test_options();
   o.fusion_threshold_bytes = fusion_threshold;
@@ -464,6 +468,39 @@ TEST_CASE("mpi: steady-state negotiation rounds are log depth, ceil(log2 n) mess
   // limit (1 s: a rank descheduled that long); otherwise each round is
   // exactly ceil(log2 n) messages from this rank.
   if (rounds == log_depth) CHECK(messages == log2n * rounds);
+}
+
+TEST_CASE("mpi: a repeated small allreduce is reduced within the negotiation round where the "
+          "round is recursive doubling (GYRE_SPECULATE_BYTES)",
+          "[mpi]") {
+  const Options o = test_options();
+  Session s(o);
+  // The round's combine is recursive doubling over the ranks, or over the
+  // hosts when rounds are tiered (negotiation_tier_hosts > 0).
+  const int tier = runtime_stats().negotiation_tier_hosts;
+  const int over = tier > 0 ? tier : size();
+  const bool exact = over > 1 && (over & (over - 1)) == 0;
+  const bool on = o.speculate_bytes >= 8 && o.log_negotiation != 0 && o.cache_capacity > 0;
+  const RuntimeStats before = runtime_stats();
+  constexpr int kIters = 40;
+  const double n = size();
+  for (int i = 0; i < kIters; ++i) {
+    std::vector<float> x = {static_cast<float>(rank() + i), 0.5f};
+    allreduce_async("spec.sum", view(x), view(x), ReduceOp::kSum).wait();
+    CHECK(x[0] == static_cast<float>(n * (n - 1) / 2 + n * i));
+    CHECK(x[1] == static_cast<float>(0.5 * n));
+    std::vector<double> y = {static_cast<double>(rank() * 3 + i)};
+    allreduce_async("spec.avg", view(y), view(y), ReduceOp::kAverage).wait();
+    CHECK(y[0] == Approx(3 * (n - 1) / 2 + i));
+  }
+  const RuntimeStats after = runtime_stats();
+  const std::uint64_t speculated = after.speculated_allreduces - before.speculated_allreduces;
+  INFO("speculated " << speculated << " of " << 2 * kIters << ", over " << over << " ranks or hosts");
+  if (on && exact) {
+    CHECK(speculated > 0);
+  } else {
+    CHECK(speculated == 0);
+  }
 }
 
 TEST_CASE("mpi: runtime_stats' negotiation counters agree with each other while rounds run",

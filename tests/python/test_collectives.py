@@ -321,6 +321,29 @@ def test_int16_and_bool_allreduce(size, rank):
     assert b.tolist() == [size == 1, True, True]
 
 
+def test_small_allreduces_are_reduced_within_the_round(size, rank):
+    """A repeated allreduce of at most GYRE_SPECULATE_BYTES rides in the
+    log-depth round itself where that round is recursive doubling (a power
+    of two of ranks, or of hosts with tiered rounds): counted in
+    runtime_stats(), and the results are the sums and averages."""
+    gyre.barrier()
+    before = gyre.runtime_stats()
+    for i in range(20):
+        s = gyre.allreduce(torch.tensor([rank + i, 0.5]), name="stats.spec", op=gyre.Sum)
+        assert s.tolist() == [size * (size - 1) / 2 + size * i, 0.5 * size]
+        a = gyre.allreduce(torch.tensor([2.0 * rank + i], dtype=torch.float64), name="stats.spec.avg")
+        assert a.item() == pytest.approx((size - 1) + i)
+    after = gyre.runtime_stats()
+    hosts = after["negotiation_tier_hosts"]
+    over = hosts if hosts else size
+    exact = over > 1 and (over & (over - 1)) == 0
+    env = os.environ
+    on = (int(env.get("GYRE_SPECULATE_BYTES", "64")) >= 16 and env.get("GYRE_LOG_NEGOTIATION", "1") != "0"
+          and env.get("GYRE_CACHE_CAPACITY", "1024") != "0")
+    speculated = after["speculated_allreduces"] - before["speculated_allreduces"]
+    assert (speculated > 0) == (on and exact), (speculated, over)
+
+
 def test_runtime_stats_count_log_depth_rounds(size, rank):
     """Repeated allreduces of the same names are cache hits on every rank:
     runtime_stats() shows them decided by log-depth rounds, and this rank's

@@ -356,6 +356,9 @@ struct RuntimeStats {
   std::uint64_t requests_sent = 0;    // requests sent in full
   std::uint64_t cache_hits_sent = 0;  // requests sent as a cache bit
   std::uint64_t log_depth_rounds = 0;      // rounds decided in log depth
+  // Allreduces reduced within a log-depth round (GYRE_SPECULATE_BYTES): no
+  // collective ran for them after the round.
+  std::uint64_t speculated_allreduces = 0;
   std::uint64_t negotiation_messages = 0;  // messages this rank sent negotiating
   // Of `rounds`, those run by a thread waiting in Handle::wait() instead of
   // the background thread (GYRE_CALLER_ROUNDS).

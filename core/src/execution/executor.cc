@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <string_view>
 
 #include <fmt/format.h>
 
 #include "execution/plan.h"
+#include "gyre/collectives/reduce_kernels.h"
 
 namespace gyre::core {
 
@@ -66,7 +68,8 @@ std::optional<LocalEntry> take_entry(TensorQueue& queue, const Response& resp, i
   return queue.take_for(resp.name, resp.per_rank[r], joined, latest);
 }
 
-void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at) {
+void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at,
+                   const Speculated* speculated) {
   std::vector<Entry> entries(responses.size());
   for (std::size_t i = 0; i < responses.size(); ++i) {
     entries[i] = take_entry(queue_, responses[i], t_.rank());
@@ -77,6 +80,7 @@ void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at
     }
   }
   std::vector<FusionItem> items(responses.size());
+  std::vector<bool> done(responses.size(), false);
   for (std::size_t i = 0; i < responses.size(); ++i) {
     Response& r = responses[i];
     if (entries[i]) {
@@ -88,6 +92,13 @@ void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at
       log_.debug("{}", r.error);
       if (entries[i]) entries[i]->state->complete_one(response_error(r));
       continue;
+    }
+    if (speculated && r.collective == Collective::kAllreduce && r.name == speculated->name &&
+        speculated->result.size() == r.agreed.nbytes()) {
+      complete_speculated(r, entries[i], speculated->result);
+      speculated = nullptr;
+      done[i] = true;
+      continue;  // not fusable: a bucket of its own, skipped below
     }
     if (r.collective == Collective::kAllreduce) {
       const std::size_t bytes = r.agreed.nbytes();
@@ -102,7 +113,7 @@ void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at
   for (std::size_t k = 0; k < buckets.size(); ++k) {
     const Bucket& b = buckets[k];
     Response& first = responses[b.members.front()];
-    if (!first.ok()) continue;  // completed above
+    if (!first.ok() || done[b.members.front()]) continue;  // completed above
     std::vector<Response*> resps;
     std::vector<Entry> bucket_entries;
     for (auto m : b.members) {
@@ -139,6 +150,24 @@ void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at
       throw;
     }
   }
+}
+
+void Executor::complete_speculated(const Response& r, Entry& entry,
+                                   std::span<const std::byte> result) {
+  // The sum (or min, max, product) of every rank's prescaled input, as the
+  // backends' recursive doubling combines it; what remains is their last
+  // step: the postscale (with an average's division).
+  const auto t0 = Clock::now();
+  if (entry) {
+    std::memcpy(entry->out.data, result.data(), result.size());
+    const Reduction red = effective_reduction(r);
+    if (red.postscale != 1.0) {
+      collectives::scale(entry->out.data, result.size() / dtype_size(r.agreed.dtype),
+                         r.agreed.dtype, red.postscale);
+    }
+  }
+  trace(entry, "ALLREDUCE_IN_NEGOTIATION", t0, Clock::now(), result.size());
+  if (entry) entry->state->complete_one();
 }
 
 void Executor::fail_held() {

@@ -31,6 +31,7 @@
 #include "gyre/collectives/transport.h"
 #include "gyre/options.h"
 #include "negotiation/coordinator.h"
+#include "negotiation/negotiator.h"
 #include "negotiation/version_vector.h"
 #include "queue/tensor_queue.h"
 #include "runtime/logging.h"
@@ -51,8 +52,10 @@ class Executor {
   // Runs a round's agreed `responses`, in order: takes this rank's entry of
   // each from the queue (take_entry), then plans, fuses and calls the
   // backends. `agreed_at`: when negotiation of this round finished
-  // (timeline).
-  void run(std::vector<Response>& responses, Clock::time_point agreed_at);
+  // (timeline). `speculated`: an allreduce of `responses` the round itself
+  // reduced (Negotiator), completed from its result with no collective.
+  void run(std::vector<Response>& responses, Clock::time_point agreed_at,
+           const Speculated* speculated = nullptr);
 
   // After run() threw an error not known to be alike on every rank: fails
   // the operations of that round that had not completed with that error.
@@ -66,6 +69,9 @@ class Executor {
   Backend& backend_for(const Response& head, const Entry& entry);
   void run_allreduce(Backend& be, std::vector<Response*>& resps, std::vector<Entry>& entries);
   void run_single(Backend& be, Response& resp, Entry& entry);
+  // An allreduce the negotiation round reduced (Speculated): the result
+  // into the caller's output, postscaled; no collective.
+  void complete_speculated(const Response& r, Entry& entry, std::span<const std::byte> result);
   void run_allgather(Backend& be, Response& resp, Entry& entry, const OpLabel& what);
   void run_broadcast(Backend& be, Response& resp, Entry& entry, const OpLabel& what);
   void run_alltoall(Backend& be, Response& resp, Entry& entry, const OpLabel& what);

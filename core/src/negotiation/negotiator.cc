@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "gyre/collectives/algorithms.h"
+#include "gyre/collectives/reduce_kernels.h"
 #include "gyre/error.h"
 
 namespace gyre::core {
@@ -198,14 +199,30 @@ bool Negotiator::log_depth_possible() const {
 namespace {
 
 // The vector of a log-depth round: [needs full exchange (OR)] [min step]
-// [max step] [AND of the hit bits: words] [OR of the hit bits: words].
+// [max step] [AND of the hit bits: words] [OR of the hit bits: words], then
+// where the layout allows speculation (Negotiator::speculation_words)
+// [speculated slot + 1; 0: none; kVoid: ranks differ] [input: words].
 constexpr std::size_t kNeedsFull = 0, kMinStep = 1, kMaxStep = 2, kBits = 3;
+constexpr std::uint64_t kVoid = ~std::uint64_t{0};
+
+bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
 bool bit(const std::vector<std::uint64_t>& v, std::size_t at, std::uint32_t slot) {
   return (v[at + slot / 64] >> (slot % 64)) & 1u;
 }
 
 }  // namespace
+
+std::size_t Negotiator::speculation_words() const {
+  if (!source_ || opt_.speculate_bytes == 0) return 0;
+  const std::size_t words = (opt_.speculate_bytes + 7) / 8;
+  const std::size_t bits = (cache_.slot_count() + 63) / 64;
+  const std::size_t bytes = (kBits + 2 * bits + 1 + words) * sizeof(std::uint64_t);
+  // The combine_all path this vector takes, and whether its dissemination
+  // is recursive doubling (see the header).
+  const bool tiered = local_ && bytes <= local_->slot_bytes();
+  return power_of_two(tiered ? tier_hosts_ : t_.size()) ? words : 0;
+}
 
 std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
                                                      std::vector<Hit>& hits,
@@ -218,12 +235,40 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
   const std::size_t slots = cache_.slot_count();  // alike on every rank
   const std::size_t words = (slots + 63) / 64;
   const std::size_t and_at = kBits, or_at = kBits + words;
-  std::vector<std::uint64_t> v(kBits + 2 * words, 0);
+  const std::size_t spec_words = speculation_words();
+  const std::size_t spec_at = kBits + 2 * words, input_at = spec_at + 1;
+  std::vector<std::uint64_t> v(kBits + 2 * words + (spec_words ? 1 + spec_words : 0), 0);
   v[kNeedsFull] = needs_full ? 1 : 0;
   v[kMinStep] = v[kMaxStep] = mine.step;
   for (std::uint32_t slot : mine.cache_hits) {
     v[and_at + slot / 64] |= std::uint64_t{1} << (slot % 64);
     v[or_at + slot / 64] |= std::uint64_t{1} << (slot % 64);
+  }
+  // The speculation: this rank's first hit that qualifies.
+  std::optional<std::size_t> chosen;
+  collectives::CombineFn kernel = nullptr;
+  std::size_t count = 0, nbytes = 0;
+  if (spec_words && !needs_full) {
+    auto* input = reinterpret_cast<std::byte*>(v.data() + input_at);
+    for (std::size_t i = 0; i < hits.size() && !chosen; ++i) {
+      const Request& r = hits[i].request;
+      const std::size_t b = r.nbytes();
+      if (r.collective != Collective::kAllreduce || r.group_size >= 2 ||
+          r.op == ReduceOp::kAdasum || r.device.type != DeviceType::kCPU || b == 0 ||
+          b > spec_words * sizeof(std::uint64_t)) {
+        continue;
+      }
+      try {
+        kernel = collectives::combine_kernel(r.dtype, r.op);
+      } catch (const InvalidArgument&) {
+        continue;  // refused at enqueue; the executor refuses it alike
+      }
+      if (!source_(r, std::span(input, b))) continue;
+      chosen = i;
+      count = b / dtype_size(r.dtype);
+      nbytes = b;
+      v[spec_at] = std::uint64_t{mine.cache_hits[i]} + 1;
+    }
   }
   combine_all(v, [&](std::span<std::uint64_t> acc, std::span<const std::uint64_t> in) {
     acc[kNeedsFull] |= in[kNeedsFull];
@@ -232,6 +277,15 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
     for (std::size_t w = 0; w < words; ++w) {
       acc[and_at + w] &= in[and_at + w];
       acc[or_at + w] |= in[or_at + w];
+    }
+    if (spec_words) {
+      // Equal valid slots are this rank's own (acc or in is always what
+      // this rank holds), so `kernel` is theirs; `acc` comes first.
+      if (acc[spec_at] != in[spec_at]) {
+        acc[spec_at] = kVoid;
+      } else if (acc[spec_at] != 0 && acc[spec_at] != kVoid && kernel) {
+        kernel(acc.data() + input_at, acc.data() + input_at, in.data() + input_at, count);
+      }
     }
   });
   if (v[kNeedsFull] != 0 || v[kMinStep] != v[kMaxStep]) return std::nullopt;
@@ -254,6 +308,14 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
              group_ready[{cached.group, cached.group_size}] < cached.group_size;
     });
   }
+  Agreement out;
+  if (chosen && v[spec_at] == std::uint64_t{mine.cache_hits[*chosen]} + 1 &&
+      std::binary_search(run.begin(), run.end(), mine.cache_hits[*chosen])) {
+    const auto* result = reinterpret_cast<const std::byte*>(v.data() + input_at);
+    out.speculated = Speculated{hits[*chosen].request.name,
+                                std::vector<std::byte>(result, result + nbytes)};
+    speculated_.fetch_add(1, std::memory_order_relaxed);
+  }
   // This rank's other hits wait for the next round.
   for (std::size_t i = 0; i < hits.size(); ++i) {
     if (!std::binary_search(run.begin(), run.end(), mine.cache_hits[i])) {
@@ -261,7 +323,6 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
     }
   }
 
-  Agreement out;
   bool any_hit = false;
   for (std::size_t w = 0; w < words && !any_hit; ++w) any_hit = v[or_at + w] != 0;
   out.idle = !any_hit;

@@ -26,6 +26,19 @@
 // limit is each hit's own: a rank that is always one operation ahead holds
 // a different one each round and never reaches it).
 //
+// A small allreduce rides in the log-depth round (speculation): a rank
+// whose hits include a cached allreduce of at most speculate_bytes of host
+// memory (no group, not Adasum) puts its slot and its input (prescaled) in
+// the vector, and the combine reduces the inputs of ranks that put the same
+// slot (any other mix marks the speculation void). If every rank put the
+// same slot and the round decides that operation, its result is already
+// on every rank: the executor completes it from the vector and runs no
+// collective (one exchange per small operation instead of two). The
+// combine must then give the same bits on every rank whatever the values:
+// only where the dissemination is recursive doubling (a power of two of
+// ranks, or of hosts in two tiers), which combines each pair lower rank
+// first on both partners, as recursive_doubling_allreduce does.
+//
 // In two tiers across hosts (set_host_tier): the log-depth vector is
 // combined within each host over shared memory first (no messages), then
 // by dissemination among one rank per host (local rank 0, over its
@@ -64,6 +77,19 @@ struct NegotiatorOptions {
   int tag = 1;                         // message tag of negotiation traffic
   bool log_depth = true;               // try the log-depth round (see above)
   double hold_limit_s = 1.0;           // longest a cache hit waits outside the Coordinator
+  std::size_t speculate_bytes = 64;    // largest allreduce run in the round itself; 0: off
+};
+
+// The input of a cached allreduce for the round to speculate on: copies the
+// operation's input, prescaled, into `out` (exactly its bytes) and returns
+// true; false when this rank cannot (no such entry in host memory).
+using SpeculationSource = std::function<bool(const Request&, std::span<std::byte> out)>;
+
+// An allreduce the round itself reduced (see above): its name and result,
+// before postscale (and an average's division).
+struct Speculated {
+  std::string name;
+  std::vector<std::byte> result;
 };
 
 // What this rank says in a round besides its requests.
@@ -80,6 +106,7 @@ struct Agreement {
   std::optional<int> join_completed;  // every rank joined: the last to join
   bool idle = false;                  // no rank said anything
   Clock::time_point agreed_at{};
+  std::optional<Speculated> speculated;  // one of `responses`, already reduced
 };
 
 class Negotiator {
@@ -95,6 +122,10 @@ class Negotiator {
   void set_host_tier(collectives::ShmGroup& local, transport::Transport& cross);
   // The hosts of the two-tier rounds; 0 when rounds are not tiered.
   int tier_hosts() const { return local_ ? tier_hosts_ : 0; }
+
+  // Where the round's speculation takes its inputs (see above); without
+  // one, no round speculates. Before the first round, on every rank.
+  void set_speculation_source(SpeculationSource source) { source_ = std::move(source); }
 
   // Sends `fresh` (this rank's requests enqueued since the previous round,
   // or announced as failed) and `flags`, receives every rank's, and returns
@@ -112,6 +143,8 @@ class Negotiator {
   // Rounds decided by the log-depth exchange alone, and the messages this
   // rank sent in negotiation (both kinds of round). Any thread.
   std::uint64_t log_depth_rounds() const { return log_depth_rounds_.load(); }
+  // Allreduces completed by a round's speculation (see above). Any thread.
+  std::uint64_t speculated() const { return speculated_.load(); }
   std::uint64_t messages_sent() const {
     return counted_.messages() + (leaders_ ? leaders_->messages() : 0);
   }
@@ -134,6 +167,10 @@ class Negotiator {
                                            Clock::time_point now);
   // Whether every rank tries the log-depth round now (state alike everywhere).
   bool log_depth_possible() const;
+  // The words of a speculated input in the log-depth vector: none when the
+  // combine of this layout would not give the same bits on every rank
+  // (alike on every rank: it follows from the sizes and the options).
+  std::size_t speculation_words() const;
   // The log-depth vector combined over every rank: by dissemination over
   // the transport, or in two tiers (set_host_tier).
   using Combine = std::function<void(std::span<std::uint64_t>, std::span<const std::uint64_t>)>;
@@ -150,6 +187,8 @@ class Negotiator {
   std::atomic<std::uint64_t> requests_sent_{0};
   std::atomic<std::uint64_t> cache_hits_sent_{0};
   std::atomic<std::uint64_t> log_depth_rounds_{0};
+  std::atomic<std::uint64_t> speculated_{0};
+  SpeculationSource source_;
   // This rank's cache hits that some rank had not submitted in the last
   // log-depth round: sent again first in the next round, in order.
   std::vector<Hit> held_;

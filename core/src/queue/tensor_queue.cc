@@ -2,6 +2,7 @@
 #include "queue/tensor_queue.h"
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 #include <unordered_set>
 
@@ -135,6 +136,19 @@ std::optional<LocalEntry> TensorQueue::take_for(const std::string& name,
   LocalEntry e = std::move(it->second);
   table_.erase(it);
   return e;
+}
+
+bool TensorQueue::copy_input(const Request& r, std::span<std::byte> out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = table_.find(r.name);
+  if (it == table_.end() || it->second.request.seq != r.seq) return false;
+  const TensorView& in = it->second.in;
+  if (in.device.type != DeviceType::kCPU || in.data == nullptr ||
+      static_cast<std::size_t>(numel(in.shape)) * dtype_size(in.dtype) != out.size()) {
+    return false;
+  }
+  std::memcpy(out.data(), in.data, out.size());
+  return true;
 }
 
 void TensorQueue::restart_sequences() {

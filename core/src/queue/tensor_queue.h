@@ -102,6 +102,11 @@ class TensorQueue {
   // from a Response.
   std::optional<LocalEntry> take_for(const std::string& name, const std::optional<Request>& mine,
                                      bool joined, std::uint64_t latest_seq);
+  // Background thread: copies the input of the entry request `r` (drained,
+  // not yet answered) stands for into `out`, if that entry is in host
+  // memory and `out` is its size; false otherwise (a round's speculation:
+  // negotiation/negotiator.h).
+  bool copy_input(const Request& r, std::span<std::byte> out) const;
   // Background thread: every name starts again at 1 (an agreed resync: the
   // ranks have repaired their state and count iterations afresh).
   void restart_sequences();

@@ -13,6 +13,7 @@
 
 #include "gyre/collectives/algorithms.h"
 #include "gyre/collectives/cores.h"
+#include "gyre/collectives/reduce_kernels.h"
 #include "gyre/error.h"
 #include "negotiation/message_tags.h"
 #include "runtime/options_table.h"
@@ -57,6 +58,7 @@ NegotiatorOptions negotiator_options(const Options& o) {
   NegotiatorOptions n;
   n.cache_capacity = o.cache_capacity;
   n.log_depth = o.log_negotiation != 0;
+  n.speculate_bytes = o.speculate_bytes;
   n.max_version_lag = o.max_version_lag;
   n.stall_shutdown_s = o.stall_shutdown_s;
   n.chunk_bytes = o.ring_chunk_bytes;
@@ -104,6 +106,16 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
     cross_counted_ = std::make_shared<transport::CountingTransport>(info_.cross);
     info_.cross = cross_counted_;
   }
+  // Small allreduces reduced within the log-depth round take their inputs
+  // from the queue (Negotiator::set_speculation_source).
+  negotiator_.set_speculation_source([this](const Request& r, std::span<std::byte> out) {
+    if (!queue_.copy_input(r, out)) return false;
+    // Prescaled as the backends' allreduce scales each contribution.
+    if (r.prescale != 1.0) {
+      collectives::scale(out.data(), out.size() / dtype_size(r.dtype), r.dtype, r.prescale);
+    }
+    return true;
+  });
   if (info_.initial_step != 0) vv_.set_all(info_.initial_step);
   backends_.connect({info_.local_rank, info_.shm, info_.cross});
   // The background thread shares its rank's core with the training loop:
@@ -379,6 +391,7 @@ bool Runtime::round() {
     counters_.requests_sent = negotiator_.requests_sent();
     counters_.cache_hits_sent = negotiator_.cache_hits_sent();
     counters_.log_depth_rounds = negotiator_.log_depth_rounds();
+    counters_.speculated = negotiator_.speculated();
     counters_.messages = negotiator_.messages_sent();
   }
   if (timeline_.active()) record_versions();
@@ -392,7 +405,8 @@ bool Runtime::round() {
       for (const auto& r : agreed.responses) names.push_back(r.name);
       log_.log(LogLevel::kTrace, "round {}: running [{}]", round_no, fmt::join(names, ", "));
     }
-    executor_.run(agreed.responses, agreed.agreed_at);
+    executor_.run(agreed.responses, agreed.agreed_at,
+                  agreed.speculated ? &*agreed.speculated : nullptr);
   }
   if (agreed.join_completed) {
     std::shared_ptr<OpState> join;

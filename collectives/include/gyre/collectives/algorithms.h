@@ -145,8 +145,10 @@ struct DisseminationOptions {
   int tag = 0;
 };
 // dissemination_allreduce's combine: acc = f(acc, in), element by element or
-// field by field, commutative, associative and idempotent (f(a, a) = a:
-// AND, OR, min, max), since some ranks' words are combined more than once.
+// field by field, associative; for a world size that is not a power of two
+// also commutative and idempotent (f(a, a) = a: AND, OR, min, max), since
+// some ranks' words are then combined more than once. For a power of two
+// every rank's words are combined once, `acc` holding the lower ranks'.
 using WordCombine =
     std::function<void(std::span<std::uint64_t> acc, std::span<const std::uint64_t> in)>;
 
@@ -266,8 +268,11 @@ void barrier(Transport& t, const BarrierOptions& opt = {});
 // Allreduce of a vector of 64-bit words by dissemination: every rank sends
 // ceil(log2 n) messages of the vector's size (for every n, not only powers
 // of two), and every rank ends with the combination of every rank's words.
-// `combine` must be idempotent (see WordCombine): a rank's words may reach
-// another twice. Every rank passes the same number of words.
+// For n a power of two the steps are recursive doubling's pairs: each
+// rank's words are combined exactly once, in the same order on every rank
+// (the same bits everywhere); otherwise `combine` must be idempotent (see
+// WordCombine): a rank's words may reach another twice. Every rank passes
+// the same number of words.
 void dissemination_allreduce(Transport& t, std::span<std::uint64_t> words,
                              const WordCombine& combine, const DisseminationOptions& opt = {});
 
