@@ -26,6 +26,9 @@ Subcommands:
   check DIR      predicted against measured at 1x2, 2x1 and 2x2 (sweep-flat,
                  sweep-hier, latency-*) with DIR/params.json
   measured DIR   the shaped-link comparison's tables (busbw per size, gradient sets)
+  hosts DIR      the flat allreduce through the runtime at H hosts x 1 rank
+                 (benchmarks/scale_hosts.sh's runs in DIR): the algorithm the
+                 model chooses, the ring, MPI_Allreduce, and the model beside each
   scale [DIR]    predictions for 8..4096 hosts x 8 ranks, ResNet-50 and BERT-base
                  gradient sets, 100 and 400 Gbit/s links (parameters of DIR's
                  shared memory where given, the network's stated in the table)
@@ -345,6 +348,60 @@ def negotiation_log_depth(ranks, p, cache_bits=1024):
     return p["round_s"] + log2c(ranks) * (p["alpha_net"] + cache_bits / 8 * p["beta_net"])
 
 
+def flat_chosen(n_bytes, ranks, alpha, beta):
+    """The flat allreduce GYRE_RABENSEIFNER_ALLREDUCE=-1 runs with one rank
+    per host: recursive doubling up to SMALL_BYTES, above it Rabenseifner's
+    algorithm where predicted strictly faster than the ring (cost_model.h)."""
+    if n_bytes <= SMALL_BYTES:
+        return recursive_doubling(n_bytes, ranks, alpha, beta), "rd"
+    ring = ring_allreduce(n_bytes, ranks, alpha, beta)
+    rab = rabenseifner(n_bytes, ranks, alpha, beta)
+    return (rab, "rab") if rab < ring else (ring, "ring")
+
+
+def hosts_table(d, alpha, gbit, round_s):
+    """Measured against predicted for benchmarks/scale_hosts.sh's runs: per
+    size the median over the runs (each run's figure is itself a median of
+    blocks, slowest rank) of each system and of MPI_Allreduce (timed beside
+    every run); the model's time for the runtime is the collective plus the
+    steady-state negotiation round (a log-depth round of 40-byte messages,
+    plus round_s of CPU), for the bare algorithms the collective alone."""
+    beta = 8 / (gbit * 1e9)
+    layouts = sorted({os.path.basename(f).split("-")[0] for f in glob.glob(os.path.join(d, "*x1-*.json"))},
+                     key=lambda x: int(x.split("x")[0]))
+    print(f"model: alpha {alpha * 1e6:.0f} us per message, {gbit:g} Gbit/s links "
+          f"(beta {beta * 1e9:.1f} ns/B), a round's CPU cost {round_s * 1e6:.0f} us\n")
+    systems = ("chosen", "ring", "bare-chosen", "bare-ring")
+    for lay in layouts:
+        hosts = int(lay.split("x")[0])
+        runs = {s: load_runs(d, f"{lay}-{s}.*.json") for s in systems}
+        t = {s: sweep_times(r) for s, r in runs.items()}
+        mpi = sweep_times([x for r in runs.values() for x in r], "mpi_time_us")
+        have = [s for s in systems if runs[s]]
+        neg = round_s + log2c(hosts) * (alpha + 40 * beta)
+        print(f"#### {hosts} hosts x 1 rank: runs " + ", ".join(f"{s} {len(runs[s])}" for s in have) +
+              "; ms per allreduce, median over runs\n")
+        print("| bytes | " + " | ".join(have) + " | MPI_Allreduce | " +
+              " | ".join(f"{s} / best of ({s.replace('chosen', 'ring')}, MPI)" for s in have if "chosen" in s) +
+              " | chosen / MPI | model: chosen (algorithm) | chosen / model |")
+        print("|---:|" + "---:|" * (len(have) + 1 + sum("chosen" in s for s in have) + 3))
+        med = lambda s, n: statistics.median(t[s][n]) if n in t[s] else float("nan")
+        for n in sorted(mpi):
+            m = statistics.median(mpi[n])
+            cells = [f"{med(s, n) * 1e3:.3f}" for s in have]
+            ratios = []
+            for s in have:
+                if "chosen" not in s:
+                    continue
+                other = med(s.replace("chosen", "ring"), n)
+                best = min(other, m) if other == other else m
+                ratios.append(f"{best / med(s, n):.2f}")
+            pc, algo = flat_chosen(n, hosts, alpha, beta)
+            c = med("chosen", n) if "chosen" in have else float("nan")
+            print(f"| {n} | " + " | ".join(cells) + f" | {m * 1e3:.3f} | " + " | ".join(ratios) +
+                  f" | {m / c:.2f} | {(pc + neg) * 1e3:.3f} ({algo}) | {c / (pc + neg):.2f} |")
+        print()
+
 def scale(d):
     shm = {"alpha_shm": 5e-6, "beta_shm": 1 / 20e9}
     note = "assumed: 20 GB/s per pass, 5 us (a server's memory; this machine's is shared with other work)"
@@ -455,11 +512,17 @@ def main():
     for name in ("fit", "check", "measured"):
         s = sub.add_parser(name)
         s.add_argument("dir")
+    s = sub.add_parser("hosts")
+    s.add_argument("dir")
+    s.add_argument("--alpha-us", type=float, default=12.0, help="per-message latency (default 12)")
+    s.add_argument("--gbit", type=float, default=1.0, help="link rate in Gbit/s (default 1)")
+    s.add_argument("--round-us", type=float, default=20.0, help="a round's CPU cost (default 20)")
     s = sub.add_parser("scale")
     s.add_argument("dir", nargs="?")
     a = ap.parse_args()
     {"fit": lambda: fit(a.dir), "check": lambda: check(a.dir), "scale": lambda: scale(a.dir),
-     "measured": lambda: measured(a.dir)}[a.cmd]()
+     "measured": lambda: measured(a.dir),
+     "hosts": lambda: hosts_table(a.dir, a.alpha_us * 1e-6, a.gbit, a.round_us * 1e-6)}[a.cmd]()
 
 
 if __name__ == "__main__":
