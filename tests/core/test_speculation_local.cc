@@ -160,11 +160,15 @@ TEST_CASE("local: no speculation where the round's combine is not recursive doub
   }
 }
 
-TEST_CASE("local: ranks that would speculate on different operations run both as collectives",
+TEST_CASE("local: ranks that enqueue the same small operations in different orders speculate alike",
           "[runtime][speculation]") {
   // Two cached allreduces in flight at once, enqueued in opposite orders on
-  // the two ranks: in a round where each rank's first hit differs the
-  // speculation is void, and both operations still complete, right.
+  // the two ranks: each rank speculates on its hit of the lowest cache
+  // slot, so ranks holding the same hits choose the same one (choosing by
+  // enqueue order, they would differ and every speculation would be void);
+  // a round where the ranks' hits differ voids it, and every operation
+  // still completes, right.
+  std::vector<std::uint64_t> speculated(2);
   LocalJob::run(2, fast_options(), [&](int r, core::Runtime& rt) {
     for (int i = 0; i < kIters; ++i) {
       float a = static_cast<float>(r + i), b = static_cast<float>(10 * r + i);
@@ -182,5 +186,8 @@ TEST_CASE("local: ranks that would speculate on different operations run both as
       GYRE_EXPECT(r, a == static_cast<float>(1 + 2 * i));
       GYRE_EXPECT(r, b == static_cast<float>(10 + 2 * i));
     }
+    speculated[static_cast<std::size_t>(r)] = rt.negotiation_counters().speculated;
   });
+  CHECK(speculated[0] > 0);
+  CHECK(speculated[0] == speculated[1]);
 }

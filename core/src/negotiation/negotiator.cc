@@ -244,13 +244,21 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
     v[and_at + slot / 64] |= std::uint64_t{1} << (slot % 64);
     v[or_at + slot / 64] |= std::uint64_t{1} << (slot % 64);
   }
-  // The speculation: this rank's first hit that qualifies.
+  // The speculation: this rank's qualifying hit of the lowest slot, so that
+  // ranks holding the same hits choose the same one, whatever the order in
+  // which each enqueued them.
   std::optional<std::size_t> chosen;
   collectives::CombineFn kernel = nullptr;
   std::size_t count = 0, nbytes = 0;
   if (spec_words && !needs_full) {
     auto* input = reinterpret_cast<std::byte*>(v.data() + input_at);
-    for (std::size_t i = 0; i < hits.size() && !chosen; ++i) {
+    std::vector<std::size_t> by_slot(hits.size());
+    for (std::size_t i = 0; i < by_slot.size(); ++i) by_slot[i] = i;
+    std::sort(by_slot.begin(), by_slot.end(), [&](std::size_t a, std::size_t b) {
+      return mine.cache_hits[a] < mine.cache_hits[b];
+    });
+    for (std::size_t i : by_slot) {
+      if (chosen) break;
       const Request& r = hits[i].request;
       const std::size_t b = r.nbytes();
       if (r.collective != Collective::kAllreduce || r.group_size >= 2 ||

@@ -28,8 +28,8 @@
 //
 // A small allreduce rides in the log-depth round (speculation): a rank
 // whose hits include a cached allreduce of at most speculate_bytes of host
-// memory (no group, not Adasum) puts its slot and its input (prescaled) in
-// the vector, and the combine reduces the inputs of ranks that put the same
+// memory (no group, not Adasum) puts the lowest such slot and its input
+// (prescaled) in the vector, and the combine reduces the inputs of ranks that put the same
 // slot (any other mix marks the speculation void). If every rank put the
 // same slot and the round decides that operation, its result is already
 // on every rank: the executor completes it from the vector and runs no
