@@ -495,7 +495,8 @@ TEST_CASE("mpi: a repeated small allreduce is reduced within the negotiation rou
   }
   const RuntimeStats after = runtime_stats();
   const std::uint64_t speculated = after.speculated_allreduces - before.speculated_allreduces;
-  INFO("speculated " << speculated << " of " << 2 * kIters << ", over " << over << " ranks or hosts");
+  INFO("speculated " << speculated << " of " << 2 * kIters << ", over " << over
+                      << " ranks or hosts");
   if (on && exact) {
     CHECK(speculated > 0);
   } else {
