@@ -208,6 +208,7 @@ void bind_divergence(py::module_& m) {
     d["cache_hits_sent"] = st.cache_hits_sent;
     d["log_depth_rounds"] = st.log_depth_rounds;
     d["speculated_allreduces"] = st.speculated_allreduces;
+    d["speculation"] = st.speculation;
     d["negotiation_messages"] = st.negotiation_messages;
     d["negotiation_tier_hosts"] = st.negotiation_tier_hosts;
     d["caller_rounds"] = st.caller_rounds;

@@ -359,6 +359,10 @@ struct RuntimeStats {
   // Allreduces reduced within a log-depth round (GYRE_SPECULATE_BYTES): no
   // collective ran for them after the round.
   std::uint64_t speculated_allreduces = 0;
+  // Whether this job reduces them so: where the round gives the bits the
+  // backend's own allreduce would (2 ranks, or a power of two of ranks on
+  // the flat transport; docs/architecture.md).
+  bool speculation = false;
   std::uint64_t negotiation_messages = 0;  // messages this rank sent negotiating
   // Of `rounds`, those run by a thread waiting in Handle::wait() instead of
   // the background thread (GYRE_CALLER_ROUNDS).

@@ -151,6 +151,7 @@ RuntimeStats runtime_stats() {
   st.cache_hits_sent = nc.cache_hits_sent;
   st.log_depth_rounds = nc.log_depth_rounds;
   st.speculated_allreduces = nc.speculated;
+  st.speculation = rt->speculation();
   st.negotiation_messages = nc.messages;
   st.negotiation_tier_hosts = rt->negotiation_tier_hosts();
   st.caller_rounds = rt->caller_rounds();

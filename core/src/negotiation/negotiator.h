@@ -37,7 +37,10 @@
 // combine must then give the same bits on every rank whatever the values:
 // only where the dissemination is recursive doubling (a power of two of
 // ranks, or of hosts in two tiers), which combines each pair lower rank
-// first on both partners, as recursive_doubling_allreduce does.
+// first on both partners, as recursive_doubling_allreduce does. Whether
+// that is also the backend's order (so that a call's bits do not depend on
+// whether the round caught it) is the source's decision: the runtime gives
+// no input where it is not (Runtime::speculation()).
 //
 // In two tiers across hosts (set_host_tier): the log-depth vector is
 // combined within each host over shared memory first (no messages), then

@@ -106,18 +106,33 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
     cross_counted_ = std::make_shared<transport::CountingTransport>(info_.cross);
     info_.cross = cross_counted_;
   }
+  if (info_.initial_step != 0) vv_.set_all(info_.initial_step);
+  backends_.connect({info_.local_rank, info_.shm, info_.cross});
   // Small allreduces reduced within the log-depth round take their inputs
-  // from the queue (Negotiator::set_speculation_source).
+  // from the queue (Negotiator::set_speculation_source), where the round's
+  // butterfly gives the bits the host backend's own allreduce would
+  // (docs/architecture.md): recursive doubling over a power of two of ranks
+  // at that size, on the flat transport or across hosts of one rank each, or
+  // any backend at 2 ranks (both compute op(rank 0's, rank 1's)). Not over
+  // shared memory at 3 or more ranks (each element reduced in rank order)
+  // nor across hosts of several ranks. Alike on every rank; a rank that
+  // would differ only leaves its speculation void.
+  {
+    const std::string backend = backends_.host_backend();
+    const bool small_rd = opt_.allreduce_small_bytes >= opt_.speculate_bytes;
+    const bool flat = backend == "cpu" || (backend == "hierarchical" && info_.local_size == 1);
+    speculation_ = size_ >= 2 && opt_.speculate_bytes > 0 && opt_.log_negotiation != 0 &&
+                   ((flat && small_rd && std::has_single_bit(static_cast<unsigned>(size_))) ||
+                    (size_ == 2 && (backend == "shm" || small_rd)));
+  }
   negotiator_.set_speculation_source([this](const Request& r, std::span<std::byte> out) {
-    if (!queue_.copy_input(r, out)) return false;
+    if (!speculation_ || !queue_.copy_input(r, out)) return false;
     // Prescaled as the backends' allreduce scales each contribution.
     if (r.prescale != 1.0) {
       collectives::scale(out.data(), out.size() / dtype_size(r.dtype), r.dtype, r.prescale);
     }
     return true;
   });
-  if (info_.initial_step != 0) vv_.set_all(info_.initial_step);
-  backends_.connect({info_.local_rank, info_.shm, info_.cross});
   // The background thread shares its rank's core with the training loop:
   // it spins briefly (negotiation and ring chunks normally arrive within
   // microseconds), then naps, so that a late peer costs no core time.

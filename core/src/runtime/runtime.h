@@ -158,6 +158,9 @@ class Runtime {
   // Times the background thread held back from a round to leave it to a
   // caller about to wait (the grace in Runtime::loop).
   std::uint64_t caller_graces() const { return caller_graces_.load(); }
+  // Whether this rank reduces small cached allreduces within the
+  // negotiation round (GYRE_SPECULATE_BYTES and the layout: runtime.cc).
+  bool speculation() const { return speculation_; }
   // The negotiation's counters as of the last round this rank completed,
   // read together: the messages of a round still in progress are not in
   // them, so messages and rounds agree with each other (each counter read
@@ -258,6 +261,7 @@ class Runtime {
   NegotiationCounters counters_;    // published at the end of each round
   std::atomic<std::uint64_t> internal_seq_{0};
   std::atomic<int> cuda_device_{-1};         // claim_cuda_device(); -1: none yet
+  bool speculation_ = false;                 // set before the thread starts
   // info_.cross wrapped to count its traffic; set before the thread starts.
   std::shared_ptr<transport::CountingTransport> cross_counted_;
   // Rounds run by a waiting caller (rounds.cc); the fields below it are
