@@ -73,8 +73,9 @@ for r in $(seq 0 $((np - 1))); do
   else
     # Or the stopped rank itself: a rank blocked sending a message too
     # large to go eagerly to its successor, rank 1, names that rank, and a
-    # log-depth negotiation round (dissemination: step k receives from rank
-    # r - 2^k) may wait on rank 1 directly.
+    # log-depth negotiation round (dissemination at these 3 ranks: step k
+    # receives from rank r - 2^k; at a power of two it would be r XOR 2^k)
+    # may wait on rank 1 directly.
     pred=$(( (r + np - 1) % np ))
     grep -qE "(from|to) rank $pred |(from|to) rank 1 " <<<"$line" ||
       fail "rank $r's error names neither its predecessor $pred nor rank 1: $line"
