@@ -8,7 +8,10 @@
 // speculated and the results are still right.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <memory>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -16,6 +19,8 @@
 
 #include <fmt/format.h>
 
+#include "gyre/collectives/shm.h"
+#include "gyre/collectives/shm_host.h"
 #include "local_job.h"
 
 using namespace gyre;
@@ -65,9 +70,24 @@ struct Outcome {
   std::vector<std::uint64_t> speculated;
 };
 
-Outcome run_cases(int ranks, std::size_t speculate_bytes) {
+// shm: the ranks share one shared-memory region (the ShmBackend, which
+// reduces each element in rank order) instead of the transport's recursive
+// doubling.
+Outcome run_cases(int ranks, std::size_t speculate_bytes, bool shm = false) {
   Options o = fast_options();
   o.speculate_bytes = speculate_bytes;
+  collectives::ShmOptions so;
+  so.timeout = std::chrono::milliseconds(60000);
+  const std::size_t region_bytes = collectives::ShmGroup::region_bytes(ranks, so.slot_bytes);
+  std::unique_ptr<std::byte, void (*)(void*)> region(
+      static_cast<std::byte*>(std::aligned_alloc(64, (region_bytes + 63) / 64 * 64)), std::free);
+  std::memset(region.get(), 0, region_bytes);
+  LocalJob::Setup setup;
+  if (shm) {
+    setup = [&](int r, core::RuntimeInfo& info) {
+      info.shm = transport::ShmHost::attach(region.get(), r, ranks, so);
+    };
+  }
   Outcome res;
   res.out.assign(static_cast<std::size_t>(ranks), {});
   res.speculated.assign(static_cast<std::size_t>(ranks), 0);
@@ -94,7 +114,7 @@ Outcome run_cases(int ranks, std::size_t speculate_bytes) {
       }
     }
     res.speculated[static_cast<std::size_t>(r)] = rt.negotiation_counters().speculated;
-  });
+  }, setup);
   return res;
 }
 
@@ -144,6 +164,29 @@ TEST_CASE("local: small allreduces reduced within the negotiation round match th
       std::int64_t got[5];
       std::memcpy(got, spec.out[0][5][static_cast<std::size_t>(i)].data(), sizeof got);
       CHECK(got[2] == isum);
+    }
+  }
+}
+
+TEST_CASE("local: over shared memory the round reduces in rank order, as the backend does",
+          "[runtime][speculation]") {
+  // The shared-memory allreduce reduces each element in rank order
+  // (((x0+x1)+x2)+x3); the round gathers every rank's input and reduces
+  // them in that order, so speculated calls give the backend's bits, at 3
+  // ranks too (not a power of two).
+  for (int ranks : {3, 4}) {
+    INFO("ranks " << ranks);
+    const Outcome spec = run_cases(ranks, 64, true);
+    const Outcome ref = run_cases(ranks, 0, true);
+    for (int r = 0; r < ranks; ++r) {
+      const auto q = static_cast<std::size_t>(r);
+      CHECK(spec.speculated[q] > 0);
+      CHECK(ref.speculated[q] == 0);
+      for (std::size_t c = 0; c < std::size(kCases); ++c) {
+        INFO("case " << kCases[c].name << ", rank " << r);
+        CHECK(spec.out[q][c] == ref.out[q][c]);
+        CHECK(spec.out[q][c] == spec.out[0][c]);
+      }
     }
   }
 }

@@ -360,8 +360,8 @@ struct RuntimeStats {
   // collective ran for them after the round.
   std::uint64_t speculated_allreduces = 0;
   // Whether this job reduces them so: where the round gives the bits the
-  // backend's own allreduce would (2 ranks, or a power of two of ranks on
-  // the flat transport; docs/architecture.md).
+  // backend's own allreduce would (2 ranks; a power of two of ranks on the
+  // flat transport; one host over shared memory; docs/architecture.md).
   bool speculation = false;
   std::uint64_t negotiation_messages = 0;  // messages this rank sent negotiating
   // Of `rounds`, those run by a thread waiting in Handle::wait() instead of

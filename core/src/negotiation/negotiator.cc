@@ -207,6 +207,9 @@ constexpr std::uint64_t kVoid = ~std::uint64_t{0};
 
 bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
+// The most a rank-order speculation adds to the vector (every rank's input).
+constexpr std::size_t kMaxRankOrderBytes = 4096;
+
 bool bit(const std::vector<std::uint64_t>& v, std::size_t at, std::uint32_t slot) {
   return (v[at + slot / 64] >> (slot % 64)) & 1u;
 }
@@ -216,6 +219,12 @@ bool bit(const std::vector<std::uint64_t>& v, std::size_t at, std::uint32_t slot
 std::size_t Negotiator::speculation_words() const {
   if (!source_ || opt_.speculate_bytes == 0) return 0;
   const std::size_t words = (opt_.speculate_bytes + 7) / 8;
+  if (order_ == SpeculationOrder::kRankOrder) {
+    // Every rank's input in its own place; OR combines them exactly for
+    // any number of ranks and any dissemination.
+    const std::size_t all = words * static_cast<std::size_t>(t_.size());
+    return all * sizeof(std::uint64_t) <= kMaxRankOrderBytes ? all : 0;
+  }
   const std::size_t bits = (cache_.slot_count() + 63) / 64;
   const std::size_t bytes = (kBits + 2 * bits + 1 + words) * sizeof(std::uint64_t);
   // The combine_all path this vector takes, and whether its dissemination
@@ -250,8 +259,12 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
   std::optional<std::size_t> chosen;
   collectives::CombineFn kernel = nullptr;
   std::size_t count = 0, nbytes = 0;
+  const bool rank_order = order_ == SpeculationOrder::kRankOrder;
+  const std::size_t each_words = rank_order ? spec_words / static_cast<std::size_t>(t_.size())
+                                            : spec_words;
   if (spec_words && !needs_full) {
-    auto* input = reinterpret_cast<std::byte*>(v.data() + input_at);
+    auto* input = reinterpret_cast<std::byte*>(
+        v.data() + input_at + (rank_order ? each_words * static_cast<std::size_t>(t_.rank()) : 0));
     std::vector<std::size_t> by_slot(hits.size());
     for (std::size_t i = 0; i < by_slot.size(); ++i) by_slot[i] = i;
     std::sort(by_slot.begin(), by_slot.end(), [&](std::size_t a, std::size_t b) {
@@ -263,7 +276,7 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
       const std::size_t b = r.nbytes();
       if (r.collective != Collective::kAllreduce || r.group_size >= 2 ||
           r.op == ReduceOp::kAdasum || r.device.type != DeviceType::kCPU || b == 0 ||
-          b > spec_words * sizeof(std::uint64_t)) {
+          b > each_words * sizeof(std::uint64_t)) {
         continue;
       }
       try {
@@ -288,11 +301,16 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
     }
     if (spec_words) {
       // Equal valid slots are this rank's own (acc or in is always what
-      // this rank holds), so `kernel` is theirs; `acc` comes first.
+      // this rank holds), so `kernel` is theirs; `acc` comes first. In rank
+      // order each place is one rank's and the others' are zero: OR.
       if (acc[spec_at] != in[spec_at]) {
         acc[spec_at] = kVoid;
       } else if (acc[spec_at] != 0 && acc[spec_at] != kVoid && kernel) {
-        kernel(acc.data() + input_at, acc.data() + input_at, in.data() + input_at, count);
+        if (rank_order) {
+          for (std::size_t w = 0; w < spec_words; ++w) acc[input_at + w] |= in[input_at + w];
+        } else {
+          kernel(acc.data() + input_at, acc.data() + input_at, in.data() + input_at, count);
+        }
       }
     }
   });
@@ -320,8 +338,19 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
   if (chosen && v[spec_at] == std::uint64_t{mine.cache_hits[*chosen]} + 1 &&
       std::binary_search(run.begin(), run.end(), mine.cache_hits[*chosen])) {
     const auto* result = reinterpret_cast<const std::byte*>(v.data() + input_at);
-    out.speculated = Speculated{hits[*chosen].request.name,
-                                std::vector<std::byte>(result, result + nbytes)};
+    std::vector<std::byte> reduced(result, result + nbytes);
+    if (rank_order) {
+      // Rank 0's with rank 1's, then each further rank's in turn: the order
+      // in which the shared-memory allreduce reduces every element.
+      const std::size_t stride = each_words * sizeof(std::uint64_t);
+      const Request& r = hits[*chosen].request;
+      kernel(reduced.data(), result, result + stride, count);
+      const collectives::ReduceFn more = collectives::reduce_kernel(r.dtype, r.op);
+      for (int q = 2; q < t_.size(); ++q) {
+        more(reduced.data(), result + static_cast<std::size_t>(q) * stride, count);
+      }
+    }
+    out.speculated = Speculated{hits[*chosen].request.name, std::move(reduced)};
     speculated_.fetch_add(1, std::memory_order_relaxed);
   }
   // This rank's other hits wait for the next round.

@@ -35,12 +35,14 @@
 // on every rank: the executor completes it from the vector and runs no
 // collective (one exchange per small operation instead of two). The
 // combine must then give the same bits on every rank whatever the values:
-// only where the dissemination is recursive doubling (a power of two of
-// ranks, or of hosts in two tiers), which combines each pair lower rank
-// first on both partners, as recursive_doubling_allreduce does. Whether
-// that is also the backend's order (so that a call's bits do not depend on
-// whether the round caught it) is the source's decision: the runtime gives
-// no input where it is not (Runtime::speculation()).
+// in pairs (SpeculationOrder::kPairs) only where the dissemination is
+// recursive doubling (a power of two of ranks, or of hosts in two tiers),
+// which combines each pair lower rank first on both partners, as
+// recursive_doubling_allreduce does; in rank order (kRankOrder) for any
+// number of ranks, each rank's input gathered at its own place and reduced
+// on every rank in rank order. Which order is the backend's (so that a
+// call's bits do not depend on whether the round caught it) is the
+// runtime's decision (Runtime::speculation()).
 //
 // In two tiers across hosts (set_host_tier): the log-depth vector is
 // combined within each host over shared memory first (no messages), then
@@ -82,6 +84,14 @@ struct NegotiatorOptions {
   double hold_limit_s = 1.0;           // longest a cache hit waits outside the Coordinator
   std::size_t speculate_bytes = 64;    // largest allreduce run in the round itself; 0: off
 };
+
+// How the round reduces a speculated input (see above): kPairs in the
+// dissemination itself, each pair lower rank first (recursive doubling's
+// order; the vector carries one input); kRankOrder by gathering every
+// rank's input (the vector carries N, at most 4 KiB in all) and reducing
+// them on every rank in rank order, rank 0's with rank 1's first, as the
+// shared-memory allreduce does.
+enum class SpeculationOrder { kPairs, kRankOrder };
 
 // The input of a cached allreduce for the round to speculate on: copies the
 // operation's input, prescaled, into `out` (exactly its bytes) and returns
@@ -128,7 +138,11 @@ class Negotiator {
 
   // Where the round's speculation takes its inputs (see above); without
   // one, no round speculates. Before the first round, on every rank.
-  void set_speculation_source(SpeculationSource source) { source_ = std::move(source); }
+  void set_speculation_source(SpeculationSource source,
+                              SpeculationOrder order = SpeculationOrder::kPairs) {
+    source_ = std::move(source);
+    order_ = order;
+  }
 
   // Sends `fresh` (this rank's requests enqueued since the previous round,
   // or announced as failed) and `flags`, receives every rank's, and returns
@@ -192,6 +206,7 @@ class Negotiator {
   std::atomic<std::uint64_t> log_depth_rounds_{0};
   std::atomic<std::uint64_t> speculated_{0};
   SpeculationSource source_;
+  SpeculationOrder order_ = SpeculationOrder::kPairs;
   // This rank's cache hits that some rank had not submitted in the last
   // log-depth round: sent again first in the next round, in order.
   std::vector<Hit> held_;
