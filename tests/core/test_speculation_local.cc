@@ -118,6 +118,23 @@ Outcome run_cases(int ranks, std::size_t speculate_bytes, bool shm = false) {
   return res;
 }
 
+// With speculation (spec) every rank speculated and got the same bits as
+// without (ref, which speculated nothing) and as rank 0. Every call but
+// each case's first (not yet in the response cache) can be speculated; a
+// round that holds more than one hit takes one.
+void check_speculated_alike(const Outcome& spec, const Outcome& ref, int ranks) {
+  for (int r = 0; r < ranks; ++r) {
+    const auto q = static_cast<std::size_t>(r);
+    CHECK(spec.speculated[q] > 0);
+    CHECK(ref.speculated[q] == 0);
+    for (std::size_t c = 0; c < std::size(kCases); ++c) {
+      INFO("case " << kCases[c].name << ", rank " << r);
+      CHECK(spec.out[q][c] == ref.out[q][c]);
+      CHECK(spec.out[q][c] == spec.out[0][c]);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("local: small allreduces reduced within the negotiation round match the collectives",
@@ -125,20 +142,7 @@ TEST_CASE("local: small allreduces reduced within the negotiation round match th
   for (int ranks : {2, 4}) {
     INFO("ranks " << ranks);
     const Outcome spec = run_cases(ranks, 64);
-    const Outcome ref = run_cases(ranks, 0);
-    for (int r = 0; r < ranks; ++r) {
-      const auto q = static_cast<std::size_t>(r);
-      // Every call but each case's first (not yet in the response cache)
-      // can be speculated; a round that holds more than one hit takes one.
-      CHECK(spec.speculated[q] > 0);
-      CHECK(ref.speculated[q] == 0);
-      for (std::size_t c = 0; c < std::size(kCases); ++c) {
-        INFO("case " << kCases[c].name << ", rank " << r);
-        // The same bits as the collective path, and as rank 0's.
-        CHECK(spec.out[q][c] == ref.out[q][c]);
-        CHECK(spec.out[q][c] == spec.out[0][c]);
-      }
-    }
+    check_speculated_alike(spec, run_cases(ranks, 0), ranks);
     // And the values are the reductions (within float rounding).
     for (int i = 0; i < kIters; ++i) {
       double want_sum = 0, want_min = 1e300, want_max = -1e300;
@@ -176,18 +180,7 @@ TEST_CASE("local: over shared memory the round reduces in rank order, as the bac
   // ranks too (not a power of two).
   for (int ranks : {3, 4}) {
     INFO("ranks " << ranks);
-    const Outcome spec = run_cases(ranks, 64, true);
-    const Outcome ref = run_cases(ranks, 0, true);
-    for (int r = 0; r < ranks; ++r) {
-      const auto q = static_cast<std::size_t>(r);
-      CHECK(spec.speculated[q] > 0);
-      CHECK(ref.speculated[q] == 0);
-      for (std::size_t c = 0; c < std::size(kCases); ++c) {
-        INFO("case " << kCases[c].name << ", rank " << r);
-        CHECK(spec.out[q][c] == ref.out[q][c]);
-        CHECK(spec.out[q][c] == spec.out[0][c]);
-      }
-    }
+    check_speculated_alike(run_cases(ranks, 64, true), run_cases(ranks, 0, true), ranks);
   }
 }
 
