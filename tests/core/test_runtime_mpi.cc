@@ -13,6 +13,8 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "gyre/gyre.h"
@@ -323,11 +325,13 @@ TEST_CASE("mpi: shutdown with pending work fails it, on every rank", "[mpi]") {
 }
 
 TEST_CASE("mpi: the timeline file is valid JSON", "[mpi]") {
-  std::string path;  // one file per world size: the np2 and np3 runs may overlap
+  std::string path;  // one file per job: the jobs ctest runs side by side may share a size
   int me = -1;
   {
-    init(test_options());  // to learn the world size
-    path = fmt::format("gyre_core_mpi_timeline_np{}.json", size());
+    init(test_options());  // to learn rank 0's process id, which names the file
+    std::vector<std::int64_t> pid{static_cast<std::int64_t>(::getpid())};
+    broadcast_async("timeline.pid", TensorView{pid.data(), DataType::kInt64, {1}}, 0).wait();
+    path = fmt::format("gyre_core_mpi_timeline_{}.json", pid[0]);
     shutdown();
     Options o = test_options();
     o.timeline_path = path;
