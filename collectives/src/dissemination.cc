@@ -17,6 +17,7 @@
 // Every rank sends exactly ceil(log2 n) messages of the vector's size, for
 // every n: the negotiation's cache-hit round (AND of bit vectors, min and
 // max of steps, a speculated small allreduce) in log depth.
+#include <bit>
 #include <cstring>
 #include <vector>
 
@@ -34,7 +35,7 @@ void dissemination_allreduce(Transport& t, std::span<std::uint64_t> words,
   if (n == 1) return;
   const std::size_t bytes = words.size() * sizeof(std::uint64_t);
   std::vector<std::uint64_t> sent(words.size()), got(words.size());
-  const bool pairs = (n & (n - 1)) == 0;
+  const bool pairs = std::has_single_bit(static_cast<unsigned>(n));
   for (int dist = 1; dist < n; dist *= 2) {
     const int to = pairs ? r ^ dist : (r + dist) % n;
     const int from = pairs ? r ^ dist : (r - dist + n) % n;

@@ -15,6 +15,7 @@
 #include "api/operations.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -91,7 +92,7 @@ void check_adasum(Runtime& rt, const std::string& what, const TensorView& in) {
         device_name(in.device.type), in.device.index));
   }
   const int n = rt.size();
-  if (n < 1 || (n & (n - 1)) != 0) {
+  if (n < 1 || !std::has_single_bit(static_cast<unsigned>(n))) {
     throw InvalidArgument(fmt::format(
         "{}: Adasum needs a power-of-two number of ranks (1, 2, 4, 8, ...), this job has {}",
         what, n));

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <optional>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -80,7 +81,9 @@ void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at
     }
   }
   std::vector<FusionItem> items(responses.size());
-  std::vector<bool> done(responses.size(), false);
+  // The response the round already reduced: alone in its bucket (an
+  // unfused item), which the bucket loop skips.
+  std::optional<std::size_t> speculated_at;
   for (std::size_t i = 0; i < responses.size(); ++i) {
     Response& r = responses[i];
     if (entries[i]) {
@@ -97,8 +100,8 @@ void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at
         speculated->result.size() == r.agreed.nbytes()) {
       complete_speculated(r, entries[i], speculated->result);
       speculated = nullptr;
-      done[i] = true;
-      continue;  // not fusable: a bucket of its own, skipped below
+      speculated_at = i;
+      continue;
     }
     if (r.collective == Collective::kAllreduce) {
       const std::size_t bytes = r.agreed.nbytes();
@@ -113,7 +116,7 @@ void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at
   for (std::size_t k = 0; k < buckets.size(); ++k) {
     const Bucket& b = buckets[k];
     Response& first = responses[b.members.front()];
-    if (!first.ok() || done[b.members.front()]) continue;  // completed above
+    if (!first.ok() || speculated_at == b.members.front()) continue;  // completed above
     std::vector<Response*> resps;
     std::vector<Entry> bucket_entries;
     for (auto m : b.members) {

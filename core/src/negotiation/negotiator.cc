@@ -3,6 +3,7 @@
 #include "negotiation/negotiator.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <map>
 
@@ -205,8 +206,6 @@ namespace {
 constexpr std::size_t kNeedsFull = 0, kMinStep = 1, kMaxStep = 2, kBits = 3;
 constexpr std::uint64_t kVoid = ~std::uint64_t{0};
 
-bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
-
 // The most a rank-order speculation adds to the vector (every rank's input).
 constexpr std::size_t kMaxRankOrderBytes = 4096;
 
@@ -230,7 +229,7 @@ std::size_t Negotiator::speculation_words() const {
   // The combine_all path this vector takes, and whether its dissemination
   // is recursive doubling (see the header).
   const bool tiered = local_ && bytes <= local_->slot_bytes();
-  return power_of_two(tiered ? tier_hosts_ : t_.size()) ? words : 0;
+  return std::has_single_bit(static_cast<unsigned>(tiered ? tier_hosts_ : t_.size())) ? words : 0;
 }
 
 std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
@@ -256,7 +255,8 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
   // The speculation: this rank's qualifying hit of the lowest slot, so that
   // ranks holding the same hits choose the same one, whatever the order in
   // which each enqueued them.
-  std::optional<std::size_t> chosen;
+  // The hit whose input this rank speculates; hits.size(): none.
+  std::size_t chosen = hits.size();
   collectives::CombineFn kernel = nullptr;
   std::size_t count = 0, nbytes = 0;
   const bool rank_order = order_ == SpeculationOrder::kRankOrder;
@@ -265,13 +265,12 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
   if (spec_words && !needs_full) {
     auto* input = reinterpret_cast<std::byte*>(
         v.data() + input_at + (rank_order ? each_words * static_cast<std::size_t>(t_.rank()) : 0));
-    std::vector<std::size_t> by_slot(hits.size());
-    for (std::size_t i = 0; i < by_slot.size(); ++i) by_slot[i] = i;
-    std::sort(by_slot.begin(), by_slot.end(), [&](std::size_t a, std::size_t b) {
-      return mine.cache_hits[a] < mine.cache_hits[b];
-    });
-    for (std::size_t i : by_slot) {
-      if (chosen) break;
+    // One pass: the lowest slot among the hits that qualify, then its
+    // input. The input of a hit drained this round is always in the queue,
+    // so the source failing (a hit completed meanwhile) just leaves the
+    // speculation out of this round.
+    std::size_t lowest = hits.size();
+    for (std::size_t i = 0; i < hits.size(); ++i) {
       const Request& r = hits[i].request;
       const std::size_t b = r.nbytes();
       if (r.collective != Collective::kAllreduce || r.group_size >= 2 ||
@@ -279,16 +278,23 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
           b > each_words * sizeof(std::uint64_t)) {
         continue;
       }
+      if (lowest == hits.size() || mine.cache_hits[i] < mine.cache_hits[lowest]) lowest = i;
+    }
+    if (lowest < hits.size()) {
+      const Request& r = hits[lowest].request;
       try {
         kernel = collectives::combine_kernel(r.dtype, r.op);
       } catch (const InvalidArgument&) {
-        continue;  // refused at enqueue; the executor refuses it alike
+        kernel = nullptr;  // refused at enqueue; the executor refuses it alike
       }
-      if (!source_(r, std::span(input, b))) continue;
-      chosen = i;
-      count = b / dtype_size(r.dtype);
-      nbytes = b;
-      v[spec_at] = std::uint64_t{mine.cache_hits[i]} + 1;
+      if (kernel && source_(r, std::span(input, r.nbytes()))) {
+        chosen = lowest;
+        nbytes = r.nbytes();
+        count = nbytes / dtype_size(r.dtype);
+        v[spec_at] = std::uint64_t{mine.cache_hits[chosen]} + 1;
+      } else {
+        kernel = nullptr;
+      }
     }
   }
   combine_all(v, [&](std::span<std::uint64_t> acc, std::span<const std::uint64_t> in) {
@@ -335,22 +341,22 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
     });
   }
   Agreement out;
-  if (chosen && v[spec_at] == std::uint64_t{mine.cache_hits[*chosen]} + 1 &&
-      std::binary_search(run.begin(), run.end(), mine.cache_hits[*chosen])) {
+  if (chosen < hits.size() && v[spec_at] == std::uint64_t{mine.cache_hits[chosen]} + 1 &&
+      std::binary_search(run.begin(), run.end(), mine.cache_hits[chosen])) {
     const auto* result = reinterpret_cast<const std::byte*>(v.data() + input_at);
     std::vector<std::byte> reduced(result, result + nbytes);
     if (rank_order) {
       // Rank 0's with rank 1's, then each further rank's in turn: the order
       // in which the shared-memory allreduce reduces every element.
       const std::size_t stride = each_words * sizeof(std::uint64_t);
-      const Request& r = hits[*chosen].request;
+      const Request& r = hits[chosen].request;
       kernel(reduced.data(), result, result + stride, count);
       const collectives::ReduceFn more = collectives::reduce_kernel(r.dtype, r.op);
       for (int q = 2; q < t_.size(); ++q) {
         more(reduced.data(), result + static_cast<std::size_t>(q) * stride, count);
       }
     }
-    out.speculated = Speculated{hits[*chosen].request.name, std::move(reduced)};
+    out.speculated = Speculated{hits[chosen].request.name, std::move(reduced)};
     speculated_.fetch_add(1, std::memory_order_relaxed);
   }
   // This rank's other hits wait for the next round.
