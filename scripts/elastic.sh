@@ -39,7 +39,7 @@ cmake -S "$GYRE_ROOT" -B "$GYRE_BUILD" -DCMAKE_BUILD_TYPE=Release -DGYRE_BUILD_T
   -DMPI_C_COMPILER="$venv/bin/mpicc" -DMPI_CXX_COMPILER="$venv/bin/mpicxx" \
   -DMPIEXEC_EXECUTABLE="$venv/bin/mpirun" | grep "gyre:"
 cmake --build "$GYRE_BUILD" -j "$jobs" --target gyre_elastic_kill gyre_elastic_store_kill \
-  gyre_elastic_local_sgd_kill
+  gyre_elastic_local_sgd_kill gyre_elastic_partial_local_sgd_kill
 # The test binaries must load Open MPI 5's libmpi, not Debian's.
 # (ldd's output is captured first: grep -q closing the pipe early would
 # fail the pipeline under pipefail.)
@@ -58,7 +58,7 @@ fail() {
 fail_ctest() {  # fail_ctest LABEL: names the tests CTest saw fail
   fail "ctest -L $1: $(gyre_ctest_failed "$GYRE_BUILD")"
 }
-echo "== ctest -L elastic (C++: allreduce training, LocalSgd, and the parameter store)"
+echo "== ctest -L elastic (C++: allreduce training, LocalSgd, PartialLocalSgd, and the parameter store)"
 (cd "$GYRE_BUILD" && ctest --output-on-failure -L elastic -LE python) || fail_ctest elastic
 
 if [ "$with_python" = 1 ]; then

@@ -24,6 +24,7 @@
 #include <fmt/format.h>
 
 #include "gyre/gyre.h"
+#include "gyre/elastic.h"
 #include "gyre/partial_local_sgd.h"
 #include "gyre/view.h"
 
@@ -353,4 +354,62 @@ TEST_CASE("partial local SGD: on a process set, its first rank aggregates; no co
   CHECK(committed_steps() == start);
   barrier();
   remove_process_set(set);
+}
+
+TEST_CASE("partial local SGD: an elastic State restores its counters; add_to's refusals",
+          "[mpi]") {
+  // add_to() puts the step and round counters into an elastic State beside
+  // the job's parameters (the reopening of the store after a member's death
+  // is tests/elastic/partial_local_sgd_kill.cc's, under ULFM): restoring the
+  // State after more steps and a round returns both, and a round from there
+  // continues from the restored parameters.
+  Session s;
+  Model m(rank());
+  PartialLocalSgd sgd({.period = 2, .late_after_s = 30, .timeout_s = 30,
+                       .name = "test.pls.elastic", .commit = false},
+                      m.views());
+  elastic::State state;
+  state.add("w", m.w);
+  state.add("b", m.b);
+  sgd.add_to(state);
+  const std::uint64_t start = committed_steps();
+  for (int t = 1; t <= 2; ++t) {
+    inner_step(m, t);
+    if (sgd.step()) state.commit();
+  }
+  REQUIRE(sgd.version() == 1);
+  CHECK(committed_steps() == start + 1);  // the State's commit only
+  const std::vector<double> committed = m.flat();
+  for (int t = 3; t <= 5; ++t) {  // a round (step 4) and a step the restore undoes
+    inner_step(m, t);
+    sgd.step();
+  }
+  REQUIRE(sgd.version() == 2);
+  REQUIRE(sgd.local_steps() == 5);
+  state.restore();
+  CHECK(sgd.version() == 1);
+  CHECK(sgd.local_steps() == 2);
+  CHECK(m.flat() == committed);
+  sgd.close();
+  CHECK(same_on_every_rank("test.pls.elastic.final", m.flat()));
+
+  // Refusals: one that commits its rounds itself (two commits per round),
+  // and one on a process set other than the global one (a rebuild drops it).
+  PartialLocalSgd committing({.late_after_s = 30, .timeout_s = 30, .name = "test.pls.committing"},
+                             m.views());
+  elastic::State other;
+  CHECK_THROWS_WITH(committing.add_to(other), Catch::Contains(".commit = false"));
+  committing.close();
+  if (size() >= 3) {  // a set of fewer ranks than the job's
+    const int set = add_process_set({0, 1});
+    if (process_set_included(set)) {
+      PartialLocalSgd on_set({.late_after_s = 30, .process_set = set, .timeout_s = 30,
+                              .name = "test.pls.elastic.set", .commit = false},
+                             m.views());
+      CHECK_THROWS_WITH(on_set.add_to(other), Catch::Contains("on the global one"));
+      on_set.close();
+    }
+    barrier();
+    remove_process_set(set);
+  }
 }

@@ -153,8 +153,33 @@ class PartialLocalSgd {
   // after it threw, counters() and merged_rounds() throw (the store is closed).
   void close();
 
+  // Elastic training (gyre/elastic.h): registers this PartialLocalSgd's
+  // step and round counters with `state` ("<name>.local_steps",
+  // "<name>.rounds", "<name>.rounds_late") and its recovery: when a member
+  // dies, every survivor's store calls fail (RankFailedError, the
+  // aggregator's thread stops quietly); elastic::run's failure callback
+  // drops this rank's store without a collective, and after the rebuild and
+  // the State's sync its reset callback opens a new store over the
+  // survivors (collective), holding the restored model, with a new
+  // aggregator on the new first rank; version() counts on from the rounds
+  // before. The outer optimizer's momentum restarts (it was the old
+  // aggregator's alone). The job adds its parameters to the State itself and
+  // calls state.commit() after each step() that ran a round: the
+  // PartialLocalSgd must not commit itself (`.commit = false`), and must be
+  // on the global process set (a rebuild drops the others); InvalidArgument
+  // otherwise. elastic::run needs the survivors within one commit of each
+  // other: rounds that wait for every rank (late_after_s above a period's
+  // time) keep them so. A second failure while the new store opens ends the
+  // run with its error. Not with a replacement rank (GYRE_ELASTIC_RESPAWN):
+  // it would construct its own PartialLocalSgd, a collective the survivors
+  // are not in. The PartialLocalSgd must outlive the State's use.
+  void add_to(elastic::State& state);
+
   std::int64_t local_steps() const;  // step() calls so far
-  std::int64_t version() const;      // the round of the model this rank works from
+  // The round of the model this rank works from, counted over the whole
+  // training (after an elastic recovery: the rounds before it plus the new
+  // store's).
+  std::int64_t version() const;
   std::int64_t rounds_late() const;  // rounds this rank arrived at after they had closed
   PartialLocalSgdCounters counters() const;
   // Per rank of the set: the round its latest merged contribution went into

@@ -187,6 +187,17 @@ void ParameterStore::Impl::await(
   }
 }
 
+std::vector<std::string> ParameterStore::Impl::dead_members(Clock::time_point limit) const {
+  std::vector<int> dead = channel ? channel->failed_ranks() : std::vector<int>{};
+  while (channel && dead.empty() && Clock::now() < limit) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    dead = channel->failed_ranks();
+  }
+  std::vector<std::string> names;
+  for (int d : dead) names.push_back(fmt::format("rank {} failed", members[static_cast<std::size_t>(d)]));
+  return names;
+}
+
 void ParameterStore::Impl::throw_member_failed(const CallName& c, const Outstanding& o,
                                                const RankFailedError& e) {
   // The channel is revoked by whichever call saw the death first, so the
@@ -194,21 +205,15 @@ void ParameterStore::Impl::throw_member_failed(const CallName& c, const Outstand
   // one died. This process may learn of the death after the revocation
   // reached it (tens of ms here): wait for that, within the deadline and at
   // most 10 s.
-  const auto limit = std::min(deadline(), Clock::now() + std::chrono::seconds(10));
-  std::vector<int> dead = channel->failed_ranks();
-  while (dead.empty() && Clock::now() < limit) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    dead = channel->failed_ranks();
-  }
+  const std::vector<std::string> names =
+      dead_members(std::min(deadline(), Clock::now() + std::chrono::seconds(10)));
   const std::string request =
       fmt::format("the request to {}, was not answered: {}", owner_text(c, o), e.what());
-  if (dead.empty()) {
+  if (names.empty()) {
     throw RankFailedError(fmt::format("ParameterStore::{}({}): a member of the store failed "
                                       "(which one is not known on this rank); {}", c.call,
                                       c.names, request));
   }
-  std::vector<std::string> names;
-  for (int d : dead) names.push_back(fmt::format("rank {} failed", members[d]));
   throw RankFailedError(fmt::format("ParameterStore::{}({}): {} (a member's death ends the "
                                     "store on every member); {}", c.call, c.names,
                                     fmt::join(names, ", "), request));
@@ -220,11 +225,16 @@ std::vector<std::int64_t> ParameterStore::pull(const std::string& name, const Te
 
 void ParameterStore::check_members() const {
   if (!impl_->server_failed.load(std::memory_order_acquire)) return;
-  const std::string text = fmt::format(
+  std::string text = fmt::format(
       "ParameterStore: this rank's store server stopped: {}; the store cannot go on",
       impl_->server_failure);
-  if (impl_->server_failure_rank) throw RankFailedError(text);
-  throw StateError(text);
+  if (!impl_->server_failure_rank) throw StateError(text);
+  // The server's wait for any member's request failed: ULFM knows which
+  // member died (the error itself names none).
+  const std::vector<std::string> names = impl_->dead_members(
+      std::min(impl_->deadline(), Impl::Clock::now() + std::chrono::seconds(10)));
+  if (!names.empty()) text = fmt::format("ParameterStore: {}; {}", fmt::join(names, ", "), text);
+  throw RankFailedError(text);
 }
 
 std::vector<std::vector<std::int64_t>> ParameterStore::pull_many(

@@ -248,6 +248,10 @@ struct ParameterStore::Impl {
   // RankFailedError naming the dead member(s), whichever member `o` was for.
   [[noreturn]] void throw_member_failed(const CallName& c, const Outstanding& o,
                                         const RankFailedError& e);
+  // "rank 1 failed" for each member ULFM reports dead, waited for until
+  // `limit` (this process may learn of the death after a revocation that
+  // came from another member reached it: tens of ms here); empty if none.
+  std::vector<std::string> dead_members(Clock::time_point limit) const;
   // "rank 1, owner of shard 0" (+ " of 'w'" when the call has several
   // tensors, + " and N more shards" when the request had several).
   std::string owner_text(const CallName& c, const Outstanding& o) const;

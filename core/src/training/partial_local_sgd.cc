@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "gyre/elastic.h"
 #include "training/partial_local_sgd_state.h"
 #include "training/training_checks.h"
 
@@ -88,31 +89,56 @@ PartialLocalSgd::PartialLocalSgd(const PartialLocalSgdOptions& options,
   State& st = *state_;
   st.options = options;
   st.timeout_s = default_timeout(options.timeout_s);
-  st.ranks = process_set_ranks(options.process_set);  // throws for an unknown set
-  const int me = rank();
-  const auto mine = std::find(st.ranks.begin(), st.ranks.end(), me);
-  if (mine == st.ranks.end()) {
-    throw InvalidArgument(fmt::format("PartialLocalSgd: rank {} is not in process set {}", me,
+  st.params = std::move(params);
+  st.log = core::Logger(rank(), Options::from_env().log_level);
+  st.open_store();
+}
+
+// Collective over the set as it is now: the store holding this rank's
+// parameters as the model (the set's first rank's are registered), its
+// version 0 adopted, and the aggregator on the set's first rank.
+void PartialLocalSgd::State::open_store() {
+  ranks = process_set_ranks(options.process_set);  // throws for an unknown set
+  const int world = rank();
+  const auto mine = std::find(ranks.begin(), ranks.end(), world);
+  if (mine == ranks.end()) {
+    throw InvalidArgument(fmt::format("PartialLocalSgd: rank {} is not in process set {}", world,
                                       options.process_set));
   }
-  st.n = static_cast<int>(st.ranks.size());
-  st.me = static_cast<int>(mine - st.ranks.begin());
-  st.params = std::move(params);
-  st.posted_at = {st.n};
-  st.meta_at = {st.n};
-  st.log = core::Logger(me, Options::from_env().log_level);
-  st.posted.assign(static_cast<std::size_t>(st.posted_at.size()), 0);
+  n = static_cast<int>(ranks.size());
+  me = static_cast<int>(mine - ranks.begin());
+  posted_at = {n};
+  meta_at = {n};
+  posted.assign(static_cast<std::size_t>(posted_at.size()), 0);
+  seen_rejected = 0;
   bool any64 = false;
-  for (const TensorView& p : st.params) any64 = any64 || p.dtype == DataType::kFloat64;
+  for (const TensorView& p : params) any64 = any64 || p.dtype == DataType::kFloat64;
   const DataType wire = any64 ? DataType::kFloat64 : DataType::kFloat32;
 
-  // Collective: the set's first rank's parameters become the model.
-  st.store = std::make_unique<PartialStore>(options, st.timeout_s, wire, st.n,
-                                            flatten(st.params));
+  store = std::make_unique<PartialStore>(options, timeout_s, wire, n, flatten(params));
   std::vector<double> model;
-  const std::int64_t version = st.store->pull_model(model);
-  st.adopt(model, version);
-  if (st.me == 0) st.aggregator = std::make_unique<Aggregator>(st);
+  const std::int64_t v = store->pull_model(model);
+  version = 0;
+  adopt(model, v);
+  if (me == 0) aggregator = std::make_unique<Aggregator>(*this);
+}
+
+void PartialLocalSgd::State::check_store() const {
+  if (!store) {
+    throw StateError(
+        "PartialLocalSgd: its store was dropped after a member's failure and not reopened (an "
+        "elastic State's recovery reopens it: PartialLocalSgd::add_to)");
+  }
+}
+
+// Not collective: the aggregator stopped and the store dropped, as after a
+// member's death (its calls fail on every member from then on).
+void PartialLocalSgd::State::drop_store() {
+  if (aggregator) {
+    aggregator->stop();
+    aggregator.reset();
+  }
+  store.reset();
 }
 
 PartialLocalSgd::~PartialLocalSgd() = default;
@@ -127,6 +153,7 @@ void PartialLocalSgd::State::stop_aggregator() {
 
 std::vector<std::int64_t> PartialLocalSgd::State::meta() const {
   if (final_meta) return *final_meta;  // closed: what the aggregator left
+  check_store();
   return store->pull_ints(store->meta_name());
 }
 
@@ -164,6 +191,7 @@ void PartialLocalSgd::State::adopt(const std::vector<double>& value, std::int64_
     for (std::int64_t k = version; k < v; ++k) commit_step();
   }
   version = std::max(version, v);
+  rounds_total = rounds_before + version;
 }
 
 void PartialLocalSgd::State::check_rejections(const std::vector<std::int64_t>& m) {
@@ -172,7 +200,7 @@ void PartialLocalSgd::State::check_rejections(const std::vector<std::int64_t>& m
     log.warn("PartialLocalSgd: rank {}: {} contribution(s) rejected as more than {} round(s) "
              "stale; it continues from the current model (round {})",
              ranks[static_cast<std::size_t>(me)], rejected - seen_rejected,
-             options.max_staleness, version);
+             options.max_staleness, rounds_total);
     seen_rejected = rejected;
   }
 }
@@ -190,6 +218,7 @@ bool PartialLocalSgd::step() {
 void PartialLocalSgd::round() {
   State& st = *state_;
   if (st.closed) throw StateError("PartialLocalSgd: round() after close()");
+  st.check_store();
   const int me = st.me;
   const auto mine = static_cast<std::size_t>(me);
   PartialStore& store = *st.store;
@@ -233,6 +262,7 @@ void PartialLocalSgd::round() {
 void PartialLocalSgd::close() {
   State& st = *state_;
   if (st.closed) return;
+  st.check_store();
   st.closed = true;
   PartialStore& store = *st.store;
   try {
@@ -260,8 +290,44 @@ void PartialLocalSgd::close() {
   store.close();
 }
 
+void PartialLocalSgd::add_to(elastic::State& state) {
+  State& st = *state_;
+  const PartialLocalSgdOptions& o = st.options;
+  if (o.process_set != kGlobalProcessSet) {
+    throw InvalidArgument(fmt::format(
+        "PartialLocalSgd::add_to: the PartialLocalSgd is on process set {}; a recovery drops "
+        "every process set, so an elastic PartialLocalSgd is on the global one",
+        o.process_set));
+  }
+  if (o.commit) {
+    throw InvalidArgument(
+        "PartialLocalSgd::add_to: this PartialLocalSgd commits its rounds itself (.commit = "
+        "true); with an elastic State the State's commit() is the round's commit: construct it "
+        "with .commit = false and call state.commit() after each step() that ran a round");
+  }
+  if (st.closed) throw StateError("PartialLocalSgd::add_to after close()");
+  // The counters go back to the commit with the job's parameters, and come
+  // from the sync's root after a recovery; θ_synced is the parameters as
+  // they were when the round was adopted, which the State restores.
+  state.add(o.name + ".local_steps", &st.local_steps, DataType::kInt64, 1);
+  state.add(o.name + ".rounds", &st.rounds_total, DataType::kInt64, 1);
+  state.add(o.name + ".rounds_late", &st.rounds_late, DataType::kInt64, 1);
+  State* self = &st;  // stable: the PartialLocalSgd holds it by pointer, also when moved
+  state.on_failure([self](const RankFailedError&) {
+    // The store is over the old world: its calls fail on every member.
+    self->drop_store();
+  });
+  state.on_reset([self](const elastic::Recovery&) {
+    // The parameters and counters are the sync root's commit: a store over
+    // the survivors holds that model, its rounds counted on from there. The
+    // outer optimizer's momentum was the old aggregator's alone: it restarts.
+    self->rounds_before = self->rounds_total;
+    self->open_store();
+  });
+}
+
 std::int64_t PartialLocalSgd::local_steps() const { return state_->local_steps; }
-std::int64_t PartialLocalSgd::version() const { return state_->version; }
+std::int64_t PartialLocalSgd::version() const { return state_->rounds_total; }
 std::int64_t PartialLocalSgd::rounds_late() const { return state_->rounds_late; }
 const PartialLocalSgdOptions& PartialLocalSgd::options() const { return state_->options; }
 

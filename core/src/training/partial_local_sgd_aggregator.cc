@@ -42,6 +42,12 @@ void Aggregator::run() {
     std::vector<std::int64_t> delta(meta_.size(), 0);
     delta[MetaLayout::kFinished] = 1;
     push_meta(delta);
+  } catch (const RankFailedError& e) {
+    // A member died: every rank's own store calls raise it too (an elastic
+    // run then recovers and opens a new store with a new aggregator).
+    // Publishing a failure here could reach a rank before its own store
+    // has seen the death, and turn its RankFailedError into a StateError.
+    o_.log.info("PartialLocalSgd: the aggregator stops: {}", e.what());
   } catch (const std::exception& e) {
     // Every rank must hear of it, not only this thread.
     o_.log.error("PartialLocalSgd: the aggregator failed: {}", e.what());

@@ -145,13 +145,21 @@ struct PartialLocalSgd::State {
   std::vector<std::int64_t> posted;  // this rank's part of <name>.posted
   std::vector<double> synced;        // θ_synced as this rank's parameters hold it
   std::int64_t local_steps = 0;
-  std::int64_t version = 0;
+  std::int64_t version = 0;        // the round of the store's model this rank holds
+  // Rounds of the stores before this one (elastic recovery opens a new
+  // store, whose rounds count from 0), and their sum with `version`: the
+  // round counted over the whole training (PartialLocalSgd::version()).
+  std::int64_t rounds_before = 0;
+  std::int64_t rounds_total = 0;
   std::int64_t rounds_late = 0;
   std::int64_t seen_rejected = 0;
   bool closed = false;
   std::optional<std::vector<std::int64_t>> final_meta;  // after close(): what the aggregator left
 
   ~State();
+  void open_store();
+  void drop_store();
+  void check_store() const;  // StateError once the store was dropped
   std::vector<std::int64_t> meta() const;
   template <typename Ready>
   std::vector<std::int64_t> wait(Ready ready, const std::string& what) const;

@@ -1,0 +1,172 @@
+// gyre::PartialLocalSgd under elastic recovery (PartialLocalSgd::add_to,
+// gyre/elastic.h), under an MPI with ULFM and `mpirun --with-ft ulfm -n 3`:
+// DiLoCo (Nesterov momentum) with period 2 on 1024 float64 parameters,
+// rounds that wait for every rank (late_after_s 60 s). One rank
+// (GYRE_TEST_KILL_RANK, default 1; 0 is the aggregator's rank) SIGKILLs
+// itself during inner step 7, after the round of step 6 was committed by
+// every rank (a barrier at step 7 makes sure of it) and before the round of
+// step 8. The survivors' round of step 8 cannot close
+// without it: their waits must end in RankFailedError from the store (not
+// a hang, not the aggregator's StateError); gyre::elastic::run rebuilds the
+// world, restores the State (the parameters and the counters of the commit
+// of step 6), and the reset callback opens a new store over the survivors
+// with a new aggregator on the new first rank. Every survivor must then
+// finish 20 inner steps (10 rounds) on 2 ranks, close(), and hold:
+//  - the same parameters as the other survivor, bit for bit (an allreduce of
+//    the parameters' bits with min and max);
+//  - the parameters of a reference computed in this process: the same inner
+//    steps and outer rounds on 3 ranks up to step 6 and on the survivors
+//    from there, from the commit of step 6, with the outer momentum starting
+//    again from zero at the recovery (it was the old aggregator's alone),
+//    within 1e-9 (the aggregator pushes the model as a difference);
+//  - version() 10: the 3 rounds before the recovery and the new store's 7.
+// Prints "elastic: rank P PASS ..." per survivor (run_elastic.sh counts them).
+#include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "gyre/elastic.h"
+#include "gyre/gyre.h"
+#include "gyre/partial_local_sgd.h"
+#include "gyre/view.h"
+
+namespace {
+
+constexpr int kRanks = 3;
+constexpr int kKillStep = 7;
+constexpr int kSteps = 20;
+constexpr int kPeriod = 2;
+constexpr std::size_t kCount = 1024;
+
+[[noreturn]] void fail(int me, const std::string& what) {
+  std::fprintf(stderr, "elastic: rank %d FAIL: %s\n", me, what.c_str());
+  std::fflush(stderr);
+  std::exit(1);
+}
+
+int kill_rank() {
+  const char* v = std::getenv("GYRE_TEST_KILL_RANK");
+  return v != nullptr ? std::atoi(v) : 1;
+}
+
+// Rank p's inner step t: a pull toward its own target, and a drift.
+void inner_step(std::vector<double>& w, int p, int t) {
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    const double target = (p + 1) * (1.0 + static_cast<double>(i % 5));
+    w[i] -= 0.1 * (w[i] - target) + 0.01 * t;
+  }
+}
+
+// The whole run in one process: every rank's parameters, the mean
+// pseudo-gradient, DiLoCo's outer step (torch.optim.SGD with Nesterov
+// momentum); rank `dead` takes part up to step kKillStep - 1, and the
+// momentum restarts with the new aggregator at the first round after.
+std::vector<double> reference(const gyre::OuterOptimizer& o, int dead) {
+  std::vector<std::vector<double>> w(kRanks, std::vector<double>(kCount, 0.0));
+  std::vector<double> synced(kCount, 0.0), buf(kCount, 0.0);
+  bool restarted = false;
+  for (int t = 1; t <= kSteps; ++t) {
+    std::vector<int> alive;
+    for (int p = 0; p < kRanks; ++p) {
+      if (p != dead || t < kKillStep) alive.push_back(p);
+    }
+    for (int p : alive) inner_step(w[static_cast<std::size_t>(p)], p, t);
+    if (t % kPeriod != 0) continue;
+    if (t > kKillStep && !restarted) {
+      std::fill(buf.begin(), buf.end(), 0.0);
+      restarted = true;
+    }
+    for (std::size_t i = 0; i < kCount; ++i) {
+      double g = 0;
+      for (int p : alive) g += synced[i] - w[static_cast<std::size_t>(p)][i];
+      g /= static_cast<double>(alive.size());
+      buf[i] = o.momentum * buf[i] + g;
+      const double d = o.nesterov ? g + o.momentum * buf[i] : buf[i];
+      synced[i] -= o.lr * d;
+    }
+    for (int p : alive) w[static_cast<std::size_t>(p)] = synced;
+  }
+  return synced;
+}
+
+}  // namespace
+
+int main() {
+  gyre::init(gyre::Options::from_env());
+  const int me = gyre::rank();  // rank at start, kept across rebuilds
+  const int dead = kill_rank();
+  if (!gyre::elastic_enabled()) fail(me, "needs a ULFM build run with mpirun --with-ft ulfm");
+  if (gyre::size() != kRanks) fail(me, fmt::format("needs {} ranks", kRanks));
+  const gyre::OuterOptimizer outer = gyre::OuterOptimizer::diloco();
+
+  std::vector<double> w(kCount, 0.0);
+  gyre::PartialLocalSgd sgd({.period = kPeriod, .late_after_s = 60, .outer = outer,
+                             .timeout_s = 60, .name = "kill.plsgd", .commit = false},
+                            {gyre::view(w)});
+  gyre::elastic::State state;
+  state.add("w", w);
+  sgd.add_to(state);
+  int recoveries = 0;
+  std::string failure;
+  state.on_failure([&](const gyre::RankFailedError& e) { failure = e.what(); });
+  state.on_reset([&](const gyre::elastic::Recovery&) { ++recoveries; });
+  gyre::elastic::run(state, [&](gyre::elastic::State& s) {
+    while (sgd.local_steps() < kSteps) {
+      const int t = static_cast<int>(sgd.local_steps()) + 1;
+      inner_step(w, me, t);
+      // The round of step 6 is every rank's before the death: a rank still
+      // pulling it when the store fails would go back to step 4's commit.
+      if (t == kKillStep) gyre::barrier();
+      if (me == dead && t == kKillStep) {
+        std::fprintf(stderr, "elastic: rank %d killed at inner step %d\n", me, t);
+        std::fflush(stderr);
+        std::raise(SIGKILL);
+      }
+      if (sgd.step()) s.commit();
+    }
+  });
+  sgd.close();
+  if (me == dead) fail(me, "was not killed");
+  if (recoveries != 1) fail(me, fmt::format("{} recoveries, expected 1", recoveries));
+  if (failure.find(std::to_string(dead)) == std::string::npos) {
+    fail(me, fmt::format("the failure seen does not name rank {}: {}", dead, failure));
+  }
+  if (gyre::size() != kRanks - 1) fail(me, fmt::format("{} ranks after the recovery", gyre::size()));
+  if (sgd.version() != kSteps / kPeriod || sgd.local_steps() != kSteps) {
+    fail(me, fmt::format("version {} and local steps {}, expected {} and {}", sgd.version(),
+                         sgd.local_steps(), kSteps / kPeriod, kSteps));
+  }
+
+  // The survivors hold the same bits: min and max of them agree.
+  std::vector<std::int64_t> bits(kCount), lo(kCount), hi(kCount);
+  std::memcpy(bits.data(), w.data(), kCount * sizeof(double));
+  gyre::allreduce_async("kill.plsgd.min", gyre::view(bits), gyre::view(lo), gyre::ReduceOp::kMin)
+      .wait();
+  gyre::allreduce_async("kill.plsgd.max", gyre::view(bits), gyre::view(hi), gyre::ReduceOp::kMax)
+      .wait();
+  for (std::size_t i = 0; i < kCount; ++i) {
+    if (lo[i] != hi[i]) fail(me, fmt::format("the survivors' parameter {} differs", i));
+  }
+  const std::vector<double> want = reference(outer, dead);
+  double worst = 0;
+  for (std::size_t i = 0; i < kCount; ++i) {
+    const double err = std::abs(w[i] - want[i]);
+    worst = std::max(worst, err);
+    if (!(err <= 1e-9)) {
+      fail(me, fmt::format("parameter {} is {:.17g}, the reference {:.17g}", i, w[i], want[i]));
+    }
+  }
+  gyre::shutdown();
+  std::printf("elastic: rank %d PASS: %d rounds on 3 then 2 ranks (rank %d killed), equal to the "
+              "reference within %.3g\n", me, kSteps / kPeriod, dead, worst);
+  std::fflush(stdout);
+  return 0;
+}
