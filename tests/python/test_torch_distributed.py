@@ -231,6 +231,55 @@ def test_failed_work_seen_by_is_completed_without_wait(world):
         work.wait()
 
 
+def test_future_asked_for_after_completion_holds_the_outcome(world):
+    # A Work makes its torch future only when asked for (a synchronous
+    # collective never needs one): a future asked for after wait() completed
+    # the Work is done already, with the result or the error, and a callback
+    # chained to it runs at once.
+    rank, size = world
+    t = fill(rank)
+    work = dist.all_reduce(t, async_op=True)
+    assert work.wait()
+    fut = work.get_future()
+    assert fut.done()
+    assert torch.equal(fut.value()[0].double(), per_rank(size).sum(0))
+    seen = []
+    work.get_future().then(lambda f: seen.append(f.value()[0].double().sum().item()))
+    assert seen == [per_rank(size).sum().item()]
+    if size > 1:
+        bad = dist.all_reduce(torch.ones(3 + rank), async_op=True)
+        with pytest.raises(gyre.MismatchError):
+            bad.wait()
+        failed = bad.get_future()
+        assert failed.done()
+        with pytest.raises(gyre.MismatchError, match="ranks disagree on shape"):
+            failed.wait()
+
+
+def test_two_threads_waiting_for_one_work(world):
+    # Both return once the collective completes: one completes the Work, the
+    # other waits for it (through the future it then makes).
+    rank, size = world
+    t = fill(rank, 1 << 14)
+    # The other ranks issue the allreduce only after rank 0's two threads
+    # are waiting for it (they wait for rank 0's signal, an operation of
+    # gyre's own name).
+    if rank != 0:
+        gyre.allreduce(torch.ones(1), name="test.two_waiters")
+    work = dist.all_reduce(t, async_op=True)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(work.wait())) for _ in range(2)]
+    for th in threads:
+        th.start()
+    if rank == 0:
+        gyre.allreduce(torch.ones(1), name="test.two_waiters")
+    for th in threads:
+        th.join(30)
+    assert results == [True, True]
+    assert work.is_completed() and work.is_success()
+    assert torch.equal(t.double(), per_rank(size, 1 << 14).sum(0))
+
+
 def test_shape_mismatch_raises_on_every_rank(world):
     rank, size = world
     if size < 2:

@@ -217,23 +217,19 @@ def is_torch_or_numpy(x):
 
 def wait_guarded(pending, name, tensor):
     """Waits for an operation on `tensor` that no Handle carries (the
-    blocking calls), with the check synchronize() makes through
-    InFlightGuard: raises the operation's error, or InvalidArgumentError if
-    the tensor was resized or reallocated while in flight."""
-    if is_torch(tensor):
-        ptr, shape = tensor.data_ptr(), tensor.shape
-
-        def check():
-            if tensor.data_ptr() != ptr or tensor.shape != shape:
-                guard = InFlightGuard.__new__(InFlightGuard)
-                guard.tensor, guard.ptr, guard.shape, guard.name = tensor, ptr, tuple(shape), name
-                guard.check()
-
-        try:
-            pending.wait()
-        except InvalidArgumentError:
-            check()  # the extension refused the write-back: name the operation
-            raise
-        check()
-    else:
+    blocking calls): raises the operation's error. The extension checks,
+    before it writes an in-place result back, that a torch tensor still has
+    the memory and shape it had at the call, and raises InvalidArgumentError
+    saying so otherwise (tensor_import.h, write_back); this adds the
+    operation's name to that message. (Nothing else needs checking here: a
+    blocking call returns only after that write-back.)"""
+    try:
         pending.wait()
+    except InvalidArgumentError as e:
+        if _RESIZED_IN_FLIGHT in str(e):
+            raise InvalidArgumentError(f"tensor '{name}': {e}") from None
+        raise
+
+
+# The extension's words for a tensor changed in flight (tensor_import.cc).
+_RESIZED_IN_FLIGHT = "was resized or given other memory while its operation was in flight"

@@ -18,7 +18,7 @@ which run beside the collectives on a communicator of their own and are
 not named: they pair by process set, tag and order, as in torch.
 """
 
-import threading
+import itertools
 from typing import Any, List, Optional
 
 import torch
@@ -50,8 +50,10 @@ class GyreProcessGroup(_SyncAndPointToPoint, dist.ProcessGroup):
         self._ranks = None if process_set is None or self._ps == 0 else list(process_set.ranks)
         self._group_name = ""
         self._group_desc = ""
-        self._lock = threading.Lock()  # guards _seq
-        self._seq = 0
+        # The group's operation count: next() of an itertools.count is
+        # atomic in CPython (one C call under the GIL), so threads issuing
+        # collectives of the group never get the same number.
+        self._seq = itertools.count()
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return "gyre"
@@ -83,10 +85,7 @@ class GyreProcessGroup(_SyncAndPointToPoint, dist.ProcessGroup):
         return -1 - group_rank if group_rank < 0 else 1 << 30
 
     def _name(self) -> str:
-        with self._lock:
-            seq = self._seq
-            self._seq += 1
-        return f"torch.{self._tag}.{seq}"
+        return f"torch.{self._tag}.{next(self._seq)}"
 
     # Reductions ----------------------------------------------------------------
 
@@ -104,7 +103,11 @@ class GyreProcessGroup(_SyncAndPointToPoint, dist.ProcessGroup):
         name = self._name()
         gop, pre, op_refusal = _reduce_op(op)
         refusal = op_refusal or refusal
-        bufs = [t.detach().contiguous() for t in tensors] if not refusal else [None]
+        # A contiguous tensor goes as it is (the extension reads its memory
+        # through torch's accessors, requires_grad or not); another, as a
+        # contiguous copy whose result finish() copies back.
+        bufs = ([t if t.is_contiguous() else t.detach().contiguous() for t in tensors]
+                if not refusal else [None])
         if len(bufs) == 1:
             pending = _gyre.allreduce(name, bufs[0], None, gop, pre, 1.0, refusal,
                                       process_set=self._ps)
@@ -115,7 +118,7 @@ class GyreProcessGroup(_SyncAndPointToPoint, dist.ProcessGroup):
 
         def finish() -> List[torch.Tensor]:
             for t, b in zip(tensors, bufs):
-                if b.data_ptr() != t.data_ptr():
+                if b is not t:  # a contiguous copy of a strided tensor
                     t.copy_(b)
             return list(tensors)
 

@@ -29,7 +29,18 @@ import torch.distributed as dist
 
 
 class GyreWork(dist.Work):
-    """One collective in flight: torch's Work interface over gyre operations."""
+    """One collective in flight: torch's Work interface over gyre operations.
+
+    The torch future is made only when asked for (``get_future()``,
+    ``add_done_callback()``, or a ``wait()`` that finds another thread
+    completing the Work): a synchronous collective completes without one.
+    Exactly one thread sets it: the one that completes the Work if the future
+    exists by then, else the one that makes it."""
+
+    # Slots: a collective's Work is made on every call, and slot attributes
+    # cost a fraction of instance-dictionary ones (benchmarks/torch_call_cost.py).
+    __slots__ = ("_source_rank_of", "_pendings", "_finish", "_future", "_done", "_error",
+                 "_result", "_lock", "_remaining", "_claimed", "_armed")
 
     def __init__(self, pendings: Sequence[Any], finish: Callable[[], List[torch.Tensor]],
                  source_rank: Optional[Callable[[], int]] = None) -> None:
@@ -37,10 +48,12 @@ class GyreWork(dist.Work):
         self._source_rank_of = source_rank  # a recv's: the sender's rank in the group
         self._pendings = list(pendings)
         self._finish = finish
-        self._future: torch.futures.Future = torch.futures.Future()
+        self._future: Optional[torch.futures.Future] = None
+        self._done = False  # _result or _error is final
         self._error: Optional[BaseException] = None
         self._result: Optional[List[torch.Tensor]] = None
-        self._lock = threading.Lock()  # guards _remaining and _claimed
+        # Guards _remaining, _claimed, _armed, _future and _done's setting.
+        self._lock = threading.Lock()
         self._remaining = len(self._pendings)
         self._claimed = False  # _complete has been started (by one thread only)
         self._armed = False  # the completion callbacks are registered
@@ -78,28 +91,56 @@ class GyreWork(dist.Work):
         if last:
             self._complete_once()
 
-    def _complete_once(self) -> None:
+    def _complete_once(self, waited: bool = False,
+                       error: Optional[BaseException] = None) -> None:
         """Runs _complete unless another thread has started it."""
         with self._lock:
             if self._claimed:
                 return
             self._claimed = True
-        self._complete()
+        self._complete(waited, error)
 
-    def _complete(self) -> None:
+    def _complete(self, waited: bool = False, error: Optional[BaseException] = None) -> None:
+        """`waited`: the caller has waited for every operation, and `error`
+        is the first one's error (None: all succeeded)."""
+        value = None
         try:
-            for p in self._pendings:
-                p.wait()  # returns at once, or raises the operation's error
-            value = self._finish()
+            if not waited:
+                for p in self._pendings:
+                    p.wait()  # returns at once, or raises the operation's error
+            if error is None:
+                value = self._finish()
         except BaseException as e:  # noqa: BLE001 - every error belongs to the caller
-            self._error = e
+            error = e
+        with self._lock:
+            self._error, self._result = error, value
             self._pendings = []
-            self._future.set_exception(e)
-            return
-        self._pendings = []
-        self._finish = None
-        self._result = value
-        self._future.set_result(value)
+            self._finish = None
+            self._done = True
+            future = self._future
+        if future is not None:
+            self._settle(future)
+
+    def _settle(self, future: torch.futures.Future) -> None:
+        """Sets `future` from the final outcome (outside the lock: setting it
+        runs its callbacks, which may call back into this Work)."""
+        if self._error is not None:
+            future.set_exception(self._error)
+        else:
+            future.set_result(self._result)
+
+    def _get_future(self) -> torch.futures.Future:
+        """The torch future, made now if there is none yet (set at once if
+        the Work has completed)."""
+        with self._lock:
+            future = self._future
+            settle = False
+            if future is None:
+                future = self._future = torch.futures.Future()
+                settle = self._done  # completed without a future: nobody else sets it
+        if settle:
+            self._settle(future)
+        return future
 
     # torch.distributed.Work ---------------------------------------------------
 
@@ -108,37 +149,39 @@ class GyreWork(dist.Work):
         error. gyre bounds every operation itself (a stalled or dead rank
         ends in TimeoutError naming it), so ``timeout`` is not used."""
         del timeout
-        if not self._future.done():
+        if not self._done:
             pendings = self._pendings  # _complete empties the attribute
+            first_error = None
             for p in pendings:
                 try:
                     p.wait()  # GIL released until the runtime completes it
-                except Exception:  # noqa: BLE001 - completed with an error: _complete raises it
-                    pass  # (and the others are still waited for: their buffers are in use)
+                except Exception as e:  # noqa: BLE001 - completed with an error: raised below
+                    # (and the others are still waited for: their buffers are in use)
+                    first_error = first_error or e
             # Every operation has completed: complete the Work here unless
-            # the callback thread already is; then the future below is set
-            # as soon as it is done.
-            self._complete_once()
-        try:
-            self._future.wait()
-        except BaseException:  # noqa: BLE001 - rethrown below as gyre's own error
-            if self._error is None:
-                raise
+            # another thread (the callback thread, another waiter) already is.
+            self._complete_once(True, first_error)
+            if not self._done:
+                try:
+                    self._get_future().wait()  # set by that thread when it is done
+                except BaseException:  # noqa: BLE001 - rethrown below as gyre's own error
+                    if self._error is None:
+                        raise
         if self._error is not None:
             raise self._error
         return True
 
     def get_future(self) -> torch.futures.Future:
         self._arm()
-        return self._future
+        return self._get_future()
 
     def is_completed(self) -> bool:
-        if self._future.done():
+        if self._done:
             return True
         pendings = self._pendings
         if all(p.is_completed() if isinstance(p, GyreWork) else p.poll() for p in pendings):
             self._complete_once()
-        return self._future.done()
+        return self._done
 
     def is_success(self) -> bool:
         return self.is_completed() and self._error is None
@@ -163,7 +206,7 @@ class GyreWork(dist.Work):
         """Calls fn() once completed: a GyreWork can stand for one of the
         operations of another (the coalesced collectives)."""
         self._arm()
-        self._future.add_done_callback(lambda _: fn())
+        self._get_future().add_done_callback(lambda _: fn())
 
     def synchronize(self) -> None:
         """CPU tensors: nothing to synchronize beyond completion."""
