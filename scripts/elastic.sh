@@ -106,6 +106,10 @@ if [ "$with_python" = 1 ]; then
   echo "== Python: 3 ranks, GYRE_ELASTIC_RESPAWN=1, rank 1 killed at step 7: back to 3 ranks"
   GYRE_ELASTIC_TIMEOUT_S=400 bash "$GYRE_ROOT/tests/elastic/run_respawn.sh" "$venv/bin/mpirun" 3 3 0 - \
     -x GYRE_ELASTIC_RESPAWN=1 "$venv/bin/python" "$GYRE_ROOT/tests/elastic/elastic_respawn.py" || fail elastic_respawn.py
+  echo "== Python: PartialLocalSGD, 3 ranks, GYRE_ELASTIC_RESPAWN=1, rank 1 killed between rounds: back to 3 ranks"
+  GYRE_ELASTIC_TIMEOUT_S=400 bash "$GYRE_ROOT/tests/elastic/run_respawn.sh" "$venv/bin/mpirun" 3 3 0 - \
+    -x GYRE_ELASTIC_RESPAWN=1 "$venv/bin/python" "$GYRE_ROOT/tests/elastic/elastic_partial_local_sgd.py" ||
+    fail "elastic_partial_local_sgd.py with respawn"
 fi
 if [ "$with_python" = 1 ]; then
   # A rank dies inside the transfer of a fused bucket of gradients

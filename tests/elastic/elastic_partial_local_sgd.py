@@ -15,7 +15,13 @@ hold identical parameters after every round (allgather of a checksum), and
 end, after close(), equal to a reference computed here in one process
 without gyre.
 
-Prints "elastic: rank N PASS ..." per survivor."""
+With GYRE_ELASTIC_RESPAWN=1 (run_respawn.sh) the rebuild starts a
+replacement, this script again: its PartialLocalSGD opens its store in its
+TorchState's first sync, as the survivors open theirs in the recovery's, and
+the three finish on 3 ranks, equal to the reference on 3 ranks from the
+commit; the replacement's first step must be the one after that commit.
+
+Prints "elastic: rank N PASS ..." per survivor (and for the replacement)."""
 import copy
 import os
 import signal
@@ -31,6 +37,12 @@ from local_sgd_task import checksum, flat, loss_of
 PERIOD, ROUNDS, KILL_STEP = 4, 5, 6
 STEPS = PERIOD * ROUNDS
 KILL_RANK = int(os.environ.get("GYRE_TEST_KILL_RANK", "1"))
+# GYRE_ELASTIC_RESPAWN=1 (run by run_respawn.sh): the survivors' rebuild
+# starts a replacement (this script again), which joins as rank 2; the
+# training goes on on 3 ranks from the commit.
+# (A replacement, started by MPI_Comm_spawn, need not see the variable:
+# being one says so; RESPAWN and AFTER are set after init() below.)
+RESPAWN = os.environ.get("GYRE_ELASTIC_RESPAWN", "") == "1"
 HIDDEN, LR = 16, 0.05
 torch.set_num_threads(1)
 
@@ -45,16 +57,18 @@ def new_inner(params):
 
 def reference(root_old_rank):
     """The expected parameters, in one process: 3 simulated ranks until the
-    commit of the first round (step PERIOD), then 2 from that commit on,
-    whose inner momentum is the sync root's at the commit; every round the
-    mean of the ranks' parameters (PartialLocalSGD's plain averaging with
-    every rank on time)."""
+    commit of the first round (step PERIOD), then AFTER (2, or 3 with the
+    replacement) from that commit on, whose inner momentum is the sync
+    root's at the commit; every round the mean of the ranks' parameters
+    (PartialLocalSGD's plain averaging with every rank on time). Right
+    after a round every rank's model is the same, so the ranks after the
+    commit start from any of them."""
     models = [new_model() for _ in range(3)]
     inners = [new_inner(m.parameters()) for m in models]
     for step in range(STEPS):
         if step == PERIOD:
             keep = inners[root_old_rank].state_dict()
-            models, inners = models[:2], inners[:2]
+            models, inners = models[:AFTER], inners[:AFTER]
             for inner in inners:
                 inner.load_state_dict(copy.deepcopy(keep))
         size = len(models)
@@ -78,6 +92,9 @@ def fail(msg):
 
 hvd.init()
 start_rank = hvd.rank()
+replacement = hvd.is_replacement()
+RESPAWN = RESPAWN or replacement
+AFTER = 3 if RESPAWN else 2  # ranks after the recovery
 if not hvd.elastic_enabled():
     fail("needs a ULFM build run with mpirun --with-ft ulfm")
 model = new_model()
@@ -98,9 +115,22 @@ def check_restored():
         fail(f"PartialLocalSGD restored to local step {opt.local_step}, round {opt.version}")
     if not torch.equal(flat(model.parameters()), held[state.step]):
         fail("the restored parameters differ from what this rank held at the commit")
+    if RESPAWN:
+        # Reset callbacks run before the sync (Horovod's order), and a
+        # replacement's first act is the sync: the ranks compare their
+        # parameters after it, at train()'s next start.
+        check_after_sync.append(True)
+        return
+    compare_parameters("the survivors")
+
+
+def compare_parameters(who):
     sums = hvd.allgather(checksum(model).unsqueeze(0), name="check.restored")
     if not all(torch.equal(sums[0], sums[i]) for i in range(sums.shape[0])):
-        fail(f"the restored parameters differ across the survivors: {sums.tolist()}")
+        fail(f"the parameters at the commit differ across {who}: {sums.tolist()}")
+
+
+check_after_sync = [True] if replacement else []
 
 
 state.register_reset_callbacks([check_restored])
@@ -108,9 +138,17 @@ state.register_reset_callbacks([check_restored])
 
 @hvd.elastic.run
 def train(state):
+    if check_after_sync:
+        # Respawn: every rank holds the sync root's commit now, the
+        # replacement (its first entry) included.
+        check_after_sync.clear()
+        if state.step != PERIOD or opt.local_step != PERIOD or opt.version != 1:
+            fail(f"at step {state.step}, local step {opt.local_step}, round {opt.version} after "
+                 f"the sync; expected the first round's commit ({PERIOD}, {PERIOD}, 1)")
+        compare_parameters("the survivors and the replacement")
     while state.step < STEPS:
         step = state.step
-        if start_rank == KILL_RANK and step == KILL_STEP:
+        if start_rank == KILL_RANK and step == KILL_STEP and not replacement:
             os.kill(os.getpid(), signal.SIGKILL)
         opt.zero_grad()
         loss_of(model, hvd.rank(), hvd.size(), step).backward()
@@ -130,27 +168,43 @@ def train(state):
 
 steps = train(state)
 opt.close()
-if resets != [2]:
-    fail(f"reset callbacks saw sizes {resets}, expected one reset to 2 ranks")
+# A replacement's TorchState syncs once, at its start; no reset follows.
+if resets != ([] if replacement else [AFTER]):
+    fail(f"reset callbacks saw sizes {resets}, expected one reset to {AFTER} ranks")
+if hvd.size() != AFTER:
+    fail(f"{hvd.size()} ranks at the end, expected {AFTER}")
 if steps != STEPS or opt.version != ROUNDS:
     fail(f"finished at step {steps} at round {opt.version}, expected {STEPS} and {ROUNDS}")
-after = [(s, n, ok) for s, n, ok in agreed if n == 2]
+after = [(s, n, ok) for s, n, ok in agreed if s > PERIOD]
 if [s for s, _, _ in after] != list(range(2 * PERIOD, STEPS + 1, PERIOD)) or \
-        not all(ok for _, _, ok in after):
+        not all(ok and n == AFTER for _, n, ok in after):
     fail(f"rounds after the recovery (step, ranks, checksums agree): {after}")
 if hvd.committed_steps() != ROUNDS:
     fail(f"committed {hvd.committed_steps()} steps, expected {ROUNDS}")
+# The sync root's rank at the start (a replacement's is its own rank now,
+# not in the old world: rank 0, a survivor, says which it was).
 old_ranks = [int(r) for r in hvd.allgather(torch.tensor([start_rank]), name="check.old_ranks")]
-root_old = old_ranks[int(state._last_rebuild["root"])]
+root_old = hvd.broadcast_object(
+    None if replacement else old_ranks[int(state._last_rebuild["root"])], root_rank=0,
+    name="check.root_old")
 want = reference(root_old)
 mine = flat(model.parameters())
 if not torch.allclose(mine, want, rtol=1e-5, atol=1e-6):
     fail(f"the parameters differ from the reference by {(mine - want).abs().max():.3g}")
-failed_at = getattr(state, "_failure_seen_at", None)
-later = [t for _, t in step_done_at if failed_at is not None and t > failed_at]
-if not later:
-    fail("no failure was seen, or no step completed after it")
-print(f"elastic: rank {start_rank} PASS: {steps} local steps, round {opt.version}, now rank "
-      f"{hvd.rank()} of {hvd.size()}, back to step {PERIOD} after the failure, rebuild "
-      f"{state._last_rebuild['seconds']:.3f} s, recovery {later[0] - failed_at:.3f} s", flush=True)
+if replacement:
+    if step_done_at[0][0] != PERIOD + 1:
+        fail(f"its first step ended at step {step_done_at[0][0]}, expected {PERIOD + 1}: it did "
+             f"not join at the first round's commit")
+    print(f"elastic: rank {start_rank} PASS: the replacement joined at step {PERIOD}, "
+          f"{steps} local steps, round {opt.version}, rank {hvd.rank()} of {hvd.size()}",
+          flush=True)
+else:
+    failed_at = getattr(state, "_failure_seen_at", None)
+    later = [t for _, t in step_done_at if failed_at is not None and t > failed_at]
+    if not later:
+        fail("no failure was seen, or no step completed after it")
+    print(f"elastic: rank {start_rank} PASS: {steps} local steps, round {opt.version}, now rank "
+          f"{hvd.rank()} of {hvd.size()}, back to step {PERIOD} after the failure, rebuild "
+          f"{state._last_rebuild['seconds']:.3f} s, recovery {later[0] - failed_at:.3f} s",
+          flush=True)
 hvd.shutdown()

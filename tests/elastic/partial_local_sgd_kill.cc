@@ -20,7 +20,13 @@
 //    again from zero at the recovery (it was the old aggregator's alone),
 //    within 1e-9 (the aggregator pushes the model as a difference);
 //  - version() 10: the 3 rounds before the recovery and the new store's 7.
-// Prints "elastic: rank P PASS ..." per survivor (run_elastic.sh counts them).
+// With GYRE_ELASTIC_RESPAWN=1 (run_respawn.sh) the rebuild starts a
+// replacement, this program again: its PartialLocalSgd has no store until
+// its first sync (State::on_sync), where it opens one with the survivors;
+// it joins at step 6 holding the commit, takes its own rank's targets, and
+// the three finish on 3 ranks, equal to the reference with it from step 7.
+// Prints "elastic: rank P PASS ..." per rank that finishes (run_elastic.sh
+// and run_respawn.sh count them).
 #include <algorithm>
 #include <cmath>
 #include <csignal>
@@ -67,18 +73,29 @@ void inner_step(std::vector<double>& w, int p, int t) {
 
 // The whole run in one process: every rank's parameters, the mean
 // pseudo-gradient, DiLoCo's outer step (torch.optim.SGD with Nesterov
-// momentum); rank `dead` takes part up to step kKillStep - 1, and the
-// momentum restarts with the new aggregator at the first round after.
-std::vector<double> reference(const gyre::OuterOptimizer& o, int dead) {
+// momentum); rank `dead` takes part up to step kKillStep - 1 (a
+// replacement, with `respawn`, from step kKillStep on, from the commit,
+// with the targets of its rank: kRanks - 1), and the momentum restarts
+// with the new aggregator at the first round after.
+std::vector<double> reference(const gyre::OuterOptimizer& o, int dead, bool respawn) {
+  // Each simulated rank: its targets' rank and its parameters.
+  std::vector<int> target;
+  for (int p = 0; p < kRanks; ++p) target.push_back(p);
   std::vector<std::vector<double>> w(kRanks, std::vector<double>(kCount, 0.0));
   std::vector<double> synced(kCount, 0.0), buf(kCount, 0.0);
   bool restarted = false;
   for (int t = 1; t <= kSteps; ++t) {
+    if (t == kKillStep && respawn) {
+      target[static_cast<std::size_t>(dead)] = kRanks - 1;  // the replacement's rank
+      w[static_cast<std::size_t>(dead)] = synced;           // it starts from the commit
+    }
     std::vector<int> alive;
     for (int p = 0; p < kRanks; ++p) {
-      if (p != dead || t < kKillStep) alive.push_back(p);
+      if (p != dead || t < kKillStep || respawn) alive.push_back(p);
     }
-    for (int p : alive) inner_step(w[static_cast<std::size_t>(p)], p, t);
+    for (int p : alive) {
+      inner_step(w[static_cast<std::size_t>(p)], target[static_cast<std::size_t>(p)], t);
+    }
     if (t % kPeriod != 0) continue;
     if (t > kKillStep && !restarted) {
       std::fill(buf.begin(), buf.end(), 0.0);
@@ -100,9 +117,17 @@ std::vector<double> reference(const gyre::OuterOptimizer& o, int dead) {
 }  // namespace
 
 int main() {
-  gyre::init(gyre::Options::from_env());
+  // init() reads the options after a replacement has received the
+  // survivors' GYRE_* variables (init(Options::from_env()) would read them
+  // before).
+  gyre::init();
   const int me = gyre::rank();  // rank at start, kept across rebuilds
   const int dead = kill_rank();
+  const bool replacement = gyre::is_replacement();
+  // (A replacement, started by MPI_Comm_spawn, need not see the variable.)
+  const char* respawn_env = std::getenv("GYRE_ELASTIC_RESPAWN");
+  const bool respawn = replacement || (respawn_env != nullptr && std::string(respawn_env) == "1");
+  const int after = respawn ? kRanks : kRanks - 1;
   if (!gyre::elastic_enabled()) fail(me, "needs a ULFM build run with mpirun --with-ft ulfm");
   if (gyre::size() != kRanks) fail(me, fmt::format("needs {} ranks", kRanks));
   const gyre::OuterOptimizer outer = gyre::OuterOptimizer::diloco();
@@ -118,14 +143,20 @@ int main() {
   std::string failure;
   state.on_failure([&](const gyre::RankFailedError& e) { failure = e.what(); });
   state.on_reset([&](const gyre::elastic::Recovery&) { ++recoveries; });
+  bool first_entry = true;
   gyre::elastic::run(state, [&](gyre::elastic::State& s) {
+    if (replacement && first_entry && (sgd.local_steps() != kKillStep - 1 || sgd.version() != 3)) {
+      fail(me, fmt::format("joined at local step {}, round {}; expected the commit of step {} "
+                           "(round 3)", sgd.local_steps(), sgd.version(), kKillStep - 1));
+    }
+    first_entry = false;
     while (sgd.local_steps() < kSteps) {
       const int t = static_cast<int>(sgd.local_steps()) + 1;
       inner_step(w, me, t);
       // The round of step 6 is every rank's before the death: a rank still
       // pulling it when the store fails would go back to step 4's commit.
       if (t == kKillStep) gyre::barrier();
-      if (me == dead && t == kKillStep) {
+      if (me == dead && t == kKillStep && !replacement) {
         std::fprintf(stderr, "elastic: rank %d killed at inner step %d\n", me, t);
         std::fflush(stderr);
         std::raise(SIGKILL);
@@ -134,12 +165,14 @@ int main() {
     }
   });
   sgd.close();
-  if (me == dead) fail(me, "was not killed");
-  if (recoveries != 1) fail(me, fmt::format("{} recoveries, expected 1", recoveries));
-  if (failure.find(std::to_string(dead)) == std::string::npos) {
-    fail(me, fmt::format("the failure seen does not name rank {}: {}", dead, failure));
+  if (me == dead && !replacement) fail(me, "was not killed");
+  if (!replacement) {
+    if (recoveries != 1) fail(me, fmt::format("{} recoveries, expected 1", recoveries));
+    if (failure.find(std::to_string(dead)) == std::string::npos) {
+      fail(me, fmt::format("the failure seen does not name rank {}: {}", dead, failure));
+    }
   }
-  if (gyre::size() != kRanks - 1) fail(me, fmt::format("{} ranks after the recovery", gyre::size()));
+  if (gyre::size() != after) fail(me, fmt::format("{} ranks after the recovery", gyre::size()));
   if (sgd.version() != kSteps / kPeriod || sgd.local_steps() != kSteps) {
     fail(me, fmt::format("version {} and local steps {}, expected {} and {}", sgd.version(),
                          sgd.local_steps(), kSteps / kPeriod, kSteps));
@@ -155,7 +188,7 @@ int main() {
   for (std::size_t i = 0; i < kCount; ++i) {
     if (lo[i] != hi[i]) fail(me, fmt::format("the survivors' parameter {} differs", i));
   }
-  const std::vector<double> want = reference(outer, dead);
+  const std::vector<double> want = reference(outer, dead, respawn);
   double worst = 0;
   for (std::size_t i = 0; i < kCount; ++i) {
     const double err = std::abs(w[i] - want[i]);
@@ -165,8 +198,9 @@ int main() {
     }
   }
   gyre::shutdown();
-  std::printf("elastic: rank %d PASS: %d rounds on 3 then 2 ranks (rank %d killed), equal to the "
-              "reference within %.3g\n", me, kSteps / kPeriod, dead, worst);
+  std::printf("elastic: rank %d PASS:%s %d rounds on 3 then %d ranks (rank %d killed), equal to "
+              "the reference within %.3g\n", me, replacement ? " (the replacement)" : "",
+              kSteps / kPeriod, after, dead, worst);
   std::fflush(stdout);
   return 0;
 }

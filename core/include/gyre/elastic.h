@@ -59,8 +59,8 @@ class State {
   void commit();
   // Copies the committed copies back into the buffers.
   void restore();
-  // Makes every rank's buffers equal to `root`'s (broadcast), and commits
-  // them in memory (without commit_step()).
+  // Makes every rank's buffers equal to `root`'s (broadcast), commits
+  // them in memory (without commit_step()), then runs the sync callbacks.
   void sync(int root);
   // The number of commit() calls (steps this State committed).
   std::uint64_t commits() const { return commits_; }
@@ -72,6 +72,14 @@ class State {
     failure_callbacks_.push_back(std::move(cb));
   }
   void on_reset(std::function<void(const Recovery&)> cb) { reset_callbacks_.push_back(std::move(cb)); }
+  // Called at the end of every sync(), on every rank, once the buffers hold
+  // the root's values: run()'s first sync (a replacement rank's joining
+  // included) and each recovery's, before the reset callbacks. For what
+  // must follow the sync collectively on every rank alike, the replacement
+  // too, which runs no reset callbacks (PartialLocalSgd::add_to reopens
+  // its store here). A RankFailedError it throws during a recovery's sync
+  // makes run() rebuild again, as one of the broadcasts would.
+  void on_sync(std::function<void()> cb) { sync_callbacks_.push_back(std::move(cb)); }
 
  private:
   template <class T>
@@ -90,6 +98,7 @@ class State {
   std::uint64_t committed_at_ = 0;  // committed_steps() when the buffers were last saved
   std::vector<std::function<void(const RankFailedError&)>> failure_callbacks_;
   std::vector<std::function<void(const Recovery&)>> reset_callbacks_;
+  std::vector<std::function<void()>> sync_callbacks_;
 };
 
 template <class T>

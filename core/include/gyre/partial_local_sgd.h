@@ -158,21 +158,21 @@ class PartialLocalSgd {
   // "<name>.rounds", "<name>.rounds_late") and its recovery: when a member
   // dies, every survivor's store calls fail (RankFailedError, the
   // aggregator's thread stops quietly); elastic::run's failure callback
-  // drops this rank's store without a collective, and after the rebuild and
-  // the State's sync its reset callback opens a new store over the
-  // survivors (collective), holding the restored model, with a new
-  // aggregator on the new first rank; version() counts on from the rounds
-  // before. The outer optimizer's momentum restarts (it was the old
-  // aggregator's alone). The job adds its parameters to the State itself and
-  // calls state.commit() after each step() that ran a round: the
-  // PartialLocalSgd must not commit itself (`.commit = false`), and must be
-  // on the global process set (a rebuild drops the others); InvalidArgument
-  // otherwise. elastic::run needs the survivors within one commit of each
-  // other: rounds that wait for every rank (late_after_s above a period's
-  // time) keep them so. A second failure while the new store opens ends the
-  // run with its error. Not with a replacement rank (GYRE_ELASTIC_RESPAWN):
-  // it would construct its own PartialLocalSgd, a collective the survivors
-  // are not in. The PartialLocalSgd must outlive the State's use.
+  // drops this rank's store without a collective, and after the rebuild the
+  // State's sync callback (State::on_sync) opens a new store over the ranks
+  // now (collective), holding the restored model, with a new aggregator on
+  // the new first rank; version() counts on from the rounds before. A
+  // failure while it opens makes run() rebuild again. A replacement rank
+  // (GYRE_ELASTIC_RESPAWN) constructs its PartialLocalSgd without a store
+  // and opens it in its first sync, with the survivors. The outer
+  // optimizer's momentum restarts (it was the old aggregator's alone). The
+  // job adds its parameters to the State itself and calls state.commit()
+  // after each step() that ran a round: the PartialLocalSgd must not commit
+  // itself (`.commit = false`), and must be on the global process set (a
+  // rebuild drops the others); InvalidArgument otherwise. elastic::run
+  // needs the survivors within one commit of each other: rounds that wait
+  // for every rank (late_after_s above a period's time) keep them so. The
+  // PartialLocalSgd must outlive the State's use.
   void add_to(elastic::State& state);
 
   std::int64_t local_steps() const;  // step() calls so far

@@ -55,6 +55,7 @@ void State::sync(int root) {
     if (!b.saved.empty()) std::memcpy(b.saved.data(), b.data, b.saved.size());
   }
   committed_at_ = committed_steps();
+  for (auto& cb : sync_callbacks_) cb();
 }
 
 void run(State& state, const std::function<void(State&)>& fn) {

@@ -91,7 +91,10 @@ PartialLocalSgd::PartialLocalSgd(const PartialLocalSgdOptions& options,
   st.timeout_s = default_timeout(options.timeout_s);
   st.params = std::move(params);
   st.log = core::Logger(rank(), Options::from_env().log_level);
-  st.open_store();
+  // A replacement rank (GYRE_ELASTIC_RESPAWN) joins survivors that are in
+  // their recovery: they open the new store after the State's broadcasts
+  // (add_to's sync callback), and so does this rank, in its first sync.
+  if (!is_replacement()) st.open_store();
 }
 
 // Collective over the set as it is now: the store holding this rank's
@@ -126,8 +129,9 @@ void PartialLocalSgd::State::open_store() {
 void PartialLocalSgd::State::check_store() const {
   if (!store) {
     throw StateError(
-        "PartialLocalSgd: its store was dropped after a member's failure and not reopened (an "
-        "elastic State's recovery reopens it: PartialLocalSgd::add_to)");
+        "PartialLocalSgd: no store: after a member's failure, and on a replacement rank, the "
+        "store is opened by the sync of the elastic State it was added to "
+        "(PartialLocalSgd::add_to, elastic::run)");
   }
 }
 
@@ -317,10 +321,13 @@ void PartialLocalSgd::add_to(elastic::State& state) {
     // The store is over the old world: its calls fail on every member.
     self->drop_store();
   });
-  state.on_reset([self](const elastic::Recovery&) {
-    // The parameters and counters are the sync root's commit: a store over
-    // the survivors holds that model, its rounds counted on from there. The
-    // outer optimizer's momentum was the old aggregator's alone: it restarts.
+  state.on_sync([self] {
+    // After a recovery's sync (and a replacement's first): the parameters
+    // and counters are the sync root's commit; a store over the ranks now
+    // holds that model, its rounds counted on from there. The outer
+    // optimizer's momentum was the old aggregator's alone: it restarts.
+    // run()'s first sync on the other ranks finds the store open.
+    if (self->store) return;
     self->rounds_before = self->rounds_total;
     self->open_store();
   });

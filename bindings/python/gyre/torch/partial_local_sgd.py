@@ -112,6 +112,14 @@ class PartialLocalSGD(OptimizerWrapper):
         self._rounds_before = 0     # rounds of the stores before this one (elastic)
         self.store: Optional[ParameterStore] = None
         self._aggregator: Optional[_Aggregator] = None
+        self._store_round = 0
+        if gyre.is_replacement():
+            # A replacement rank (GYRE_ELASTIC_RESPAWN) joins survivors that
+            # are in their recovery: they open the new store in the
+            # TorchState's sync, after broadcasting the model and the
+            # counters. This rank does the same, in its first sync
+            # (_gyre_elastic_sync), so that the collectives pair up.
+            return
         self._open_store()
 
     def _open_store(self) -> None:
@@ -163,11 +171,19 @@ class PartialLocalSGD(OptimizerWrapper):
             self.round()
         return loss
 
+    def _require_store(self) -> None:
+        if self.store is None:
+            raise gyre.StateError(
+                "PartialLocalSGD: no store: on a replacement rank it is opened by the first sync "
+                "of the elastic TorchState holding it (gyre.torch.elastic.run), after a rank's "
+                "failure by the recovery's")
+
     def round(self) -> None:
         """Posts this rank's contribution, waits for the round after its
         version to close (at most late_after_s after the first on-time
         contribution, plus the aggregator's work), and continues from the
         model it pulls."""
+        self._require_store()
         me, n = self._me, self._n
         posted = int(self._posted[me])
         # The mailbox is free once the aggregator has consumed the last one.
@@ -195,6 +211,7 @@ class PartialLocalSGD(OptimizerWrapper):
         """Collective: tells the aggregator this rank has stopped, waits for
         it to finish (it closes a last round with what was posted), takes
         the final model, and closes the store."""
+        self._require_store()
         delta = torch.zeros(3 * self._n, dtype=torch.int64)
         delta[2 * self._n + self._me] = 1
         self._add(f"{_PREFIX}.posted", delta)
@@ -300,6 +317,7 @@ class PartialLocalSGD(OptimizerWrapper):
     def _meta(self) -> torch.Tensor:
         if self._final_meta is not None:  # closed: what the aggregator left
             return self._final_meta
+        self._require_store()
         return self.store.pull(f"{_PREFIX}.meta")[0]
 
     def _wait(self, ready: Callable[[torch.Tensor], bool], what: str) -> torch.Tensor:
