@@ -179,11 +179,6 @@ want = reference(root_old)
 mine = flat(model.parameters())
 if not torch.allclose(mine, want, rtol=1e-5, atol=1e-6):
     fail(f"the parameters differ from the reference by {(mine - want).abs().max():.3g}")
-failed_at = getattr(state, "_failure_seen_at", None)
-later = [t for _, t in step_done_at if failed_at is not None and t > failed_at]
-if not later:
-    fail("no failure was seen, or no step completed after it")
-print(f"elastic: rank {start_rank} PASS: {steps} local steps, {opt.rounds} rounds, now rank "
-      f"{hvd.rank()} of {hvd.size()}, back to step {PERIOD} after the failure, rebuild "
-      f"{state._last_rebuild['seconds']:.3f} s, recovery {later[0] - failed_at:.3f} s", flush=True)
+local_sgd_task.survivor_pass(start_rank, f"{steps} local steps, {opt.rounds} rounds", PERIOD,
+                             state, step_done_at, fail, hvd)
 hvd.shutdown()

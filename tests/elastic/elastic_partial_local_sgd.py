@@ -199,12 +199,6 @@ if replacement:
           f"{steps} local steps, round {opt.version}, rank {hvd.rank()} of {hvd.size()}",
           flush=True)
 else:
-    failed_at = getattr(state, "_failure_seen_at", None)
-    later = [t for _, t in step_done_at if failed_at is not None and t > failed_at]
-    if not later:
-        fail("no failure was seen, or no step completed after it")
-    print(f"elastic: rank {start_rank} PASS: {steps} local steps, round {opt.version}, now rank "
-          f"{hvd.rank()} of {hvd.size()}, back to step {PERIOD} after the failure, rebuild "
-          f"{state._last_rebuild['seconds']:.3f} s, recovery {later[0] - failed_at:.3f} s",
-          flush=True)
+    local_sgd_task.survivor_pass(start_rank, f"{steps} local steps, round {opt.version}", PERIOD,
+                                 state, step_done_at, fail, hvd)
 hvd.shutdown()

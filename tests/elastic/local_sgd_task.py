@@ -36,3 +36,19 @@ def checksum(model):
     """Two float64 sums of the parameters: plain and weighted by position."""
     v = flat(model.parameters()).double()
     return torch.stack([v.sum(), (v * torch.arange(1, v.numel() + 1, dtype=torch.float64)).sum()])
+
+
+def survivor_pass(start_rank, done, back_to, state, step_done_at, fail, hvd):
+    """Prints a survivor's PASS line: `done` (what it finished), now rank r
+    of n, back to step `back_to`, the rebuild's time and the recovery's
+    (from the failure this rank saw, elastic.run's record, to the first
+    step completed after it); fails if no failure was seen or no step
+    completed after it."""
+    failed_at = getattr(state, "_failure_seen_at", None)
+    later = [t for _, t in step_done_at if failed_at is not None and t > failed_at]
+    if not later:
+        fail("no failure was seen, or no step completed after it")
+    print(f"elastic: rank {start_rank} PASS: {done}, now rank {hvd.rank()} of {hvd.size()}, "
+          f"back to step {back_to} after the failure, rebuild "
+          f"{state._last_rebuild['seconds']:.3f} s, recovery {later[0] - failed_at:.3f} s",
+          flush=True)

@@ -43,32 +43,16 @@
 #include "gyre/gyre.h"
 #include "gyre/partial_local_sgd.h"
 #include "gyre/view.h"
+#include "local_sgd_kill_common.h"
 
 namespace {
 
-constexpr int kRanks = 3;
-constexpr int kKillStep = 7;
-constexpr int kSteps = 20;
-constexpr int kPeriod = 2;
-constexpr std::size_t kCount = 1024;
+using namespace gyre_test_lsgd_kill;
 
-[[noreturn]] void fail(int me, const std::string& what) {
-  std::fprintf(stderr, "elastic: rank %d FAIL: %s\n", me, what.c_str());
-  std::fflush(stderr);
-  std::exit(1);
-}
 
 int kill_rank() {
   const char* v = std::getenv("GYRE_TEST_KILL_RANK");
   return v != nullptr ? std::atoi(v) : 1;
-}
-
-// Rank p's inner step t: a pull toward its own target, and a drift.
-void inner_step(std::vector<double>& w, int p, int t) {
-  for (std::size_t i = 0; i < w.size(); ++i) {
-    const double target = (p + 1) * (1.0 + static_cast<double>(i % 5));
-    w[i] -= 0.1 * (w[i] - target) + 0.01 * t;
-  }
 }
 
 // The whole run in one process: every rank's parameters, the mean
@@ -101,15 +85,7 @@ std::vector<double> reference(const gyre::OuterOptimizer& o, int dead, bool resp
       std::fill(buf.begin(), buf.end(), 0.0);
       restarted = true;
     }
-    for (std::size_t i = 0; i < kCount; ++i) {
-      double g = 0;
-      for (int p : alive) g += synced[i] - w[static_cast<std::size_t>(p)][i];
-      g /= static_cast<double>(alive.size());
-      buf[i] = o.momentum * buf[i] + g;
-      const double d = o.nesterov ? g + o.momentum * buf[i] : buf[i];
-      synced[i] -= o.lr * d;
-    }
-    for (int p : alive) w[static_cast<std::size_t>(p)] = synced;
+    outer_round(o, alive, w, synced, buf);
   }
   return synced;
 }
@@ -178,25 +154,9 @@ int main() {
                          sgd.local_steps(), kSteps / kPeriod, kSteps));
   }
 
-  // The survivors hold the same bits: min and max of them agree.
-  std::vector<std::int64_t> bits(kCount), lo(kCount), hi(kCount);
-  std::memcpy(bits.data(), w.data(), kCount * sizeof(double));
-  gyre::allreduce_async("kill.plsgd.min", gyre::view(bits), gyre::view(lo), gyre::ReduceOp::kMin)
-      .wait();
-  gyre::allreduce_async("kill.plsgd.max", gyre::view(bits), gyre::view(hi), gyre::ReduceOp::kMax)
-      .wait();
-  for (std::size_t i = 0; i < kCount; ++i) {
-    if (lo[i] != hi[i]) fail(me, fmt::format("the survivors' parameter {} differs", i));
-  }
   const std::vector<double> want = reference(outer, dead, respawn);
-  double worst = 0;
-  for (std::size_t i = 0; i < kCount; ++i) {
-    const double err = std::abs(w[i] - want[i]);
-    worst = std::max(worst, err);
-    if (!(err <= 1e-9)) {
-      fail(me, fmt::format("parameter {} is {:.17g}, the reference {:.17g}", i, w[i], want[i]));
-    }
-  }
+  // Every rank holds the same bits, equal to the reference.
+  const double worst = check_final(me, "kill.plsgd", w, want);
   gyre::shutdown();
   std::printf("elastic: rank %d PASS:%s %d rounds on 3 then %d ranks (rank %d killed), equal to "
               "the reference within %.3g\n", me, replacement ? " (the replacement)" : "",
