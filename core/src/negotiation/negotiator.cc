@@ -282,18 +282,18 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
     }
     if (lowest < hits.size()) {
       const Request& r = hits[lowest].request;
+      collectives::CombineFn k = nullptr;
       try {
-        kernel = collectives::combine_kernel(r.dtype, r.op);
+        k = collectives::combine_kernel(r.dtype, r.op);
       } catch (const InvalidArgument&) {
-        kernel = nullptr;  // refused at enqueue; the executor refuses it alike
+        // refused at enqueue; the executor refuses it alike
       }
-      if (kernel && source_(r, std::span(input, r.nbytes()))) {
+      if (k && source_(r, std::span(input, r.nbytes()))) {
         chosen = lowest;
+        kernel = k;
         nbytes = r.nbytes();
         count = nbytes / dtype_size(r.dtype);
         v[spec_at] = std::uint64_t{mine.cache_hits[chosen]} + 1;
-      } else {
-        kernel = nullptr;
       }
     }
   }

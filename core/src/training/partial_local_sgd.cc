@@ -138,10 +138,7 @@ void PartialLocalSgd::State::check_store() const {
 // Not collective: the aggregator stopped and the store dropped, as after a
 // member's death (its calls fail on every member from then on).
 void PartialLocalSgd::State::drop_store() {
-  if (aggregator) {
-    aggregator->stop();
-    aggregator.reset();
-  }
+  aggregator.reset();  // stops and joins its thread, which uses the store
   store.reset();
 }
 
