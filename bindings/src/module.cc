@@ -225,6 +225,15 @@ void bind_divergence(py::module_& m) {
                          py::arg("net_bytes_per_s") = st.net_bytes_per_s,
                          py::arg("shm_alpha_s") = st.shm_alpha_s,
                          py::arg("shm_bytes_per_s") = st.shm_bytes_per_s);
+    py::list tuned;
+    for (const auto& t : st.autotune) {
+      tuned.append(py::dict(py::arg("min_bytes") = t.min_bytes,
+                            py::arg("flat_s_per_mib") = t.flat_s_per_mib,
+                            py::arg("hierarchical_s_per_mib") = t.hierarchical_s_per_mib,
+                            py::arg("model") = t.model_hierarchical ? "hierarchical" : "flat",
+                            py::arg("chosen") = t.hierarchical ? "hierarchical" : "flat"));
+    }
+    d["autotune"] = tuned;
     return d;
   });
   m.def(

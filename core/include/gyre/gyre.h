@@ -395,6 +395,18 @@ struct RuntimeStats {
   std::string link_source;
   double net_alpha_s = 0, net_bytes_per_s = 0;
   double shm_alpha_s = 0, shm_bytes_per_s = 0;
+  // GYRE_AUTOTUNE's choices so far, one per size class decided, in the
+  // order decided, the same on every rank: the slowest rank's mean seconds
+  // per MiB of each form over its trials, and the form chosen beside the
+  // cost model's.
+  struct TunedAllreduce {
+    std::size_t min_bytes = 0;  // buffers of [min_bytes, 2 * min_bytes)
+    double flat_s_per_mib = 0;
+    double hierarchical_s_per_mib = 0;
+    bool model_hierarchical = false;
+    bool hierarchical = false;
+  };
+  std::vector<TunedAllreduce> autotune;
 };
 RuntimeStats runtime_stats();
 

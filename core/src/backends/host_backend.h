@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "backends/cpu/cpu_ring_backend.h"
+#include "backends/hierarchical/autotune.h"
 
 namespace gyre::core {
 
@@ -70,6 +71,9 @@ class HostBackend : public Backend {
   const FusionBuffer& host_fusion_buffer() const { return ring_.host_fusion_buffer(); }
   // The cost model's parameters its choices are made with.
   const LayoutCost& layout_cost() const { return ring_.layout_cost(); }
+  // GYRE_AUTOTUNE's choices so far (any thread): only the hierarchical
+  // backend has two forms to choose between.
+  virtual std::vector<TunedAllreduce> tuned_allreduces() const { return {}; }
 
  protected:
   CpuRingBackend ring_;

@@ -97,7 +97,7 @@ void BackendRegistry::connect(HostLayout layout) {
       cost = probe_links(t_, *layout.cross, layout.shm->group(), opt_, log_, cost, link_source_);
     }
     host_ = std::make_unique<HierarchicalBackend>(t_, opt_, std::move(layout.shm),
-                                                 std::move(layout.cross), cost);
+                                                 std::move(layout.cross), cost, log_);
     log_.debug("host allreduces hierarchical: shared memory within hosts, a ring across them");
   } else if (layout.shm) {
     host_ = std::make_unique<ShmBackend>(t_, opt_, std::move(layout.shm));

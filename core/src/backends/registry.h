@@ -102,6 +102,8 @@ class BackendRegistry final : public BackendSet {
   // "built-in", "probed" or "cached" (GYRE_LINK_PROBE, link_probe.h).
   const LayoutCost& host_layout_cost() const { return host_->layout_cost(); }
   const std::string& link_source() const { return link_source_; }
+  // GYRE_AUTOTUNE's choices so far (any thread).
+  std::vector<TunedAllreduce> tuned_allreduces() const { return host_->tuned_allreduces(); }
 
  private:
   transport::Transport& t_;

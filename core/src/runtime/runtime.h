@@ -181,6 +181,7 @@ class Runtime {
   // start-up, read-only after): any thread.
   const LayoutCost& link_cost() const { return backends_.host_layout_cost(); }
   const std::string& link_source() const { return backends_.link_source(); }
+  std::vector<TunedAllreduce> tuned_allreduces() const { return backends_.tuned_allreduces(); }
   int fusion_allocations() const { return backends_.host_fusion_buffer().allocations(); }
   // Messages and bytes this rank sent over its transports: negotiation, the
   // collectives' data, and the hierarchical allreduce's cross-host

@@ -2,6 +2,7 @@
 #include "backends/hierarchical/hierarchical_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "backends/hierarchical/cost_model.h"
@@ -15,19 +16,50 @@ namespace gyre::core {
 void HierarchicalBackend::allreduce(const void* in, void* out, std::size_t count, DataType dt,
                                     const Reduction& red, const OpLabel& what) {
   const LayoutCost& c = ring_.layout_cost();
-  const double bytes = static_cast<double>(count * dtype_size(dt));
+  const std::size_t nbytes = count * dtype_size(dt);
+  const double bytes = static_cast<double>(nbytes);
   // Pieces of the pipelined form: the model's, or GYRE_HIERARCHICAL_PIPELINE's.
   const int pieces = opt_.hierarchical_pipeline == -1
                          ? hierarchical_pieces(c, bytes)
                          : static_cast<int>(std::max(1L, opt_.hierarchical_pipeline));
-  bool hierarchical = opt_.hierarchical_allreduce == 1;
-  if (opt_.hierarchical_allreduce == -1) {
-    hierarchical = hierarchical_allreduce_s(c, bytes, pieces) <= flat_allreduce_s(c, bytes);
-  }
-  if (!hierarchical) {
-    ring_.allreduce(in, out, count, dt, red, what);
+  if (opt_.hierarchical_allreduce != -1) {
+    if (opt_.hierarchical_allreduce == 1) {
+      hierarchical_allreduce(in, out, count, dt, red, pieces);
+    } else {
+      ring_.allreduce(in, out, count, dt, red, what);
+    }
     return;
   }
+  const bool model = hierarchical_allreduce_s(c, bytes, pieces) <= flat_allreduce_s(c, bytes);
+  if (opt_.autotune != 1) {
+    if (model) {
+      hierarchical_allreduce(in, out, count, dt, red, pieces);
+    } else {
+      ring_.allreduce(in, out, count, dt, red, what);
+    }
+    return;
+  }
+  const bool hierarchical = tuner_.choose(nbytes, model);
+  const auto start = std::chrono::steady_clock::now();
+  if (hierarchical) {
+    hierarchical_allreduce(in, out, count, dt, red, pieces);
+  } else {
+    ring_.allreduce(in, out, count, dt, red, what);
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (auto t = tuner_.record(world_, nbytes, hierarchical, s); t && world_.rank() == 0) {
+    log_.info("autotune: allreduces of {} to {} KiB: flat {:.3f} ms per MiB, "
+              "hierarchical {:.3f}; {} chosen (the cost model's choice: {})",
+              t->min_bytes >> 10, t->min_bytes >> 9, t->flat_s_per_mib * 1e3, t->hierarchical_s_per_mib * 1e3,
+              t->hierarchical ? "hierarchical" : "flat",
+              t->model_hierarchical ? "hierarchical" : "flat");
+  }
+}
+
+void HierarchicalBackend::hierarchical_allreduce(const void* in, void* out, std::size_t count,
+                                                 DataType dt, const Reduction& red, int pieces) {
+  const LayoutCost& c = ring_.layout_cost();
+  const double bytes = static_cast<double>(count * dtype_size(dt));
   // The cross-host allreduce takes no scale factors of its own (see
   // hierarchical_allreduce): those of `red` are passed separately. Its
   // algorithm above the small size follows from a piece's size, the same

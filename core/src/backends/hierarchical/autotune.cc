@@ -1,0 +1,89 @@
+// AllreduceTuner (autotune.h).
+#include "backends/hierarchical/autotune.h"
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <algorithm>
+
+#include "gyre/collectives/algorithms.h"
+
+namespace gyre::core {
+
+namespace {
+
+// The order of the trials: A (the model's choice) at 0 and 3, B at 1 and 2.
+bool trial_runs_model(int trial) { return trial == 0 || trial == 3; }
+
+// Seconds per byte as a word that orders like the double: both are
+// non-negative, whose IEEE-754 bits compare as unsigned integers do.
+std::uint64_t as_word(double v) {
+  if (!(v >= 0)) v = 0;
+  std::uint64_t w;
+  std::memcpy(&w, &v, sizeof w);
+  return w;
+}
+double from_word(std::uint64_t w) {
+  double v;
+  std::memcpy(&v, &w, sizeof v);
+  return v;
+}
+
+}  // namespace
+
+int AllreduceTuner::class_of(std::size_t bytes) {
+  return static_cast<int>(std::bit_width(bytes)) - 1;
+}
+
+bool AllreduceTuner::choose(std::size_t bytes, bool model_hierarchical) {
+  if (bytes < kTuneMinBytes) return model_hierarchical;
+  const auto k = static_cast<std::size_t>(class_of(bytes));
+  if (classes_.size() <= k) classes_.resize(k + 1);
+  Class& c = classes_[k];
+  if (c.decided) return c.hierarchical;
+  // The class's first call fixes which form is A: calls of one class may
+  // differ in size, and so in the model's choice, but every rank sees the
+  // same first call.
+  if (c.trials == 0) c.model_hierarchical = model_hierarchical;
+  return trial_runs_model(c.trials) ? c.model_hierarchical : !c.model_hierarchical;
+}
+
+std::optional<TunedAllreduce> AllreduceTuner::record(transport::Transport& world, std::size_t bytes,
+                                             bool hierarchical, double seconds) {
+  if (bytes < kTuneMinBytes) return std::nullopt;
+  Class& c = classes_[static_cast<std::size_t>(class_of(bytes))];
+  if (c.decided) return std::nullopt;
+  c.s_per_b[hierarchical ? 1 : 0] += seconds / static_cast<double>(bytes);
+  if (++c.trials < kTrials) return std::nullopt;
+  // The slowest rank's sums decide: a form is as fast as its slowest rank.
+  std::array<std::uint64_t, 2> words = {as_word(c.s_per_b[0]), as_word(c.s_per_b[1])};
+  collectives::DisseminationOptions o;
+  o.tag = tag_;
+  collectives::dissemination_allreduce(
+      world, words,
+      [](std::span<std::uint64_t> acc, std::span<const std::uint64_t> in) {
+        for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = std::max(acc[i], in[i]);
+      },
+      o);
+  const double flat = from_word(words[0]), hier = from_word(words[1]);
+  c.decided = true;
+  c.hierarchical = hier == flat ? c.model_hierarchical : hier < flat;
+  TunedAllreduce t;
+  t.min_bytes = std::size_t{1} << class_of(bytes);
+  // Two trials of each form: the mean per MiB.
+  t.flat_s_per_mib = flat / 2 * (1 << 20);
+  t.hierarchical_s_per_mib = hier / 2 * (1 << 20);
+  t.model_hierarchical = c.model_hierarchical;
+  t.hierarchical = c.hierarchical;
+  std::lock_guard<std::mutex> lock(mu_);
+  decided_.push_back(t);
+  return t;
+}
+
+std::vector<TunedAllreduce> AllreduceTuner::decisions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return decided_;
+}
+
+}  // namespace gyre::core

@@ -1,0 +1,145 @@
+// GYRE_AUTOTUNE's tuner (backends/hierarchical/autotune.h): the order of its
+// trials, and one decision on every rank from the slowest rank's times even
+// where each rank's own times point the other way. Ranks as threads over a
+// LocalTransport world; the "calls" are fed times, not run.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <exception>
+#include <thread>
+#include <vector>
+
+#include "backends/hierarchical/autotune.h"
+#include "gyre/collectives/local_transport.h"
+
+using gyre::core::AllreduceTuner;
+using gyre::core::TunedAllreduce;
+namespace transport = gyre::transport;
+
+namespace {
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+// Runs fn(rank, tuner, transport) on n rank threads; rethrows a failure.
+template <typename F>
+void on_ranks(int n, F&& fn) {
+  auto world = transport::make_local_world(n);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        transport::LocalTransport t(world, r);
+        t.set_timeout(std::chrono::seconds(30));
+        AllreduceTuner tuner(3);
+        fn(r, tuner, t);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        transport::fail_local_world(*world, r);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+// One class's four trials at `bytes`, each "taking" flat_s or hier_s on
+// this rank; returns the forms run and what every later call runs.
+struct Trials {
+  std::vector<bool> ran;  // hierarchical?
+  bool after = false;
+  std::vector<TunedAllreduce> decisions;
+};
+Trials run_class(AllreduceTuner& tuner, transport::Transport& t, std::size_t bytes, bool model,
+                 double flat_s, double hier_s) {
+  Trials out;
+  for (int i = 0; i < AllreduceTuner::kTrials; ++i) {
+    const bool h = tuner.choose(bytes, model);
+    out.ran.push_back(h);
+    tuner.record(t, bytes, h, h ? hier_s : flat_s);
+  }
+  out.after = tuner.choose(bytes, model);
+  out.decisions = tuner.decisions();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("autotune: trials run model, other, other, model; then the faster for good",
+          "[autotune]") {
+  std::vector<Trials> got(2);
+  std::vector<int> later(2, -1), agreed_again(2, -1);  // Catch2 checks on the main thread
+  on_ranks(2, [&](int r, AllreduceTuner& tuner, transport::Transport& t) {
+    // The model says hierarchical; flat is twice as fast on both ranks.
+    got[static_cast<std::size_t>(r)] = run_class(tuner, t, 4 * kMiB, true, 0.01, 0.02);
+    // Later calls of the class, of other sizes in it too, stay flat and
+    // run no more agreements (they would wait for a peer that sends none).
+    later[static_cast<std::size_t>(r)] = tuner.choose(4 * kMiB + 4096, true);
+    agreed_again[static_cast<std::size_t>(r)] =
+        tuner.record(t, 4 * kMiB + 4096, false, 1.0).has_value();
+  });
+  CHECK(later == std::vector<int>{0, 0});
+  CHECK(agreed_again == std::vector<int>{0, 0});
+  for (const Trials& g : got) {
+    CHECK(g.ran == std::vector<bool>{true, false, false, true});
+    CHECK_FALSE(g.after);
+    REQUIRE(g.decisions.size() == 1);
+    const TunedAllreduce& d = g.decisions[0];
+    CHECK(d.min_bytes == 4 * kMiB);
+    CHECK(d.model_hierarchical);
+    CHECK_FALSE(d.hierarchical);
+    // Mean seconds per MiB of each form: 0.01 s for 4 MiB, 0.02 s for 4 MiB.
+    CHECK(d.flat_s_per_mib == Approx(0.0025));
+    CHECK(d.hierarchical_s_per_mib == Approx(0.005));
+  }
+}
+
+TEST_CASE("autotune: every rank takes the slowest rank's figures, whatever its own say",
+          "[autotune]") {
+  // 3 ranks (the agreement's dissemination at a size that is not a power
+  // of two). Rank 0 alone sees hierarchical faster; rank 2 sees it the
+  // slower by far: the max over ranks is flat 3 s, hierarchical 4 s.
+  const double flat[3] = {2.0, 1.0, 3.0};
+  const double hier[3] = {1.0, 0.5, 4.0};
+  std::vector<Trials> got(3);
+  on_ranks(3, [&](int r, AllreduceTuner& tuner, transport::Transport& t) {
+    got[static_cast<std::size_t>(r)] = run_class(tuner, t, 64 * kMiB, false, flat[r], hier[r]);
+  });
+  for (const Trials& g : got) {
+    CHECK_FALSE(g.after);
+    REQUIRE(g.decisions.size() == 1);
+    CHECK_FALSE(g.decisions[0].hierarchical);
+    CHECK(g.decisions[0].flat_s_per_mib == Approx(3.0 / 64));
+    CHECK(g.decisions[0].hierarchical_s_per_mib == Approx(4.0 / 64));
+  }
+  // The other way round: the slowest rank's hierarchical is now the faster.
+  const double flat2[3] = {1.0, 5.0, 1.0};
+  const double hier2[3] = {2.0, 1.0, 3.0};
+  on_ranks(3, [&](int r, AllreduceTuner& tuner, transport::Transport& t) {
+    got[static_cast<std::size_t>(r)] = run_class(tuner, t, 64 * kMiB, false, flat2[r], hier2[r]);
+  });
+  for (const Trials& g : got) CHECK(g.after);
+}
+
+TEST_CASE("autotune: classes are tuned apart; below 256 KiB and on a tie the model decides",
+          "[autotune]") {
+  // Per rank: below the tuned size with the model hierarchical, then flat;
+  // an agreement there; 1 MiB's choice after its trials, 16 MiB's, 1 MiB's
+  // again; the number of classes decided.
+  std::vector<std::vector<int>> got(2);
+  on_ranks(2, [&](int r, AllreduceTuner& tuner, transport::Transport& t) {
+    auto& g = got[static_cast<std::size_t>(r)];
+    // Below the tuned sizes: the model's choice, no trial, no agreement.
+    g.push_back(tuner.choose(AllreduceTuner::kTuneMinBytes - 1, true));
+    g.push_back(tuner.choose(AllreduceTuner::kTuneMinBytes - 1, false));
+    g.push_back(tuner.record(t, AllreduceTuner::kTuneMinBytes - 1, true, 9.0).has_value());
+    // 1 MiB: hierarchical faster; 16 MiB: a tie keeps the model's flat.
+    g.push_back(run_class(tuner, t, kMiB, false, 0.02, 0.01).after);
+    g.push_back(run_class(tuner, t, 16 * kMiB, false, 0.5, 0.5).after);
+    g.push_back(tuner.choose(kMiB, false));
+    g.push_back(static_cast<int>(tuner.decisions().size()));
+  });
+  for (const auto& g : got) CHECK(g == std::vector<int>{1, 0, 0, 1, 0, 1, 2});
+}
