@@ -1,6 +1,7 @@
 // Run on every rank of a job across several (simulated) hosts of several
-// ranks each, GYRE_AUTOTUNE=1: allreduces of three size classes, six calls
-// each (the tuner's four trials, both forms, then two of the chosen one),
+// ranks each, GYRE_AUTOTUNE=1: allreduces of three size classes, seven calls
+// each (the tuner's warm-up and four trials, both forms, then two of the
+// chosen one),
 // each checked against its closed form; then the tuner's choices in
 // runtime_stats(): one per class, with both forms timed, and the same on
 // every rank (an allgather of each rank's). Exits non-zero on any rank that
@@ -27,7 +28,7 @@ int main() {
                                     std::size_t{4} << 20};
   for (std::size_t bytes : kSizes) {
     const std::size_t count = bytes / sizeof(float);
-    for (int call = 0; call < 6; ++call) {
+    for (int call = 0; call < 7; ++call) {
       // Sum of small integers: exact in float32 in any order.
       std::vector<float> v(count);
       for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<float>((me + i + call) % 7);

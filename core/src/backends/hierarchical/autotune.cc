@@ -13,8 +13,9 @@ namespace gyre::core {
 
 namespace {
 
-// The order of the trials: A (the model's choice) at 0 and 3, B at 1 and 2.
-bool trial_runs_model(int trial) { return trial == 0 || trial == 3; }
+// The order of the trials: the warm-up and A (the model's choice) at 0, 1
+// and 4, B at 2 and 3.
+bool trial_runs_model(int trial) { return trial <= 1 || trial == 4; }
 
 // Seconds per byte as a word that orders like the double: both are
 // non-negative, whose IEEE-754 bits compare as unsigned integers do.
@@ -54,9 +55,17 @@ std::optional<TunedAllreduce> AllreduceTuner::record(transport::Transport& world
   if (bytes < kTuneMinBytes) return std::nullopt;
   Class& c = classes_[static_cast<std::size_t>(class_of(bytes))];
   if (c.decided) return std::nullopt;
-  c.s_per_b[hierarchical ? 1 : 0] += seconds / static_cast<double>(bytes);
+  // The warm-up's time is not counted: a class's first call pays for what
+  // its size touches first (pages of fresh buffers, a new cache entry).
+  // Each form's best of its two: a call the scheduler delayed once does not
+  // decide.
+  if (c.trials > 0) {
+    double& best = c.s_per_b[hierarchical ? 1 : 0];
+    const double v = seconds / static_cast<double>(bytes);
+    best = best == 0 ? v : std::min(best, v);
+  }
   if (++c.trials < kTrials) return std::nullopt;
-  // The slowest rank's sums decide: a form is as fast as its slowest rank.
+  // The slowest rank's best decides: a form is as fast as its slowest rank.
   std::array<std::uint64_t, 2> words = {as_word(c.s_per_b[0]), as_word(c.s_per_b[1])};
   collectives::DisseminationOptions o;
   o.tag = tag_;
@@ -71,9 +80,8 @@ std::optional<TunedAllreduce> AllreduceTuner::record(transport::Transport& world
   c.hierarchical = hier == flat ? c.model_hierarchical : hier < flat;
   TunedAllreduce t;
   t.min_bytes = std::size_t{1} << class_of(bytes);
-  // Two trials of each form: the mean per MiB.
-  t.flat_s_per_mib = flat / 2 * (1 << 20);
-  t.hierarchical_s_per_mib = hier / 2 * (1 << 20);
+  t.flat_s_per_mib = flat * (1 << 20);
+  t.hierarchical_s_per_mib = hier * (1 << 20);
   t.model_hierarchical = c.model_hierarchical;
   t.hierarchical = c.hierarchical;
   std::lock_guard<std::mutex> lock(mu_);

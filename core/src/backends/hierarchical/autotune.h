@@ -7,14 +7,17 @@
 // shared-memory passes wait for a core while the link idles (docs/scaling.md,
 // "4 hosts × 2 ranks"). The tuner times the two forms on the calls
 // themselves. Per size class (buffers of [2^k, 2^(k+1)) bytes, from
-// kTuneMinBytes), the class's first four calls run the model's choice (A)
-// and the other form (B) in the order A B B A, which cancels a drift that is
-// linear in time; each rank sums its own seconds per byte of each form;
-// after the fourth call one dissemination allreduce (max) over the world
-// gives every rank the slowest rank's sums, and every later call of the
-// class runs the faster form (a tie keeps the model's). Every rank sees the
-// same calls in the same order (the negotiation's), so every rank runs the
-// same trials and the same agreement at the same point, and decides alike.
+// kTuneMinBytes), the class's first call is a warm-up (the model's choice,
+// not timed: it pays for what the size touches first), and the next four run
+// the model's choice (A) and the other form (B) in the order A B B A, which
+// cancels a drift that is linear in time. Each rank keeps its best seconds
+// per byte of each form (a call the scheduler delayed once does not
+// decide); after the fifth call one dissemination allreduce (max) over the
+// world gives every rank the slowest rank's figures, and every later call
+// of the class runs the faster form (a tie keeps the model's). Every rank
+// sees the same calls in the same order (the negotiation's), so every rank
+// runs the same trials and the same agreement at the same point, and
+// decides alike.
 //
 // Below kTuneMinBytes the model decides: a call there takes microseconds,
 // as noisy as the difference between the forms.
@@ -32,8 +35,8 @@
 
 namespace gyre::core {
 
-// One size class's outcome: the slowest rank's seconds per MiB of each form
-// over its trials, and the form chosen.
+// One size class's outcome: the slowest rank's best seconds per MiB of
+// each form over its trials, and the form chosen.
 struct TunedAllreduce {
   std::size_t min_bytes = 0;  // the class: [min_bytes, 2 * min_bytes)
   double flat_s_per_mib = 0;
@@ -45,7 +48,7 @@ struct TunedAllreduce {
 class AllreduceTuner {
  public:
   static constexpr std::size_t kTuneMinBytes = std::size_t{256} << 10;
-  static constexpr int kTrials = 4;  // A B B A
+  static constexpr int kTrials = 5;  // warm-up, A B B A
 
   // `tag`: the agreement's messages (the data tag: no call of the backend
   // is in flight between two calls).
@@ -65,7 +68,7 @@ class AllreduceTuner {
  private:
   struct Class {
     int trials = 0;                    // run so far, up to kTrials
-    std::array<double, 2> s_per_b{};   // this rank's sums: [flat, hierarchical]
+    std::array<double, 2> s_per_b{};   // this rank's best: [flat, hierarchical]
     bool model_hierarchical = false;   // fixed at the class's first call
     bool decided = false;
     bool hierarchical = false;
