@@ -144,28 +144,38 @@ TEST_CASE("autotune: classes are tuned apart; below 256 KiB and on a tie the mod
   for (const auto& g : got) CHECK(g == std::vector<int>{1, 0, 0, 1, 0, 1, 2});
 }
 
-TEST_CASE("autotune: the warm-up is not counted, and each form's best of two decides",
+TEST_CASE("autotune: the warm-up is not counted; each form's mean of two decides",
           "[autotune]") {
-  // The model says flat. The warm-up (flat) takes 100 s; flat's trials take
-  // 1 s and 9 s (a delayed call), hierarchical's 2 s and 2 s: best of two,
-  // flat 1 s against 2 s. A mean with the warm-up counted would choose
-  // hierarchical.
-  const double times[AllreduceTuner::kTrials] = {100.0, 1.0, 2.0, 2.0, 9.0};
+  // The model says flat. First: the warm-up (flat) takes 100 s, flat's
+  // trials 1 s each, hierarchical's 2 s: flat (counting the warm-up would
+  // choose hierarchical). Then, at 4 MiB: flat's trials 1 s and 9 s (one
+  // slow call), hierarchical's 2 s and 2 s: the means, 5 s against 2 s,
+  // choose hierarchical (the best of two would choose flat).
+  const double first[AllreduceTuner::kTrials] = {100.0, 1.0, 2.0, 2.0, 1.0};
+  const double second[AllreduceTuner::kTrials] = {0.5, 1.0, 2.0, 2.0, 9.0};
   std::vector<std::vector<int>> got(2);
-  std::vector<TunedAllreduce> decided(2);
+  std::vector<std::vector<TunedAllreduce>> decided(2);
   on_ranks(2, [&](int r, AllreduceTuner& tuner, transport::Transport& t) {
     auto& g = got[static_cast<std::size_t>(r)];
-    for (int i = 0; i < AllreduceTuner::kTrials; ++i) {
-      const bool h = tuner.choose(kMiB, false);
-      g.push_back(h);
-      tuner.record(t, kMiB, h, times[i]);
+    for (std::size_t bytes : {kMiB, 4 * kMiB}) {
+      const double* times = bytes == kMiB ? first : second;
+      for (int i = 0; i < AllreduceTuner::kTrials; ++i) {
+        const bool h = tuner.choose(bytes, false);
+        g.push_back(h);
+        tuner.record(t, bytes, h, times[i] * static_cast<double>(bytes / kMiB));
+      }
+      g.push_back(tuner.choose(bytes, false));
     }
-    g.push_back(tuner.choose(kMiB, false));
-    decided[static_cast<std::size_t>(r)] = tuner.decisions().at(0);
+    decided[static_cast<std::size_t>(r)] = tuner.decisions();
   });
   for (int r = 0; r < 2; ++r) {
-    CHECK(got[static_cast<std::size_t>(r)] == std::vector<int>{0, 0, 1, 1, 0, 0});
-    CHECK(decided[static_cast<std::size_t>(r)].flat_s_per_mib == Approx(1.0));
-    CHECK(decided[static_cast<std::size_t>(r)].hierarchical_s_per_mib == Approx(2.0));
+    CHECK(got[static_cast<std::size_t>(r)] == std::vector<int>{0, 0, 1, 1, 0, 0,  //
+                                                               0, 0, 1, 1, 0, 1});
+    const auto& d = decided[static_cast<std::size_t>(r)];
+    REQUIRE(d.size() == 2);
+    CHECK(d[0].flat_s_per_mib == Approx(1.0));
+    CHECK(d[0].hierarchical_s_per_mib == Approx(2.0));
+    CHECK(d[1].flat_s_per_mib == Approx(5.0));
+    CHECK(d[1].hierarchical_s_per_mib == Approx(2.0));
   }
 }

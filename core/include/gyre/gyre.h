@@ -396,7 +396,7 @@ struct RuntimeStats {
   double net_alpha_s = 0, net_bytes_per_s = 0;
   double shm_alpha_s = 0, shm_bytes_per_s = 0;
   // GYRE_AUTOTUNE's choices so far, one per size class decided, in the
-  // order decided, the same on every rank: the slowest rank's best seconds
+  // order decided, the same on every rank: the slowest rank's mean seconds
   // per MiB of each form over its trials, and the form chosen beside the
   // cost model's.
   struct TunedAllreduce {

@@ -57,15 +57,12 @@ std::optional<TunedAllreduce> AllreduceTuner::record(transport::Transport& world
   if (c.decided) return std::nullopt;
   // The warm-up's time is not counted: a class's first call pays for what
   // its size touches first (pages of fresh buffers, a new cache entry).
-  // Each form's best of its two: a call the scheduler delayed once does not
-  // decide.
-  if (c.trials > 0) {
-    double& best = c.s_per_b[hierarchical ? 1 : 0];
-    const double v = seconds / static_cast<double>(bytes);
-    best = best == 0 ? v : std::min(best, v);
-  }
+  // The sum of each form's two, not the best: the expected time decides,
+  // a form's slow calls included (the best would favour the form whose
+  // times vary more).
+  if (c.trials > 0) c.s_per_b[hierarchical ? 1 : 0] += seconds / static_cast<double>(bytes);
   if (++c.trials < kTrials) return std::nullopt;
-  // The slowest rank's best decides: a form is as fast as its slowest rank.
+  // The slowest rank's sums decide: a form is as fast as its slowest rank.
   std::array<std::uint64_t, 2> words = {as_word(c.s_per_b[0]), as_word(c.s_per_b[1])};
   collectives::DisseminationOptions o;
   o.tag = tag_;
@@ -80,8 +77,9 @@ std::optional<TunedAllreduce> AllreduceTuner::record(transport::Transport& world
   c.hierarchical = hier == flat ? c.model_hierarchical : hier < flat;
   TunedAllreduce t;
   t.min_bytes = std::size_t{1} << class_of(bytes);
-  t.flat_s_per_mib = flat * (1 << 20);
-  t.hierarchical_s_per_mib = hier * (1 << 20);
+  // Two trials of each form: the mean per MiB.
+  t.flat_s_per_mib = flat / 2 * (1 << 20);
+  t.hierarchical_s_per_mib = hier / 2 * (1 << 20);
   t.model_hierarchical = c.model_hierarchical;
   t.hierarchical = c.hierarchical;
   std::lock_guard<std::mutex> lock(mu_);

@@ -10,9 +10,9 @@
 // kTuneMinBytes), the class's first call is a warm-up (the model's choice,
 // not timed: it pays for what the size touches first), and the next four run
 // the model's choice (A) and the other form (B) in the order A B B A, which
-// cancels a drift that is linear in time. Each rank keeps its best seconds
-// per byte of each form (a call the scheduler delayed once does not
-// decide); after the fifth call one dissemination allreduce (max) over the
+// cancels a drift that is linear in time. Each rank sums its seconds per
+// byte of each form (the expected time decides: the best of two would
+// favour the form whose times vary more); after the fifth call one dissemination allreduce (max) over the
 // world gives every rank the slowest rank's figures, and every later call
 // of the class runs the faster form (a tie keeps the model's). Every rank
 // sees the same calls in the same order (the negotiation's), so every rank
@@ -35,7 +35,7 @@
 
 namespace gyre::core {
 
-// One size class's outcome: the slowest rank's best seconds per MiB of
+// One size class's outcome: the slowest rank's mean seconds per MiB of
 // each form over its trials, and the form chosen.
 struct TunedAllreduce {
   std::size_t min_bytes = 0;  // the class: [min_bytes, 2 * min_bytes)
@@ -68,7 +68,7 @@ class AllreduceTuner {
  private:
   struct Class {
     int trials = 0;                    // run so far, up to kTrials
-    std::array<double, 2> s_per_b{};   // this rank's best: [flat, hierarchical]
+    std::array<double, 2> s_per_b{};   // this rank's sums: [flat, hierarchical]
     bool model_hierarchical = false;   // fixed at the class's first call
     bool decided = false;
     bool hierarchical = false;
