@@ -1,6 +1,8 @@
 // TensorQueue: pending entries, failure announcements, submission counts.
 #include "queue/tensor_queue.h"
 
+#include <cstdlib>
+
 #include <algorithm>
 #include <cstring>
 #include <thread>
@@ -57,7 +59,7 @@ void TensorQueue::forget_latest() {
   latest_taken_.reset();
 }
 
-void TensorQueue::push(std::vector<LocalEntry> entries) {
+void TensorQueue::push(std::vector<LocalEntry> entries, bool wake_loop) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_reason_) std::rethrow_exception(make_error(closed_kind_, *closed_reason_));
@@ -88,7 +90,9 @@ void TensorQueue::push(std::vector<LocalEntry> entries) {
       table_.emplace(std::move(name), std::move(e));
     }
   }
-  cv_.notify_one();
+  static const bool kExperimentNoWake = std::getenv("GYRE_EXPERIMENT_NO_WAKE") != nullptr;
+  if (kExperimentNoWake && driver_) wake_loop = false;
+  if (wake_loop) cv_.notify_one();
 }
 
 bool TensorQueue::announce_failure(Request r) {

@@ -66,7 +66,10 @@ class TensorQueue {
   // is repeated in `entries`, and once closed the error of close()'s kind
   // (StateError after a shutdown, RankFailedError after a rank died). The
   // entries become the latest push; they share one OpState (a group).
-  void push(std::vector<LocalEntry> entries);
+  // `wake_loop` false: the pushing thread is about to wait for the entries
+  // (Handle::wait() runs the round itself, or wakes the loop through its
+  // RoundDriver if it cannot), so the background thread is not woken.
+  void push(std::vector<LocalEntry> entries, bool wake_loop = true);
   // The runtime's RoundDriver, given to every OpState pushed from now on
   // (Handle::wait() may then run rounds itself). Set once, before any push.
   void set_driver(std::shared_ptr<RoundDriver> driver) { driver_ = std::move(driver); }

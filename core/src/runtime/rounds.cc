@@ -48,10 +48,20 @@ struct InRound {
 
 void CallerRounds::drive(const OpState& op) noexcept {
   if (t_in_round) return;
-  std::unique_lock<std::mutex> lock(mu, std::try_to_lock);
-  if (!lock.owns_lock() || runtime == nullptr) return;
-  InRound in_round;
-  runtime->drive_for(op);
+  {
+    std::unique_lock<std::mutex> lock(mu, std::try_to_lock);
+    if (lock.owns_lock()) {
+      if (runtime == nullptr) return;
+      InRound in_round;
+      runtime->drive_for(op);
+      if (op.done.load(std::memory_order_acquire)) return;
+    }
+  }
+  // The caller now waits for the background thread (or for another thread
+  // running a round now): an operation pushed without waking the loop
+  // (TensorQueue::push's wake_loop) must not wait for its idle timeout.
+  std::lock_guard<std::mutex> lock(wake_mu);
+  if (queue != nullptr) queue->nudge();
 }
 
 bool Runtime::callers_may_run_rounds() const {

@@ -321,6 +321,10 @@ void Runtime::shutdown() {
     std::lock_guard<std::mutex> lock(callers_->mu);
     callers_->runtime = nullptr;
   }
+  {
+    std::lock_guard<std::mutex> lock(callers_->wake_mu);
+    callers_->queue = nullptr;
+  }
   fail_all(ErrorKind::kState,
            info_.process_set != 0
                ? fmt::format("process set {} was removed (remove_process_set) with this "

@@ -96,11 +96,16 @@ class Runtime;
 // caller in Handle::wait(); `runtime` is null once the runtime has stopped.
 class CallerRounds final : public RoundDriver {
  public:
-  explicit CallerRounds(Runtime* r) : runtime(r) {}
+  CallerRounds(Runtime* r, TensorQueue* q) : runtime(r), queue(q) {}
   void drive(const OpState& op) noexcept override;
 
   std::mutex mu;
   Runtime* runtime;  // guarded by mu
+  // The runtime's queue, to wake its loop when a caller cannot complete
+  // its operation itself; a mutex of its own, so that waking never waits
+  // for a round.
+  std::mutex wake_mu;
+  TensorQueue* queue;  // guarded by wake_mu
 };
 
 class Runtime {
@@ -267,7 +272,7 @@ class Runtime {
   std::shared_ptr<transport::CountingTransport> cross_counted_;
   // Rounds run by a waiting caller (rounds.cc); the fields below it are
   // guarded by callers_->mu.
-  std::shared_ptr<CallerRounds> callers_ = std::make_shared<CallerRounds>(this);
+  std::shared_ptr<CallerRounds> callers_ = std::make_shared<CallerRounds>(this, &queue_);
   bool rounds_finished_ = false;     // the last round was run (shutdown, fatal error)
   bool callers_run_rounds_ = false;  // after the first round, if callers may
   std::atomic<std::uint64_t> caller_rounds_run_{0};  // rounds run by waiting callers
