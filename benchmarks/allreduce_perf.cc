@@ -50,7 +50,7 @@ System make_runtime_system(std::string tensor_name) {
             const std::vector<std::int64_t> shape{static_cast<std::int64_t>(count)};
             const TensorView vin{const_cast<void*>(in), dt, shape, {}};
             const TensorView vout{out, dt, shape, {}};
-            allreduce_async(name, vin, vout, op).wait();
+            allreduce(name, vin, vout, op);  // blocking: gyre::WaitFollows
           }};
 }
 
@@ -84,7 +84,7 @@ Sweep options (nccl-tests style):
                         uint8, int32, int64
   -o, --op OP           sum (default; average in gradient-set mode), average,
                         min, max, prod
-  --runtime             time gyre::allreduce_async + wait instead of the bare
+  --runtime             time gyre::allreduce (blocking) instead of the bare
                         collectives::allreduce (no runtime)
   --shm                 time the shared-memory allreduce (ranks on one host;
                         slots of --chunk bytes) instead of the ring over MPI

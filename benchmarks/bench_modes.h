@@ -35,7 +35,7 @@ struct PerfOptions {
   long iters = -1;
   // Sweep: timed blocks per system and size; the blocks of the systems alternate.
   long blocks = 5;
-  // Sweep: time the runtime (allreduce_async + wait) instead of the bare ring.
+  // Sweep: time the runtime (gyre::allreduce, blocking) instead of the bare ring.
   bool runtime = false;
   // Sweep: time the shared-memory allreduce (collectives/shm.h, slots of
   // chunk_bytes) as gyre's bare system instead of the ring over MPI.

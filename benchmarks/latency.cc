@@ -1,6 +1,6 @@
 // Latency mode: the time of one 8-byte allreduce (two float32, sum), from
-// the call to its completion, through gyre's runtime (allreduce_async, then
-// Handle::wait), through the bare ring, and through MPI_Allreduce.
+// the call to its completion, through gyre's runtime (gyre::allreduce, the
+// blocking call), through the bare ring, and through MPI_Allreduce.
 #include <mpi.h>
 
 #include <cstdint>

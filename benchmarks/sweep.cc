@@ -125,7 +125,7 @@ int run_sweep(const PerfOptions& o) {
                dtype_name(o.dtype), op_name(o.op),
                o.huge_pages ? "transparent huge pages" : "4 KiB pages");
     if (o.runtime) {
-      fmt::print("# gyre: runtime (gyre::allreduce_async + Handle::wait; options from GYRE_* environment)\n");
+      fmt::print("# gyre: runtime (gyre::allreduce, blocking; options from GYRE_* environment)\n");
     } else if (o.shm) {
       fmt::print("# gyre: bare shm_allreduce over the host's shared-memory group, slots of {}\n",
                  format_size(o.chunk_bytes));

@@ -49,16 +49,21 @@ auto blocking(F&& f) {
 
 // fresh_output: `out` was made for this call and nobody else holds it until
 // the operation completes (Access::kWriteNew).
+// wait_follows: the caller waits for the operation at once (a blocking
+// call): gyre::WaitFollows.
 std::shared_ptr<PendingOp> allreduce(const std::string& name, py::handle in, py::handle out, int op,
                                      double pre, double post, const std::string& refusal,
-                                     int process_set, bool fresh_output) {
+                                     int process_set, bool fresh_output, bool wait_follows) {
   Call call(refusal);
   const ReduceOp rop = call.op(op);
   TensorView vin = call.view(in, "input", out.is_none() ? Access::kWrite : Access::kRead);
   const Access out_access = fresh_output ? Access::kWriteNew : Access::kWrite;
   TensorView vout = out.is_none() ? vin : call.view(out, "output", out_access);
-  return call.start(
-      [&] { return allreduce_async(name, vin, vout, rop, pre, post, process_set); });
+  return call.start([&] {
+    if (!wait_follows) return allreduce_async(name, vin, vout, rop, pre, post, process_set);
+    WaitFollows promise;
+    return allreduce_async(name, vin, vout, rop, pre, post, process_set);
+  });
 }
 
 // Out of place into a new output: from the output pool when the input is a
@@ -123,7 +128,9 @@ void bind_operations(py::module_& m) {
   m.def("allreduce", &allreduce, py::arg("name"), py::arg("input"), py::arg("output"),
         py::arg("op"), py::arg("prescale"), py::arg("postscale"), py::arg("refusal") = "",
         py::arg("process_set") = 0, py::arg("fresh_output") = false,
-        "Enqueues an allreduce; output=None reduces in place.");
+        py::arg("wait_follows") = false,
+        "Enqueues an allreduce; output=None reduces in place. wait_follows: the caller waits "
+        "for it at once (gyre::WaitFollows).");
   m.def("allreduce_pooled", &allreduce_pooled, py::arg("name"), py::arg("input"), py::arg("op"),
         py::arg("prescale"), py::arg("postscale"), py::arg("refusal") = "",
         py::arg("process_set") = 0,

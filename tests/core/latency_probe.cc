@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < iters; ++i) {
     x = gyre::rank() + i;
     auto t0 = std::chrono::steady_clock::now();
-    gyre::allreduce_async("latency", v, v, gyre::ReduceOp::kSum).wait();
+    gyre::allreduce("latency", v, v, gyre::ReduceOp::kSum);
     auto t1 = std::chrono::steady_clock::now();
     us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     if (x != n * (n - 1) / 2.0 + static_cast<double>(n) * i) ++wrong;

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -109,5 +110,60 @@ TEST_CASE("local: without CUDA the background thread leaves callers their grace"
   LocalJob::run(kRanks, fast_options(), [&](int r, core::Runtime& rt) {
     waited_and_polled(r, rt, kRanks, "host-rank");
     GYRE_EXPECT(r, rt.caller_graces() > 0);
+  });
+}
+
+TEST_CASE("local: operations started under WaitFollows do not wake the background thread",
+          "[runtime][caller-rounds]") {
+  // Each rank's caller starts its allreduce under a gyre::WaitFollows and
+  // waits at once: its push does not wake the background thread, and the
+  // wait runs the round (or wakes the loop if it cannot). Without the
+  // promise every push wakes it. Both complete with the right sums.
+  constexpr int kRanks = 2, kCalls = 100;
+  LocalJob::run(kRanks, fast_options(), [&](int r, core::Runtime& rt) {
+    auto blocking_calls = [&](const char* prefix, bool promise) {
+      const std::uint64_t before = rt.queue().push_wakes();
+      for (int i = 0; i < kCalls; ++i) {
+        std::vector<float> g = {static_cast<float>(r + i)};
+        TensorView v{g.data(), DataType::kFloat32, {1}};
+        Handle h;
+        if (promise) {
+          WaitFollows wait_follows;
+          h = core::allreduce_async(rt, fmt::format("{}.{}", prefix, i), v, v, ReduceOp::kSum);
+        } else {
+          h = core::allreduce_async(rt, fmt::format("{}.{}", prefix, i), v, v, ReduceOp::kSum);
+        }
+        h.wait();
+        GYRE_EXPECT(r, g[0] == static_cast<float>(kRanks * i + kRanks * (kRanks - 1) / 2));
+      }
+      return rt.queue().push_wakes() - before;
+    };
+    GYRE_EXPECT(r, blocking_calls("promised", true) == 0);
+    GYRE_EXPECT(r, blocking_calls("woken", false) == kCalls);
+    GYRE_EXPECT(r, rt.caller_rounds() > 0);
+  });
+}
+
+TEST_CASE("local: an operation started under WaitFollows and never waited for still completes",
+          "[runtime][caller-rounds]") {
+  // The promise broken: nobody waits (poll() runs no round), so nothing
+  // wakes the background thread for it; its timed round takes it.
+  constexpr int kRanks = 3;
+  LocalJob::run(kRanks, fast_options(), [&](int r, core::Runtime& rt) {
+    for (int i = 0; i < 5; ++i) {
+      std::vector<float> g = {static_cast<float>(r + i)};
+      TensorView v{g.data(), DataType::kFloat32, {1}};
+      Handle h;
+      {
+        WaitFollows wait_follows;
+        h = core::allreduce_async(rt, fmt::format("unwaited.{}", i), v, v, ReduceOp::kSum);
+      }
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (!h.poll() && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      GYRE_EXPECT(r, h.poll());
+      GYRE_EXPECT(r, g[0] == static_cast<float>(kRanks * i + kRanks * (kRanks - 1) / 2));
+    }
   });
 }

@@ -142,8 +142,10 @@ PS = Any  # a ProcessSet
 
 
 def _start_allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
-                     in_place):
-    """Enqueues an allreduce: (name, pending operation, output or None)."""
+                     in_place, blocking=False):
+    """Enqueues an allreduce: (name, pending operation, output or None).
+    blocking: the caller waits for it at once (the extension's wait_follows:
+    the background thread is not woken; the wait runs the round)."""
     name = _op_name("allreduce", name, process_set)
     sid = 0 if process_set is global_process_set else check_process_set(process_set, "allreduce")
     if (average is None and (op is None or type(op) is ReduceOp) and
@@ -158,7 +160,8 @@ def _start_allreduce(tensor, average, name, op, prescale_factor, postscale_facto
         x = tensor if in_place else c.array(tensor)
         refusal = c.refusal
     if in_place:
-        return name, _gyre.allreduce(name, x, None, rop, pre, post, refusal, sid), None
+        return name, _gyre.allreduce(name, x, None, rop, pre, post, refusal, sid, False,
+                                     blocking), None
     if _t.is_torch(x) and x.is_cpu and x.nbytes >= _POOLED_OUTPUT_BYTES:
         # A large new output from gyre's pool: already in memory when its
         # size was used before (a fresh torch tensor would fault in every
@@ -170,7 +173,7 @@ def _start_allreduce(tensor, average, name, op, prescale_factor, postscale_facto
     out = None if x is None else _t.empty_like(x)
     # fresh_output: nobody else holds `out` until the operation completes, so
     # the extension neither pins nor copies it (tensor_import.h).
-    return name, _gyre.allreduce(name, x, out, rop, pre, post, refusal, sid, True), out
+    return name, _gyre.allreduce(name, x, out, rop, pre, post, refusal, sid, True, blocking), out
 
 
 def allreduce_async(tensor: Tensor, average: Optional[bool] = None, name: Optional[str] = None,
@@ -199,7 +202,7 @@ def allreduce(tensor: Tensor, average: Optional[bool] = None, name: Optional[str
     if compression is Compression.none:
         # What synchronize(allreduce_async(...)) does, without a Handle.
         name, pending, out = _start_allreduce(tensor, average, name, op, prescale_factor,
-                                              postscale_factor, process_set, False)
+                                              postscale_factor, process_set, False, True)
         _t.wait_guarded(pending, name, tensor)
         return out
     name = _op_name("allreduce", name, process_set)
@@ -215,7 +218,7 @@ def allreduce_(tensor: Tensor, average: Optional[bool] = None, name: Optional[st
     """In-place allreduce; returns `tensor`."""
     # What synchronize(allreduce_async_(...)) does, without a Handle.
     name, pending, _ = _start_allreduce(tensor, average, name, op, prescale_factor,
-                                        postscale_factor, process_set, True)
+                                        postscale_factor, process_set, True, True)
     _t.wait_guarded(pending, name, tensor)
     return tensor
 

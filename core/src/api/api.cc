@@ -29,6 +29,13 @@ Handle allreduce_async(const std::string& name, const TensorView& in, const Tens
   return core::allreduce_async(*runtime_for("allreduce_async", process_set), name, in, out, op,
                                prescale, postscale);
 }
+void allreduce(const std::string& name, const TensorView& in, const TensorView& out, ReduceOp op,
+               double prescale, double postscale, int process_set) {
+  WaitFollows wait_follows;
+  core::allreduce_async(*runtime_for("allreduce", process_set), name, in, out, op, prescale,
+                        postscale)
+      .wait();
+}
 Handle grouped_allreduce_async(const std::vector<std::string>& names,
                                const std::vector<TensorView>& ins,
                                const std::vector<TensorView>& outs, ReduceOp op, double prescale,

@@ -384,7 +384,10 @@ Handle barrier_async(Runtime& rt) {
   return submit(rt, std::move(req), {}, {});
 }
 
-void barrier(Runtime& rt) { barrier_async(rt).wait(); }
+void barrier(Runtime& rt) {
+  WaitFollows wait_follows;
+  barrier_async(rt).wait();
+}
 
 Handle join_async(Runtime& rt) { return Handle(rt.request_join()); }
 

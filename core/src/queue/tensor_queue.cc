@@ -1,8 +1,6 @@
 // TensorQueue: pending entries, failure announcements, submission counts.
 #include "queue/tensor_queue.h"
 
-#include <cstdlib>
-
 #include <algorithm>
 #include <cstring>
 #include <thread>
@@ -59,7 +57,11 @@ void TensorQueue::forget_latest() {
   latest_taken_.reset();
 }
 
-void TensorQueue::push(std::vector<LocalEntry> entries, bool wake_loop) {
+namespace {
+thread_local bool t_wait_follows = false;  // a gyre::WaitFollows lives on this thread
+}  // namespace
+
+void TensorQueue::push(std::vector<LocalEntry> entries) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_reason_) std::rethrow_exception(make_error(closed_kind_, *closed_reason_));
@@ -90,9 +92,9 @@ void TensorQueue::push(std::vector<LocalEntry> entries, bool wake_loop) {
       table_.emplace(std::move(name), std::move(e));
     }
   }
-  static const bool kExperimentNoWake = std::getenv("GYRE_EXPERIMENT_NO_WAKE") != nullptr;
-  if (kExperimentNoWake && driver_) wake_loop = false;
-  if (wake_loop) cv_.notify_one();
+  if (t_wait_follows && driver_) return;
+  push_wakes_.fetch_add(1, std::memory_order_relaxed);
+  cv_.notify_one();
 }
 
 bool TensorQueue::announce_failure(Request r) {
@@ -221,3 +223,8 @@ std::size_t TensorQueue::size() const {
 }
 
 }  // namespace gyre::core
+
+gyre::WaitFollows::WaitFollows() : outer_(gyre::core::t_wait_follows) {
+  gyre::core::t_wait_follows = true;
+}
+gyre::WaitFollows::~WaitFollows() { gyre::core::t_wait_follows = outer_; }

@@ -66,10 +66,15 @@ class TensorQueue {
   // is repeated in `entries`, and once closed the error of close()'s kind
   // (StateError after a shutdown, RankFailedError after a rank died). The
   // entries become the latest push; they share one OpState (a group).
-  // `wake_loop` false: the pushing thread is about to wait for the entries
-  // (Handle::wait() runs the round itself, or wakes the loop through its
-  // RoundDriver if it cannot), so the background thread is not woken.
-  void push(std::vector<LocalEntry> entries, bool wake_loop = true);
+  // Wakes the background thread, unless a gyre::WaitFollows lives on the
+  // calling thread (gyre.h) and a RoundDriver is set: the thread is about to
+  // wait for what it pushes, and Handle::wait() runs the round on it, or
+  // wakes the loop if it cannot (RoundDriver). Should the thread not wait
+  // after all, the loop's next timed round takes the operation (at most
+  // kIdleCycleMax later, rounds.cc).
+  void push(std::vector<LocalEntry> entries);
+  // The pushes that woke the background thread (a statistic; any thread).
+  std::uint64_t push_wakes() const { return push_wakes_.load(std::memory_order_relaxed); }
   // The runtime's RoundDriver, given to every OpState pushed from now on
   // (Handle::wait() may then run rounds itself). Set once, before any push.
   void set_driver(std::shared_ptr<RoundDriver> driver) { driver_ = std::move(driver); }
@@ -153,6 +158,7 @@ class TensorQueue {
   std::vector<Request> fresh_;  // enqueued since the last drain
   std::unordered_map<std::string, std::uint64_t> submitted_;  // name -> submissions
   bool woken_ = false;
+  std::atomic<std::uint64_t> push_wakes_{0};
   bool nudged_ = false;  // nudge() since the last wait_for_work() returned
   // !fresh_.empty() || woken_, readable without mu_ (wait_for_work's polls).
   std::atomic<bool> has_work_{false};

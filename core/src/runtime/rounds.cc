@@ -59,7 +59,7 @@ void CallerRounds::drive(const OpState& op) noexcept {
   }
   // The caller now waits for the background thread (or for another thread
   // running a round now): an operation pushed without waking the loop
-  // (TensorQueue::push's wake_loop) must not wait for its idle timeout.
+  // (WaitFollows, tensor_queue.h) must not wait for its idle timeout.
   std::lock_guard<std::mutex> lock(wake_mu);
   if (queue != nullptr) queue->nudge();
 }
