@@ -50,7 +50,8 @@ auto blocking(F&& f) {
 // fresh_output: `out` was made for this call and nobody else holds it until
 // the operation completes (Access::kWriteNew).
 // wait_follows: the caller waits for the operation at once (a blocking
-// call): gyre::WaitFollows.
+// call): gyre::WaitFollows, where PendingOp's wait runs the rounds as the
+// promise needs.
 std::shared_ptr<PendingOp> allreduce(const std::string& name, py::handle in, py::handle out, int op,
                                      double pre, double post, const std::string& refusal,
                                      int process_set, bool fresh_output, bool wait_follows) {
@@ -60,7 +61,9 @@ std::shared_ptr<PendingOp> allreduce(const std::string& name, py::handle in, py:
   const Access out_access = fresh_output ? Access::kWriteNew : Access::kWrite;
   TensorView vout = out.is_none() ? vin : call.view(out, "output", out_access);
   return call.start([&] {
-    if (!wait_follows) return allreduce_async(name, vin, vout, rop, pre, post, process_set);
+    if (!wait_follows || !PendingOp::waits_run_rounds()) {
+      return allreduce_async(name, vin, vout, rop, pre, post, process_set);
+    }
     WaitFollows promise;
     return allreduce_async(name, vin, vout, rop, pre, post, process_set);
   });

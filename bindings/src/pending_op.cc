@@ -311,6 +311,11 @@ bool PendingOp::poll() const {
   return true;
 }
 
+bool PendingOp::waits_run_rounds() {
+  static const bool drive = !gyre::elastic_enabled();
+  return drive;
+}
+
 void PendingOp::wait() const {
   using namespace std::chrono_literals;
   for (;;) {
@@ -333,8 +338,7 @@ void PendingOp::wait() const {
       // tests/elastic/elastic_partial_local_sgd.py with Python's waits
       // running rounds, and in none of 20 without (cause not found;
       // docs/architecture.md, "Threads").
-      static const bool drive = !gyre::elastic_enabled();
-      if (!drive || handle_.wait_for(50ms)) {
+      if (!waits_run_rounds() || handle_.wait_for(50ms)) {
         std::unique_lock<std::mutex> lock(completion_->mu);
         done = completion_->cv.wait_for(lock, 50ms, [&] { return completion_->done; });
       }

@@ -68,6 +68,10 @@ class PendingOp {
   // completion. GIL held on entry.
   static std::shared_ptr<PendingOp> start(Imports keep, const std::function<Handle()>& enqueue);
 
+  // Whether wait() runs the runtime's rounds (Handle::wait_for), which is
+  // what gyre::WaitFollows asks of a waiter: not in a job with fault
+  // tolerance on (see wait()).
+  static bool waits_run_rounds();
   // True once the operation has completed (successfully or not) and its
   // results are in the caller's tensors. GIL held.
   bool poll() const;

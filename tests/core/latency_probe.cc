@@ -3,17 +3,21 @@
 // prints the mean and median latency (not asserted: timings vary), and the
 // negotiation's messages per round, share of log-depth rounds, and the
 // allreduces reduced within the round itself (GYRE_SPECULATE_BYTES) with
-// all the runtime's messages per call.
+// all the runtime's messages per call. A second argument "async" times
+// allreduce_async(...).wait() instead of the blocking gyre::allreduce (no
+// gyre::WaitFollows: the enqueue wakes the background thread).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "gyre/gyre.h"
 
 int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 2000;
+  const bool async = argc > 2 && std::string(argv[2]) == "async";
   gyre::init(gyre::Options::from_env());
   const int n = gyre::size();
   double x = 0;
@@ -25,7 +29,11 @@ int main(int argc, char** argv) {
   for (int i = 0; i < iters; ++i) {
     x = gyre::rank() + i;
     auto t0 = std::chrono::steady_clock::now();
-    gyre::allreduce("latency", v, v, gyre::ReduceOp::kSum);
+    if (async) {
+      gyre::allreduce_async("latency", v, v, gyre::ReduceOp::kSum).wait();
+    } else {
+      gyre::allreduce("latency", v, v, gyre::ReduceOp::kSum);
+    }
     auto t1 = std::chrono::steady_clock::now();
     us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     if (x != n * (n - 1) / 2.0 + static_cast<double>(n) * i) ++wrong;
