@@ -25,6 +25,7 @@
 #include "gyre/gyre.h"
 #include "api/operations.h"
 #include "runtime/runtime.h"
+#include "transport_ranks.h"
 
 namespace gyre::test {
 
@@ -37,23 +38,14 @@ struct LocalJob {
                   const std::function<void(int rank, core::Runtime& rt)>& fn,
                   const Setup& setup = {}) {
     auto world = transport::make_local_world(n);
-    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          core::RuntimeInfo info;
-          info.abort = [](int) {};  // in-process: the runtime fails its handles instead
-          if (setup) setup(r, info);
-          core::Runtime rt(opt, std::make_unique<transport::LocalTransport>(world, r), info);
-          fn(r, rt);
-          rt.shutdown();
-        } catch (...) {
-          errors[static_cast<std::size_t>(r)] = std::current_exception();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
+    const auto errors = core::test::run_rank_threads(n, [&](int r) {
+      core::RuntimeInfo info;
+      info.abort = [](int) {};  // in-process: the runtime fails its handles instead
+      if (setup) setup(r, info);
+      core::Runtime rt(opt, std::make_unique<transport::LocalTransport>(world, r), info);
+      fn(r, rt);
+      rt.shutdown();
+    });
     // The root cause: a rank's own failure rather than the StateError the
     // others see when its runtime stops.
     std::exception_ptr first;

@@ -18,36 +18,20 @@
 #include "gyre/collectives/local_transport.h"
 #include "gyre/collectives/shm.h"
 #include "negotiation/negotiator.h"
+#include "transport_ranks.h"
 
 namespace gyre::core::test {
 
 // Runs fn(rank, negotiator) or fn(rank, negotiator, version vector) on n
-// rank threads; rethrows the first failure (a failing rank fails the world,
-// so the others stop waiting for it).
+// rank threads (on_transport_ranks).
 template <typename F>
 void on_ranks(int n, const NegotiatorOptions& opt, F&& fn) {
-  auto world = transport::make_local_world(n);
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        transport::LocalTransport t(world, r);
-        t.set_timeout(std::chrono::seconds(30));
-        VersionVector vv(r, n);
-        Negotiator neg(t, opt, vv);
-        if constexpr (std::is_invocable_v<F, int, Negotiator&, VersionVector&>) fn(r, neg, vv);
-        else fn(r, neg);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-        transport::fail_local_world(*world, r);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+  on_transport_ranks(n, [&](int r, transport::LocalTransport& t) {
+    VersionVector vv(r, n);
+    Negotiator neg(t, opt, vv);
+    if constexpr (std::is_invocable_v<F, int, Negotiator&, VersionVector&>) fn(r, neg, vv);
+    else fn(r, neg);
+  });
 }
 
 // The same over hosts x per_host ranks (host-major) whose negotiators run

@@ -4,13 +4,11 @@
 // LocalTransport world; the "calls" are fed times, not run.
 #include <catch2/catch.hpp>
 
-#include <chrono>
-#include <exception>
-#include <thread>
 #include <vector>
 
 #include "backends/hierarchical/autotune.h"
 #include "gyre/collectives/local_transport.h"
+#include "transport_ranks.h"
 
 using gyre::core::AllreduceTuner;
 using gyre::core::TunedAllreduce;
@@ -20,29 +18,13 @@ namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-// Runs fn(rank, tuner, transport) on n rank threads; rethrows a failure.
+// Runs fn(rank, tuner, transport) on n rank threads.
 template <typename F>
 void on_ranks(int n, F&& fn) {
-  auto world = transport::make_local_world(n);
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        transport::LocalTransport t(world, r);
-        t.set_timeout(std::chrono::seconds(30));
-        AllreduceTuner tuner(3);
-        fn(r, tuner, t);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-        transport::fail_local_world(*world, r);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+  gyre::core::test::on_transport_ranks(n, [&](int r, transport::LocalTransport& t) {
+    AllreduceTuner tuner(3);
+    fn(r, tuner, t);
+  });
 }
 
 // One class's trials (a warm-up, then A B B A) at `bytes`, each "taking" flat_s or hier_s on
