@@ -237,7 +237,7 @@ void bind_divergence(py::module_& m) {
                          py::arg("shm_bytes_per_s") = st.shm_bytes_per_s);
     py::list tuned;
     for (const auto& t : st.autotune) {
-      tuned.append(py::dict(py::arg("min_bytes") = t.min_bytes,
+      tuned.append(py::dict(py::arg("min_bytes") = t.min_bytes, py::arg("trials") = t.trials,
                             py::arg("flat_s_per_mib") = t.flat_s_per_mib,
                             py::arg("hierarchical_s_per_mib") = t.hierarchical_s_per_mib,
                             py::arg("model") = t.model_hierarchical ? "hierarchical" : "flat",

@@ -27,7 +27,7 @@ void on_ranks(int n, F&& fn) {
   });
 }
 
-// One class's trials (a warm-up, then A B B A) at `bytes`, each "taking" flat_s or hier_s on
+// One class's trials (a warm-up, then `blocks` blocks of A B B A) at `bytes`, each "taking" flat_s or hier_s on
 // this rank; returns the forms run and what every later call runs.
 struct Trials {
   std::vector<bool> ran;  // hierarchical?
@@ -35,9 +35,9 @@ struct Trials {
   std::vector<TunedAllreduce> decisions;
 };
 Trials run_class(AllreduceTuner& tuner, transport::Transport& t, std::size_t bytes, bool model,
-                 double flat_s, double hier_s) {
+                 double flat_s, double hier_s, int blocks = 1) {
   Trials out;
-  for (int i = 0; i < AllreduceTuner::kTrials; ++i) {
+  for (int i = 0; i < 1 + blocks * AllreduceTuner::kBlockTrials; ++i) {
     const bool h = tuner.choose(bytes, model);
     out.ran.push_back(h);
     tuner.record(t, bytes, h, h ? hier_s : flat_s);
@@ -117,9 +117,10 @@ TEST_CASE("autotune: classes are tuned apart; below 256 KiB and on a tie the mod
     g.push_back(tuner.choose(AllreduceTuner::kTuneMinBytes - 1, true));
     g.push_back(tuner.choose(AllreduceTuner::kTuneMinBytes - 1, false));
     g.push_back(tuner.record(t, AllreduceTuner::kTuneMinBytes - 1, true, 9.0).has_value());
-    // 1 MiB: hierarchical faster; 16 MiB: a tie keeps the model's flat.
+    // 1 MiB: hierarchical faster; 16 MiB: a tie, after kMaxBlocks blocks,
+    // keeps the model's flat.
     g.push_back(run_class(tuner, t, kMiB, false, 0.02, 0.01).after);
-    g.push_back(run_class(tuner, t, 16 * kMiB, false, 0.5, 0.5).after);
+    g.push_back(run_class(tuner, t, 16 * kMiB, false, 0.5, 0.5, AllreduceTuner::kMaxBlocks).after);
     g.push_back(tuner.choose(kMiB, false));
     g.push_back(static_cast<int>(tuner.decisions().size()));
   });
@@ -159,5 +160,45 @@ TEST_CASE("autotune: the warm-up is not counted; each form's mean of two decides
     CHECK(d[0].hierarchical_s_per_mib == Approx(2.0));
     CHECK(d[1].flat_s_per_mib == Approx(5.0));
     CHECK(d[1].hierarchical_s_per_mib == Approx(2.0));
+  }
+}
+
+TEST_CASE("autotune: forms closer than the decisive gap get another block, up to the last",
+          "[autotune]") {
+  // Block 1: flat 1.0 s, hierarchical 1.05 s a call (5 % apart): no choice
+  // yet. Block 2: flat 1.0, hierarchical 2.0: the sums (4.0 against 6.1)
+  // decide flat, from 4 calls of each form. Then at 4 MiB forms 2 % apart
+  // in every block: chosen after kMaxBlocks blocks all the same.
+  std::vector<std::vector<int>> got(2);
+  std::vector<std::vector<TunedAllreduce>> decided(2);
+  on_ranks(2, [&](int r, AllreduceTuner& tuner, transport::Transport& t) {
+    auto& g = got[static_cast<std::size_t>(r)];
+    const double hier_by_block[2] = {1.05, 2.0};
+    for (int b = -1; b < 2; ++b) {  // the warm-up, then two blocks
+      const int calls = b < 0 ? 1 : AllreduceTuner::kBlockTrials;
+      for (int i = 0; i < calls; ++i) {
+        const bool h = tuner.choose(kMiB, true);
+        g.push_back(h);
+        tuner.record(t, kMiB, h, h ? hier_by_block[std::max(b, 0)] : 1.0);
+      }
+      g.push_back(static_cast<int>(tuner.decisions().size()));
+    }
+    g.push_back(tuner.choose(kMiB, true));
+    run_class(tuner, t, 4 * kMiB, true, 1.0, 1.02, AllreduceTuner::kMaxBlocks);
+    decided[static_cast<std::size_t>(r)] = tuner.decisions();
+  });
+  for (int r = 0; r < 2; ++r) {
+    // The warm-up (model: hierarchical), decisions 0; A B B A, 0; A B B A, 1;
+    // then flat.
+    CHECK(got[static_cast<std::size_t>(r)] ==
+          std::vector<int>{1, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0});
+    const auto& d = decided[static_cast<std::size_t>(r)];
+    REQUIRE(d.size() == 2);
+    CHECK(d[0].trials == 4);
+    CHECK_FALSE(d[0].hierarchical);
+    CHECK(d[0].flat_s_per_mib == Approx(1.0));
+    CHECK(d[0].hierarchical_s_per_mib == Approx(6.1 / 4));
+    CHECK(d[1].trials == 2 * AllreduceTuner::kMaxBlocks);
+    CHECK_FALSE(d[1].hierarchical);  // hierarchical 2 % slower: flat, after the last block
   }
 }

@@ -1,7 +1,7 @@
 // Run on every rank of a job across several (simulated) hosts of several
-// ranks each, GYRE_AUTOTUNE=1: allreduces of three size classes, seven calls
-// each (the tuner's warm-up and four trials, both forms, then two of the
-// chosen one),
+// ranks each, GYRE_AUTOTUNE=1: allreduces of three size classes, fifteen
+// calls each (the tuner's warm-up and up to three blocks of four trials,
+// both forms, then at least two of the chosen one),
 // each checked against its closed form; then the tuner's choices in
 // runtime_stats(): one per class, with both forms timed, and the same on
 // every rank (an allgather of each rank's). Exits non-zero on any rank that
@@ -28,7 +28,7 @@ int main() {
                                     std::size_t{4} << 20};
   for (std::size_t bytes : kSizes) {
     const std::size_t count = bytes / sizeof(float);
-    for (int call = 0; call < 7; ++call) {
+    for (int call = 0; call < 15; ++call) {
       // Sum of small integers: exact in float32 in any order.
       std::vector<float> v(count);
       for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<float>((me + i + call) % 7);
@@ -52,7 +52,7 @@ int main() {
   for (const auto& t : st.autotune) {
     mine.insert(mine.end(), {static_cast<std::int64_t>(t.min_bytes), t.model_hierarchical,
                              t.hierarchical});
-    if (!(t.flat_s_per_mib > 0 && t.hierarchical_s_per_mib > 0)) {
+    if (!(t.flat_s_per_mib > 0 && t.hierarchical_s_per_mib > 0 && t.trials >= 2)) {
       std::fprintf(stderr, "rank %d: class %zu B: a form not timed\n", me, t.min_bytes);
       ++wrong;
     }
@@ -84,8 +84,8 @@ int main() {
   }
   if (me == 0) {
     for (const auto& t : st.autotune) {
-      std::printf("autotune_check: %zu KiB: flat %.3f ms/MiB, hierarchical %.3f; model %s, "
-                  "chosen %s\n", t.min_bytes >> 10, t.flat_s_per_mib * 1e3,
+      std::printf("autotune_check: %zu KiB, %d calls of each: flat %.3f ms/MiB, hierarchical "
+                  "%.3f; model %s, chosen %s\n", t.min_bytes >> 10, t.trials, t.flat_s_per_mib * 1e3,
                   t.hierarchical_s_per_mib * 1e3, t.model_hierarchical ? "hierarchical" : "flat",
                   t.hierarchical ? "hierarchical" : "flat");
     }

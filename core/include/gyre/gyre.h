@@ -426,6 +426,7 @@ struct RuntimeStats {
   // cost model's.
   struct TunedAllreduce {
     std::size_t min_bytes = 0;  // buffers of [min_bytes, 2 * min_bytes)
+    int trials = 0;             // timed calls of each form
     double flat_s_per_mib = 0;
     double hierarchical_s_per_mib = 0;
     bool model_hierarchical = false;

@@ -79,7 +79,7 @@ struct Options {
   std::string link_probe_cache;
   // GYRE_AUTOTUNE: 1 times the flat and the hierarchical allreduce on the
   // job's own calls where GYRE_HIERARCHICAL_ALLREDUCE is -1 (each size class
-  // of 256 KiB and more: a warm-up, two calls of each form, then the faster
+  // of 256 KiB and more: a warm-up, two to six calls of each form, then the faster
   // for the rest of the job, agreed by every rank;
   // backends/hierarchical/autotune.h); 0
   // (default) leaves the choice to the cost model alone.

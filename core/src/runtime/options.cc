@@ -111,8 +111,9 @@ const OptionSpec kTable[] = {
    "1 times the flat and the hierarchical allreduce on the job's own calls where "
    "`GYRE_HIERARCHICAL_ALLREDUCE` is -1: in each size class from 256 KiB (buffers of 2^k to "
    "2^(k+1) bytes) the first call warms up, the next four run the cost model's choice, the "
-   "other form twice and the model's again; the slowest rank's mean times, agreed by an "
-   "allreduce, then choose for the rest of the job. 0 leaves the choice to the cost model."},
+   "other form twice and the model's again (four more while the two are within 10 % of each "
+   "other, up to 12); the slowest rank's mean times, agreed by an allreduce, then choose for "
+   "the rest of the job. 0 leaves the choice to the cost model."},
   {"GYRE_HIERARCHICAL_ALLGATHER", "hierarchical_allgather",
    IntegerOption{&O::hierarchical_allgather, -1, 1}, "-1", true,
    "When the job spans hosts that each hold the same number (more than one) of ranks: 1 gathers "

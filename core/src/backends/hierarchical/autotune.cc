@@ -13,9 +13,13 @@ namespace gyre::core {
 
 namespace {
 
-// The order of the trials: the warm-up and A (the model's choice) at 0, 1
-// and 4, B at 2 and 3.
-bool trial_runs_model(int trial) { return trial <= 1 || trial == 4; }
+// The order of the trials: the warm-up (0), then blocks of A B B A, A
+// being the model's choice.
+bool trial_runs_model(int trial) {
+  if (trial == 0) return true;
+  const int i = (trial - 1) % AllreduceTuner::kBlockTrials;
+  return i == 0 || i == AllreduceTuner::kBlockTrials - 1;
+}
 
 // Seconds per byte as a word that orders like the double: both are
 // non-negative, whose IEEE-754 bits compare as unsigned integers do.
@@ -61,8 +65,10 @@ std::optional<TunedAllreduce> AllreduceTuner::record(transport::Transport& world
   // a form's slow calls included (the best would favour the form whose
   // times vary more).
   if (c.trials > 0) c.s_per_b[hierarchical ? 1 : 0] += seconds / static_cast<double>(bytes);
-  if (++c.trials < kTrials) return std::nullopt;
-  // The slowest rank's sums decide: a form is as fast as its slowest rank.
+  ++c.trials;
+  if (c.trials == 1 || (c.trials - 1) % kBlockTrials != 0) return std::nullopt;
+  // A block is complete. The slowest rank's sums decide: a form is as fast
+  // as its slowest rank.
   std::array<std::uint64_t, 2> words = {as_word(c.s_per_b[0]), as_word(c.s_per_b[1])};
   collectives::DisseminationOptions o;
   o.tag = tag_;
@@ -73,13 +79,18 @@ std::optional<TunedAllreduce> AllreduceTuner::record(transport::Transport& world
       },
       o);
   const double flat = from_word(words[0]), hier = from_word(words[1]);
+  const int blocks = (c.trials - 1) / kBlockTrials;
+  // Forms closer than kDecisiveGap: another block, up to kMaxBlocks (every
+  // rank has the same figures, so every rank goes on alike).
+  const double gap = std::abs(hier - flat) / std::max(std::min(hier, flat), 1e-300);
+  if (gap < kDecisiveGap && blocks < kMaxBlocks) return std::nullopt;
   c.decided = true;
   c.hierarchical = hier == flat ? c.model_hierarchical : hier < flat;
   TunedAllreduce t;
   t.min_bytes = std::size_t{1} << class_of(bytes);
-  // Two trials of each form: the mean per MiB.
-  t.flat_s_per_mib = flat / 2 * (1 << 20);
-  t.hierarchical_s_per_mib = hier / 2 * (1 << 20);
+  t.trials = 2 * blocks;  // of each form
+  t.flat_s_per_mib = flat / t.trials * (1 << 20);
+  t.hierarchical_s_per_mib = hier / t.trials * (1 << 20);
   t.model_hierarchical = c.model_hierarchical;
   t.hierarchical = c.hierarchical;
   std::lock_guard<std::mutex> lock(mu_);

@@ -8,16 +8,19 @@
 // "4 hosts × 2 ranks"). The tuner times the two forms on the calls
 // themselves. Per size class (buffers of [2^k, 2^(k+1)) bytes, from
 // kTuneMinBytes), the class's first call is a warm-up (the model's choice,
-// not timed: it pays for what the size touches first), and the next four run
-// the model's choice (A) and the other form (B) in the order A B B A, which
-// cancels a drift that is linear in time. Each rank sums its seconds per
-// byte of each form (the expected time decides: the best of two would
-// favour the form whose times vary more); after the fifth call one dissemination allreduce (max) over the
-// world gives every rank the slowest rank's figures, and every later call
-// of the class runs the faster form (a tie keeps the model's). Every rank
-// sees the same calls in the same order (the negotiation's), so every rank
-// runs the same trials and the same agreement at the same point, and
-// decides alike.
+// not timed: it pays for what the size touches first), and the calls after
+// it come in blocks of four that run the model's choice (A) and the other
+// form (B) in the order A B B A, which cancels a drift that is linear in
+// time. Each rank sums its seconds per byte of each form (the expected time
+// decides: the best of two would favour the form whose times vary more).
+// After each block one dissemination allreduce (max) over the world gives
+// every rank the slowest rank's sums; if the forms' means differ by less
+// than kDecisiveGap, another block runs (up to kMaxBlocks: forms that close
+// are about as good as each other), else, and after the last block, every
+// later call of the class runs the faster form (a tie keeps the model's).
+// Every rank sees the same calls in the same order (the negotiation's), so
+// every rank runs the same trials and the same agreements at the same
+// points, and decides alike.
 //
 // Below kTuneMinBytes the model decides: a call there takes microseconds,
 // as noisy as the difference between the forms.
@@ -39,6 +42,7 @@ namespace gyre::core {
 // each form over its trials, and the form chosen.
 struct TunedAllreduce {
   std::size_t min_bytes = 0;  // the class: [min_bytes, 2 * min_bytes)
+  int trials = 0;             // of each form
   double flat_s_per_mib = 0;
   double hierarchical_s_per_mib = 0;
   bool model_hierarchical = false;  // the cost model's choice
@@ -48,7 +52,10 @@ struct TunedAllreduce {
 class AllreduceTuner {
  public:
   static constexpr std::size_t kTuneMinBytes = std::size_t{256} << 10;
-  static constexpr int kTrials = 5;  // warm-up, A B B A
+  static constexpr int kBlockTrials = 4;  // A B B A
+  static constexpr int kTrials = 1 + kBlockTrials;  // the warm-up and one block
+  static constexpr int kMaxBlocks = 3;
+  static constexpr double kDecisiveGap = 0.10;
 
   // `tag`: the agreement's messages (the data tag: no call of the backend
   // is in flight between two calls).

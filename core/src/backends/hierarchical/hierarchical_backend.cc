@@ -48,9 +48,10 @@ void HierarchicalBackend::allreduce(const void* in, void* out, std::size_t count
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (auto t = tuner_.record(world_, nbytes, hierarchical, s); t && world_.rank() == 0) {
-    log_.info("autotune: allreduces of {} to {} KiB: flat {:.3f} ms per MiB, "
-              "hierarchical {:.3f}; {} chosen (the cost model's choice: {})",
-              t->min_bytes >> 10, t->min_bytes >> 9, t->flat_s_per_mib * 1e3, t->hierarchical_s_per_mib * 1e3,
+    log_.info("autotune: allreduces of {} to {} KiB, {} calls of each form: flat {:.3f} ms "
+              "per MiB, hierarchical {:.3f}; {} chosen (the cost model's choice: {})",
+              t->min_bytes >> 10, t->min_bytes >> 9, t->trials, t->flat_s_per_mib * 1e3,
+              t->hierarchical_s_per_mib * 1e3,
               t->hierarchical ? "hierarchical" : "flat",
               t->model_hierarchical ? "hierarchical" : "flat");
   }
