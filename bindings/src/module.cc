@@ -17,6 +17,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -61,10 +62,8 @@ std::shared_ptr<PendingOp> allreduce(const std::string& name, py::handle in, py:
   const Access out_access = fresh_output ? Access::kWriteNew : Access::kWrite;
   TensorView vout = out.is_none() ? vin : call.view(out, "output", out_access);
   return call.start([&] {
-    if (!wait_follows || !PendingOp::waits_run_rounds()) {
-      return allreduce_async(name, vin, vout, rop, pre, post, process_set);
-    }
-    WaitFollows promise;
+    std::optional<WaitFollows> promise;
+    if (wait_follows && PendingOp::waits_run_rounds()) promise.emplace();
     return allreduce_async(name, vin, vout, rop, pre, post, process_set);
   });
 }

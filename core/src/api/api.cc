@@ -178,10 +178,7 @@ RuntimeStats runtime_stats() {
   st.net_bytes_per_s = 1.0 / link.net.beta_s_per_b;
   st.shm_alpha_s = link.shm.alpha_s;
   st.shm_bytes_per_s = 1.0 / link.shm.beta_s_per_b;
-  for (const core::TunedAllreduce& t : rt->tuned_allreduces()) {
-    st.autotune.push_back({t.min_bytes, t.trials, t.flat_s_per_mib, t.hierarchical_s_per_mib,
-                           t.model_hierarchical, t.hierarchical});
-  }
+  st.autotune = rt->tuned_allreduces();
   return st;
 }
 

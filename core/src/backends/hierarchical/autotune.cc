@@ -1,11 +1,11 @@
 // AllreduceTuner (autotune.h).
 #include "backends/hierarchical/autotune.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <algorithm>
 
 #include "gyre/collectives/algorithms.h"
 
@@ -54,8 +54,9 @@ bool AllreduceTuner::choose(std::size_t bytes, bool model_hierarchical) {
   return trial_runs_model(c.trials) ? c.model_hierarchical : !c.model_hierarchical;
 }
 
-std::optional<TunedAllreduce> AllreduceTuner::record(transport::Transport& world, std::size_t bytes,
-                                             bool hierarchical, double seconds) {
+std::optional<TunedAllreduce> AllreduceTuner::record(transport::Transport& world,
+                                                     std::size_t bytes, bool hierarchical,
+                                                     double seconds) {
   if (bytes < kTuneMinBytes) return std::nullopt;
   Class& c = classes_[static_cast<std::size_t>(class_of(bytes))];
   if (c.decided) return std::nullopt;

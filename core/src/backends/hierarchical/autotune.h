@@ -35,19 +35,14 @@
 #include <vector>
 
 #include "gyre/collectives/transport.h"
+#include "gyre/gyre.h"
 
 namespace gyre::core {
 
-// One size class's outcome: the slowest rank's mean seconds per MiB of
-// each form over its trials, and the form chosen.
-struct TunedAllreduce {
-  std::size_t min_bytes = 0;  // the class: [min_bytes, 2 * min_bytes)
-  int trials = 0;             // of each form
-  double flat_s_per_mib = 0;
-  double hierarchical_s_per_mib = 0;
-  bool model_hierarchical = false;  // the cost model's choice
-  bool hierarchical = false;        // the tuner's
-};
+// One size class's outcome, as runtime_stats() reports it (gyre.h): the
+// slowest rank's mean seconds per MiB of each form over its trials, and the
+// form chosen beside the cost model's.
+using TunedAllreduce = RuntimeStats::TunedAllreduce;
 
 class AllreduceTuner {
  public:
@@ -64,17 +59,18 @@ class AllreduceTuner {
   // Whether a call of `bytes` runs the hierarchical form, given the model's
   // choice.
   bool choose(std::size_t bytes, bool model_hierarchical);
-  // After that call: its seconds on this rank. At a class's last trial,
-  // agrees with every rank over `world` (collective: every rank records
-  // the same calls). Returns the class's outcome when it was just decided.
-  std::optional<TunedAllreduce> record(transport::Transport& world, std::size_t bytes, bool hierarchical,
-                               double seconds);
+  // After that call: its seconds on this rank. After each block of a
+  // class's trials, agrees with every rank over `world` (collective: every
+  // rank records the same calls). Returns the class's outcome when it was
+  // just decided.
+  std::optional<TunedAllreduce> record(transport::Transport& world, std::size_t bytes,
+                                       bool hierarchical, double seconds);
 
   std::vector<TunedAllreduce> decisions() const;
 
  private:
   struct Class {
-    int trials = 0;                    // run so far, up to kTrials
+    int trials = 0;                    // calls timed so far, the warm-up included
     std::array<double, 2> s_per_b{};   // this rank's sums: [flat, hierarchical]
     bool model_hierarchical = false;   // fixed at the class's first call
     bool decided = false;

@@ -22,31 +22,23 @@ void HierarchicalBackend::allreduce(const void* in, void* out, std::size_t count
   const int pieces = opt_.hierarchical_pipeline == -1
                          ? hierarchical_pieces(c, bytes)
                          : static_cast<int>(std::max(1L, opt_.hierarchical_pipeline));
-  if (opt_.hierarchical_allreduce != -1) {
-    if (opt_.hierarchical_allreduce == 1) {
-      hierarchical_allreduce(in, out, count, dt, red, pieces);
-    } else {
-      ring_.allreduce(in, out, count, dt, red, what);
-    }
-    return;
+  // The form: forced, the cost model's, or (GYRE_AUTOTUNE) the tuner's,
+  // which times the call.
+  bool hierarchical = opt_.hierarchical_allreduce == 1;
+  const bool tune = opt_.hierarchical_allreduce == -1 && opt_.autotune == 1;
+  if (opt_.hierarchical_allreduce == -1) {
+    const bool model = hierarchical_allreduce_s(c, bytes, pieces) <= flat_allreduce_s(c, bytes);
+    hierarchical = tune ? tuner_.choose(nbytes, model) : model;
   }
-  const bool model = hierarchical_allreduce_s(c, bytes, pieces) <= flat_allreduce_s(c, bytes);
-  if (opt_.autotune != 1) {
-    if (model) {
-      hierarchical_allreduce(in, out, count, dt, red, pieces);
-    } else {
-      ring_.allreduce(in, out, count, dt, red, what);
-    }
-    return;
-  }
-  const bool hierarchical = tuner_.choose(nbytes, model);
-  const auto start = std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
+  const auto start = tune ? Clock::now() : Clock::time_point{};
   if (hierarchical) {
     hierarchical_allreduce(in, out, count, dt, red, pieces);
   } else {
     ring_.allreduce(in, out, count, dt, red, what);
   }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!tune) return;
+  const double s = std::chrono::duration<double>(Clock::now() - start).count();
   if (auto t = tuner_.record(world_, nbytes, hierarchical, s); t && world_.rank() == 0) {
     log_.info("autotune: allreduces of {} to {} KiB, {} calls of each form: flat {:.3f} ms "
               "per MiB, hierarchical {:.3f}; {} chosen (the cost model's choice: {})",
