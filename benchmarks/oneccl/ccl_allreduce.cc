@@ -16,7 +16,7 @@
 //
 // Built with CCL_BENCH_WITH_GYRE (CMakeLists.txt beside this file, given an
 // installed gyre), the same job also times gyre's runtime allreduce
-// (gyre::allreduce_async + wait, as gyre-allreduce-perf --runtime) on the
+// (the blocking gyre::allreduce, as gyre-allreduce-perf --runtime) on the
 // same input: three systems whose blocks rotate, and every ratio from one run.
 //
 // Threads: the main thread of every rank calls everything (oneCCL's own
@@ -176,7 +176,7 @@ void gyre_allreduce(const float* in, float* out, std::size_t count) {
   const std::vector<std::int64_t> shape{static_cast<std::int64_t>(count)};
   const gyre::TensorView vin{const_cast<float*>(in), gyre::DataType::kFloat32, shape, {}};
   const gyre::TensorView vout{out, gyre::DataType::kFloat32, shape, {}};
-  gyre::allreduce_async("ccl-allreduce", vin, vout, gyre::ReduceOp::kSum).wait();
+  gyre::allreduce("ccl-allreduce", vin, vout, gyre::ReduceOp::kSum);
 }
 #else
 constexpr bool kWithGyre = false;
@@ -211,7 +211,7 @@ int run(const Options& o, int rank, int world) {
                 env("CCL_WORKER_OFFLOAD"));
     std::printf("# peer: MPI_Allreduce on MPI_COMM_WORLD\n");
     if (kWithGyre) {
-      std::printf("# gyre: runtime (gyre::allreduce_async + Handle::wait; options from GYRE_* environment), "
+      std::printf("# gyre: runtime (gyre::allreduce, blocking; options from GYRE_* environment), "
                   "same job\n");
     }
     std::printf("# time: median over %ld blocks of the mean of %ld back-to-back iterations, slowest rank; "

@@ -115,10 +115,13 @@ class ShmGroup {
 
 // Allreduce of `count` elements over the group: out = op over ranks of in
 // (in == out allowed). Pipelined through the slots one chunk at a time: each
-// rank copies its chunk into its slot, reduces its share of the chunk
-// straight from every rank's slot, writes the reduced share into every
-// rank's slot, and copies the whole reduced chunk out. Every element is
-// reduced by one rank, in rank order, so every rank holds the same bits.
+// rank copies its input of the other ranks' shares of the chunk into its
+// slot, reduces its own share from the other slots and its own input (read
+// in place when it is not prescaled, else copied into its slot too), writes
+// the reduced share into every rank's slot, and copies the whole reduced
+// chunk out of its own slot: 3 - 2/n bytes copied per byte of buffer, 3 -
+// 1/n with the own share copied in. Every element is reduced by one rank,
+// in rank order, so every rank holds the same bits.
 // `prescale` scales each input and `postscale` the result (floating types);
 // kAverage is the sum with 1/size folded into the postscale.
 void shm_allreduce(ShmGroup& g, const void* in, void* out, std::size_t count, DataType dt,
