@@ -28,6 +28,7 @@ struct RecvOp {
   int src = 0;
   int tag = 0;
   std::span<std::byte> buf;
+  std::size_t* received = nullptr;  // irecv_message: any length up to buf's
   bool done = false;
   std::string error;  // set instead of copying when the sizes disagree
 };
@@ -39,13 +40,19 @@ constexpr std::chrono::milliseconds kLocalInterruptPeriod{50};
 
 // Delivers `msg` into `op` (both under the world mutex).
 void deliver(RecvOp& op, const std::vector<std::byte>& msg, int dst) {
-  if (msg.size() != op.buf.size()) {
+  if (op.received != nullptr && msg.size() > op.buf.size()) {
+    op.error = fmt::format(
+        "local transport: rank {} had room for {} bytes from rank {} (tag {}) but a "
+        "message of {} bytes arrived",
+        dst, op.buf.size(), op.src, op.tag, msg.size());
+  } else if (op.received == nullptr && msg.size() != op.buf.size()) {
     op.error = fmt::format(
         "local transport: rank {} expected {} bytes from rank {} (tag {}) but a "
         "message of {} bytes arrived",
         dst, op.buf.size(), op.src, op.tag, msg.size());
-  } else if (!msg.empty()) {
-    std::memcpy(op.buf.data(), msg.data(), msg.size());
+  } else {
+    if (!msg.empty()) std::memcpy(op.buf.data(), msg.data(), msg.size());
+    if (op.received != nullptr) *op.received = msg.size();
   }
   op.done = true;
 }
@@ -151,11 +158,22 @@ Transfer LocalTransport::isend(int peer, int tag, std::span<const std::byte> dat
 }
 
 Transfer LocalTransport::irecv(int peer, int tag, std::span<std::byte> data) {
+  return post_recv(peer, tag, data, nullptr);
+}
+
+Transfer LocalTransport::irecv_message(int peer, int tag, std::span<std::byte> room,
+                                       std::size_t* received) {
+  return post_recv(peer, tag, room, received);
+}
+
+Transfer LocalTransport::post_recv(int peer, int tag, std::span<std::byte> data,
+                                   std::size_t* received) {
   check_peer(peer, size(), "receive");
   auto op = std::make_shared<RecvOp>();
   op->src = peer;
   op->tag = tag;
   op->buf = data;
+  op->received = received;
   {
     std::lock_guard<std::mutex> lock(world_->mu_);
     auto& q = world_->boxes_[static_cast<std::size_t>(rank_)].queues[{peer, tag}];

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <string>
 #include <vector>
 
 #include "gyre/collectives/algorithms.h"
@@ -78,4 +79,86 @@ TEST_CASE("dissemination_allreduce: a bad tag is refused before any transfer", "
     CHECK_THROWS_AS(dissemination_allreduce(counted, w, combine, o), InvalidArgument);
     CHECK(counted.messages() == 0);
   }, std::chrono::milliseconds(30000));
+}
+
+TEST_CASE("dissemination_allreduce with a tail: vectors of different lengths, a tail kept only "
+          "where both carry it, ceil(log2 n) messages",
+          "[dissemination]") {
+  // Rank r's vector: [OR of rank bits] then, on even ranks only, a tail of
+  // 3 words holding r. The combine ORs the heads, sums two tails of equal
+  // length and drops the tail where only one side carries one (so, as the
+  // negotiation's speculation does, a tail survives only where every rank
+  // has one). n a power of two: the pairs are recursive doubling's.
+  for (int n : {1, 2, 3, 4, 5, 8, 16}) {
+    for (bool all_tails : {false, true}) {
+      INFO("n = " << n << (all_tails ? ", every rank a tail" : ", even ranks a tail"));
+      const bool pairs = (n & (n - 1)) == 0;
+      std::vector<std::vector<std::uint64_t>> got(static_cast<std::size_t>(n));
+      std::vector<std::uint64_t> messages(static_cast<std::size_t>(n)), bytes(messages);
+      transport::run_local_world(n, [&](transport::Transport& t) {
+        transport::CountingTransport counted(t);
+        const int r = t.rank();
+        std::vector<std::uint64_t> w{std::uint64_t{1} << r};
+        if (all_tails || r % 2 == 0) w.insert(w.end(), 3, static_cast<std::uint64_t>(r));
+        DisseminationOptions o;
+        o.tag = 5;
+        dissemination_allreduce(
+            counted, w, 4,
+            [](std::vector<std::uint64_t>& acc, std::span<const std::uint64_t> in) {
+              acc[0] |= in[0];
+              if (acc.size() != in.size()) {
+                acc.resize(1);
+              } else {
+                for (std::size_t i = 1; i < acc.size(); ++i) acc[i] += in[i];
+              }
+            },
+            o);
+        got[static_cast<std::size_t>(r)] = w;
+        messages[static_cast<std::size_t>(r)] = counted.messages();
+        bytes[static_cast<std::size_t>(r)] = counted.bytes();
+      }, std::chrono::milliseconds(30000));
+      int log2n = 0;
+      while ((1 << log2n) < n) ++log2n;
+      std::vector<std::uint64_t> want{(std::uint64_t{1} << n) - 1};
+      // The sum of the ranks survives where every rank carried a tail and
+      // each was added once (recursive doubling; 1 rank: its own).
+      if ((all_tails || n == 1) && pairs) want.insert(want.end(), 3, n * (n - 1) / 2);
+      for (int r = 0; r < n; ++r) {
+        INFO("rank " << r);
+        if (pairs || !all_tails) CHECK(got[static_cast<std::size_t>(r)] == want);
+        CHECK(got[static_cast<std::size_t>(r)][0] == want[0]);
+        CHECK(messages[static_cast<std::size_t>(r)] == static_cast<std::uint64_t>(log2n));
+        // Messages carry what the sender holds: a dropped tail is not sent on.
+        if (!all_tails && pairs && n > 2) {
+          CHECK(bytes[static_cast<std::size_t>(r)] < 32u * static_cast<std::uint64_t>(log2n));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("transport messages of unknown length: shorter ones arrive with their length, longer "
+          "ones than the room fail",
+          "[dissemination][transport]") {
+  std::vector<std::size_t> received(2, 99);
+  std::vector<std::string> errors(2);
+  transport::run_local_world(2, [&](transport::Transport& t) {
+    const int peer = 1 - t.rank();
+    std::vector<std::byte> out(t.rank() == 0 ? 10 : 40, std::byte{7}), room(16);
+    std::size_t got = 0;
+    transport::Transfer s = t.isend_message(peer, 3, out);
+    transport::Transfer rcv = t.irecv_message(peer, 3, room, &got);
+    try {
+      t.wait(rcv);
+      received[static_cast<std::size_t>(t.rank())] = got;
+    } catch (const TransportError& e) {
+      errors[static_cast<std::size_t>(t.rank())] = e.what();
+    }
+    t.wait(s);
+  }, std::chrono::milliseconds(30000));
+  // Rank 1 received rank 0's 10 bytes into 16 of room; rank 0 had room for
+  // 16 of rank 1's 40.
+  CHECK(received[1] == 10);
+  CHECK(errors[1].empty());
+  CHECK(errors[0].find("room for 16 bytes") != std::string::npos);
 }

@@ -32,6 +32,14 @@ class FailingTransport final : public transport::Transport {
     maybe_fail(d.size());
     return inner_.irecv(peer, tag, d);
   }
+  transport::Transfer isend_message(int peer, int tag, std::span<const std::byte> d) override {
+    maybe_fail(d.size());
+    return inner_.isend_message(peer, tag, d);
+  }
+  transport::Transfer irecv_message(int peer, int tag, std::span<std::byte> room,
+                                    std::size_t* received) override {
+    return inner_.irecv_message(peer, tag, room, received);
+  }
   bool test(transport::Transfer& t) override { return inner_.test(t); }
   void wait(transport::Transfer& t) override {
     inner_.set_timeout(timeout());

@@ -50,9 +50,9 @@ const Case kCases[] = {
 // Rank r's input at iteration i: values whose float sums round differently
 // in different orders.
 template <typename T>
-std::vector<T> input(int r, int i) {
-  std::vector<T> v(5);
-  for (int k = 0; k < 5; ++k) {
+std::vector<T> input(int r, int i, int elements = 5) {
+  std::vector<T> v(static_cast<std::size_t>(elements));
+  for (int k = 0; k < elements; ++k) {
     if constexpr (std::is_floating_point_v<T>) {
       v[static_cast<std::size_t>(k)] =
           static_cast<T>((r % 2 ? 1e7 : 1.0) * (0.1 * (r + 1) + 0.37 * i + 0.013 * k));
@@ -73,7 +73,7 @@ struct Outcome {
 // shm: the ranks share one shared-memory region (the ShmBackend, which
 // reduces each element in rank order) instead of the transport's recursive
 // doubling.
-Outcome run_cases(int ranks, std::size_t speculate_bytes, bool shm = false) {
+Outcome run_cases(int ranks, std::size_t speculate_bytes, bool shm = false, int elements = 5) {
   Options o = fast_options();
   o.speculate_bytes = speculate_bytes;
   collectives::ShmOptions so;
@@ -100,7 +100,7 @@ Outcome run_cases(int ranks, std::size_t speculate_bytes, bool shm = false) {
         std::vector<std::byte> bytes;
         auto go = [&](auto tag) {
           using T = decltype(tag);
-          std::vector<T> in = input<T>(r, i), out(in.size());
+          std::vector<T> in = input<T>(r, i, elements), out(in.size());
           TensorView vi{in.data(), k.dt, {static_cast<std::int64_t>(in.size())}};
           TensorView vo{out.data(), k.dt, {static_cast<std::int64_t>(out.size())}};
           core::allreduce_async(rt, k.name, vi, vo, k.op, k.prescale, k.postscale).wait();
@@ -170,6 +170,25 @@ TEST_CASE("local: small allreduces reduced within the negotiation round match th
       CHECK(got[2] == isum);
     }
   }
+}
+
+TEST_CASE("local: inputs of KiBs travel as the tail of the round's messages and give the "
+          "collectives' bits",
+          "[runtime][speculation]") {
+  // 512 elements: 2 KiB of float32, 4 KiB of float64 and int64; 2048: 8
+  // and 16 KiB. The round's vector grows by the input only in rounds that
+  // speculate, and a void speculation drops it.
+  for (int ranks : {2, 4, 8}) {
+    for (int elements : {512, 2048}) {
+      INFO("ranks " << ranks << ", elements " << elements);
+      check_speculated_alike(run_cases(ranks, 16u << 10, false, elements),
+                             run_cases(ranks, 0, false, elements), ranks);
+    }
+  }
+  // Nothing above the option's bytes: 200 elements are 800 bytes of
+  // float32, 1,600 of float64 and int64.
+  CHECK(run_cases(2, 1024, false, 200).speculated[0] > 0);  // the float32 cases
+  CHECK(run_cases(2, 700, false, 200).speculated[0] == 0);
 }
 
 TEST_CASE("local: over shared memory the round reduces in rank order, as the backend does",

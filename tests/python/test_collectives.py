@@ -337,7 +337,7 @@ def test_small_allreduces_are_reduced_within_the_round(size, rank):
         assert a.item() == pytest.approx((size - 1) + i)
     after = gyre.runtime_stats()
     env = os.environ
-    on = (int(env.get("GYRE_SPECULATE_BYTES", "64")) >= 16 and env.get("GYRE_LOG_NEGOTIATION", "1") != "0"
+    on = (int(env.get("GYRE_SPECULATE_BYTES", "16384")) >= 16 and env.get("GYRE_LOG_NEGOTIATION", "1") != "0"
           and env.get("GYRE_CACHE_CAPACITY", "1024") != "0")
     if size == 2 and "GYRE_ALLREDUCE_SMALL_BYTES" not in env:
         assert after["speculation"] == on

@@ -39,9 +39,10 @@ struct Options {
   // hosts of several ranks each; 0 over every rank.
   long host_negotiation = 1;
   // GYRE_SPECULATE_BYTES: an allreduce of host memory of at most this many
-  // bytes (at most 256) that every rank submits as a cache hit is reduced
-  // within the log-depth round itself (docs/architecture.md); 0 never.
-  std::size_t speculate_bytes = 64;
+  // bytes (at most 64 KiB; and GYRE_ALLREDUCE_SMALL_BYTES; over shared
+  // memory 64) that every rank submits as a cache hit is reduced within the
+  // log-depth round itself (docs/architecture.md); 0 never.
+  std::size_t speculate_bytes = 16u << 10;
   // GYRE_RING_CHUNK_BYTES: pipelined chunk size of the ring algorithms (> 0).
   std::size_t ring_chunk_bytes = 256u << 10;
   // GYRE_ALLREDUCE_SMALL_BYTES: allreduces (single tensors or fused buckets)

@@ -156,31 +156,43 @@ void Negotiator::set_host_tier(collectives::ShmGroup& local, transport::Transpor
   if (local.rank() == 0) leaders_ = std::make_unique<transport::CountingTransport>(cross);
 }
 
-void Negotiator::combine_all(std::vector<std::uint64_t>& v, const Combine& combine) {
+void Negotiator::combine_all(std::vector<std::uint64_t>& v, std::size_t max_words,
+                             const Combine& combine) {
   collectives::DisseminationOptions o;
   o.tag = opt_.tag;
-  const std::size_t bytes = v.size() * sizeof(std::uint64_t);
-  // The vector's size follows from the cache's slots, alike on every rank:
-  // every rank takes the same branch.
-  if (!local_ || bytes > local_->slot_bytes()) {
-    collectives::dissemination_allreduce(counted_, v, combine, o);
+  constexpr std::size_t kWord = sizeof(std::uint64_t);
+  // The largest vector follows from the cache's slots and the options,
+  // alike on every rank: every rank takes the same branch. In a slot: the
+  // vector's length in words, then the vector.
+  if (!local_ || (1 + max_words) * kWord > local_->slot_bytes()) {
+    collectives::dissemination_allreduce(counted_, v, max_words, combine, o);
     return;
   }
   collectives::ShmGroup& g = *local_;
+  auto put = [&](int q) {
+    auto* at = reinterpret_cast<std::uint64_t*>(g.slot(q));
+    at[0] = v.size();
+    std::memcpy(at + 1, v.data(), v.size() * kWord);
+  };
+  auto take = [&](int q) {
+    const auto* at = reinterpret_cast<const std::uint64_t*>(g.slot(q));
+    return std::span<const std::uint64_t>(at + 1, std::min<std::uint64_t>(at[0], max_words));
+  };
   try {
-    std::memcpy(g.slot(g.rank()), v.data(), bytes);
+    put(g.rank());
     g.barrier();
     if (g.rank() == 0) {
-      std::vector<std::uint64_t> in(v.size());
-      for (int q = 1; q < g.size(); ++q) {
-        std::memcpy(in.data(), g.slot(q), bytes);
-        combine(v, in);
+      for (int q = 1; q < g.size(); ++q) combine(v, take(q));
+      if (leaders_->size() > 1) {
+        collectives::dissemination_allreduce(*leaders_, v, max_words, combine, o);
       }
-      if (leaders_->size() > 1) collectives::dissemination_allreduce(*leaders_, v, combine, o);
-      std::memcpy(g.slot(0), v.data(), bytes);
+      put(0);
     }
     g.barrier();
-    if (g.rank() != 0) std::memcpy(v.data(), g.slot(0), bytes);
+    if (g.rank() != 0) {
+      const std::span<const std::uint64_t> all = take(0);
+      v.assign(all.begin(), all.end());
+    }
     // Slot 0 is read before anyone writes a slot again.
     g.barrier();
   } catch (...) {
@@ -202,12 +214,17 @@ namespace {
 // The vector of a log-depth round: [needs full exchange (OR)] [min step]
 // [max step] [AND of the hit bits: words] [OR of the hit bits: words], then
 // where the layout allows speculation (Negotiator::speculation_words)
-// [speculated slot + 1; 0: none; kVoid: ranks differ] [input: words].
+// [speculated slot + 1; 0: none; kVoid: ranks differ] and, only while a
+// slot is speculated, the tail: its input (in pairs: the input so far
+// reduced; in rank order: every rank's input in its own place). A void
+// speculation drops the tail, so the messages after it are short again.
 constexpr std::size_t kNeedsFull = 0, kMinStep = 1, kMaxStep = 2, kBits = 3;
 constexpr std::uint64_t kVoid = ~std::uint64_t{0};
 
 // The most a rank-order speculation adds to the vector (every rank's input).
 constexpr std::size_t kMaxRankOrderBytes = 4096;
+
+std::size_t words_of(std::size_t bytes) { return (bytes + 7) / 8; }
 
 bool bit(const std::vector<std::uint64_t>& v, std::size_t at, std::uint32_t slot) {
   return (v[at + slot / 64] >> (slot % 64)) & 1u;
@@ -216,8 +233,9 @@ bool bit(const std::vector<std::uint64_t>& v, std::size_t at, std::uint32_t slot
 }  // namespace
 
 std::size_t Negotiator::speculation_words() const {
-  if (!source_ || opt_.speculate_bytes == 0) return 0;
-  const std::size_t words = (opt_.speculate_bytes + 7) / 8;
+  const std::size_t bytes = std::min(opt_.speculate_bytes, speculate_max_);
+  if (!source_ || bytes == 0) return 0;
+  const std::size_t words = words_of(bytes);
   if (order_ == SpeculationOrder::kRankOrder) {
     // Every rank's input in its own place; OR combines them exactly for
     // any number of ranks and any dissemination.
@@ -225,10 +243,10 @@ std::size_t Negotiator::speculation_words() const {
     return all * sizeof(std::uint64_t) <= kMaxRankOrderBytes ? all : 0;
   }
   const std::size_t bits = (cache_.slot_count() + 63) / 64;
-  const std::size_t bytes = (kBits + 2 * bits + 1 + words) * sizeof(std::uint64_t);
+  const std::size_t most = kBits + 2 * bits + 1 + words;
   // The combine_all path this vector takes, and whether its dissemination
   // is recursive doubling (see the header).
-  const bool tiered = local_ && bytes <= local_->slot_bytes();
+  const bool tiered = local_ && (1 + most) * sizeof(std::uint64_t) <= local_->slot_bytes();
   return std::has_single_bit(static_cast<unsigned>(tiered ? tier_hosts_ : t_.size())) ? words : 0;
 }
 
@@ -243,9 +261,12 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
   const std::size_t slots = cache_.slot_count();  // alike on every rank
   const std::size_t words = (slots + 63) / 64;
   const std::size_t and_at = kBits, or_at = kBits + words;
+  // The most words of the speculation's tail (0: this round speculates on
+  // nothing, and its vector has no slot word either), alike on every rank.
   const std::size_t spec_words = speculation_words();
   const std::size_t spec_at = kBits + 2 * words, input_at = spec_at + 1;
-  std::vector<std::uint64_t> v(kBits + 2 * words + (spec_words ? 1 + spec_words : 0), 0);
+  const std::size_t head = kBits + 2 * words + (spec_words ? 1 : 0);
+  std::vector<std::uint64_t> v(head, 0);
   v[kNeedsFull] = needs_full ? 1 : 0;
   v[kMinStep] = v[kMaxStep] = mine.step;
   for (std::uint32_t slot : mine.cache_hits) {
@@ -260,11 +281,10 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
   collectives::CombineFn kernel = nullptr;
   std::size_t count = 0, nbytes = 0;
   const bool rank_order = order_ == SpeculationOrder::kRankOrder;
-  const std::size_t each_words = rank_order ? spec_words / static_cast<std::size_t>(t_.size())
-                                            : spec_words;
+  const auto ranks = static_cast<std::size_t>(t_.size());
+  const std::size_t max_input = (rank_order ? spec_words / ranks : spec_words) * sizeof(std::uint64_t);
+  std::size_t each_words = 0;  // one rank's input in the tail
   if (spec_words && !needs_full) {
-    auto* input = reinterpret_cast<std::byte*>(
-        v.data() + input_at + (rank_order ? each_words * static_cast<std::size_t>(t_.rank()) : 0));
     // One pass: the lowest slot among the hits that qualify, then its
     // input. The input of a hit drained this round is always in the queue,
     // so the source failing (a hit completed meanwhile) just leaves the
@@ -275,7 +295,7 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
       const std::size_t b = r.nbytes();
       if (r.collective != Collective::kAllreduce || r.group_size >= 2 ||
           r.op == ReduceOp::kAdasum || r.device.type != DeviceType::kCPU || b == 0 ||
-          b > each_words * sizeof(std::uint64_t)) {
+          b > max_input) {
         continue;
       }
       if (lowest == hits.size() || mine.cache_hits[i] < mine.cache_hits[lowest]) lowest = i;
@@ -288,16 +308,28 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
       } catch (const InvalidArgument&) {
         // refused at enqueue; the executor refuses it alike
       }
+      each_words = words_of(r.nbytes());
+      v.resize(head + (rank_order ? each_words * ranks : each_words), 0);
+      auto* input = reinterpret_cast<std::byte*>(
+          v.data() + input_at + (rank_order ? each_words * static_cast<std::size_t>(t_.rank()) : 0));
       if (k && source_(r, std::span(input, r.nbytes()))) {
         chosen = lowest;
         kernel = k;
         nbytes = r.nbytes();
         count = nbytes / dtype_size(r.dtype);
         v[spec_at] = std::uint64_t{mine.cache_hits[chosen]} + 1;
+      } else {
+        v.resize(head);
       }
     }
   }
-  combine_all(v, [&](std::span<std::uint64_t> acc, std::span<const std::uint64_t> in) {
+  combine_all(v, head + spec_words,
+              [&](std::vector<std::uint64_t>& acc, std::span<const std::uint64_t> in) {
+    if (in.size() < head) {
+      throw TransportError(fmt::format(
+          "malformed log-depth negotiation vector: {} words where every rank sends at least {}",
+          in.size(), head));
+    }
     acc[kNeedsFull] |= in[kNeedsFull];
     acc[kMinStep] = std::min(acc[kMinStep], in[kMinStep]);
     acc[kMaxStep] = std::max(acc[kMaxStep], in[kMaxStep]);
@@ -308,12 +340,19 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
     if (spec_words) {
       // Equal valid slots are this rank's own (acc or in is always what
       // this rank holds), so `kernel` is theirs; `acc` comes first. In rank
-      // order each place is one rank's and the others' are zero: OR.
+      // order each place is one rank's and the others' are zero: OR. A
+      // void speculation carries no input further.
       if (acc[spec_at] != in[spec_at]) {
         acc[spec_at] = kVoid;
+        acc.resize(head);
       } else if (acc[spec_at] != 0 && acc[spec_at] != kVoid && kernel) {
+        if (in.size() != acc.size()) {
+          throw TransportError(fmt::format(
+              "malformed log-depth negotiation vector: a speculated input of {} words where "
+              "this rank's is {}", in.size() - head, acc.size() - head));
+        }
         if (rank_order) {
-          for (std::size_t w = 0; w < spec_words; ++w) acc[input_at + w] |= in[input_at + w];
+          for (std::size_t w = input_at; w < acc.size(); ++w) acc[w] |= in[w];
         } else {
           kernel(acc.data() + input_at, acc.data() + input_at, in.data() + input_at, count);
         }
@@ -342,6 +381,7 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
   }
   Agreement out;
   if (chosen < hits.size() && v[spec_at] == std::uint64_t{mine.cache_hits[chosen]} + 1 &&
+      v.size() == input_at + (rank_order ? each_words * ranks : each_words) &&
       std::binary_search(run.begin(), run.end(), mine.cache_hits[chosen])) {
     const auto* result = reinterpret_cast<const std::byte*>(v.data() + input_at);
     std::vector<std::byte> reduced(result, result + nbytes);

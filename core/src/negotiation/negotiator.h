@@ -28,9 +28,12 @@
 //
 // A small allreduce rides in the log-depth round (speculation): a rank
 // whose hits include a cached allreduce of at most speculate_bytes of host
-// memory (no group, not Adasum) puts the lowest such slot and its input
-// (prescaled) in the vector, and the combine reduces the inputs of ranks that put the same
-// slot (any other mix marks the speculation void). If every rank put the
+// memory (no group, not Adasum) puts the lowest such slot in the vector and
+// its input (prescaled) as the vector's tail, and the combine reduces the
+// inputs of ranks that put the same slot (any other mix marks the
+// speculation void and drops the tail, which is then not sent on: the
+// vector's length varies, and the dissemination sends messages of unknown
+// length, Transport::isend_message). If every rank put the
 // same slot and the round decides that operation, its result is already
 // on every rank: the executor completes it from the vector and runs no
 // collective (one exchange per small operation instead of two). The
@@ -64,6 +67,7 @@
 #include <string>
 #include <vector>
 
+#include "gyre/collectives/algorithms.h"
 #include "gyre/collectives/counting_transport.h"
 #include "gyre/collectives/shm.h"
 #include "gyre/collectives/transport.h"
@@ -82,7 +86,7 @@ struct NegotiatorOptions {
   int tag = 1;                         // message tag of negotiation traffic
   bool log_depth = true;               // try the log-depth round (see above)
   double hold_limit_s = 1.0;           // longest a cache hit waits outside the Coordinator
-  std::size_t speculate_bytes = 64;    // largest allreduce run in the round itself; 0: off
+  std::size_t speculate_bytes = 16u << 10;  // largest allreduce run in the round itself; 0: off
 };
 
 // How the round reduces a speculated input (see above): kPairs in the
@@ -138,10 +142,15 @@ class Negotiator {
 
   // Where the round's speculation takes its inputs (see above); without
   // one, no round speculates. Before the first round, on every rank.
+  // `max_bytes` caps the options' speculate_bytes for this order (rank
+  // order: the inputs the runtime's shared-memory allreduce reduces all on
+  // rank 0).
   void set_speculation_source(SpeculationSource source,
-                              SpeculationOrder order = SpeculationOrder::kPairs) {
+                              SpeculationOrder order = SpeculationOrder::kPairs,
+                              std::size_t max_bytes = SIZE_MAX) {
     source_ = std::move(source);
     order_ = order;
+    speculate_max_ = max_bytes;
   }
 
   // Sends `fresh` (this rank's requests enqueued since the previous round,
@@ -190,8 +199,10 @@ class Negotiator {
   std::size_t speculation_words() const;
   // The log-depth vector combined over every rank: by dissemination over
   // the transport, or in two tiers (set_host_tier).
-  using Combine = std::function<void(std::span<std::uint64_t>, std::span<const std::uint64_t>)>;
-  void combine_all(std::vector<std::uint64_t>& v, const Combine& combine);
+  // `v` may grow up to max_words and shrink as it is combined (its tail is
+  // the speculated input).
+  using Combine = collectives::TailCombine;
+  void combine_all(std::vector<std::uint64_t>& v, std::size_t max_words, const Combine& combine);
 
   transport::Transport& t_;
   // t_, counting this rank's negotiation messages: all negotiation traffic
@@ -207,6 +218,7 @@ class Negotiator {
   std::atomic<std::uint64_t> speculated_{0};
   SpeculationSource source_;
   SpeculationOrder order_ = SpeculationOrder::kPairs;
+  std::size_t speculate_max_ = SIZE_MAX;
   // This rank's cache hits that some rank had not submitted in the last
   // log-depth round: sent again first in the next round, in order.
   std::vector<Hit> held_;

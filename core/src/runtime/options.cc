@@ -66,10 +66,10 @@ const OptionSpec kTable[] = {
    "1 combines a log-depth negotiation round within each host over shared memory first, then "
    "among one rank per host, in a job across hosts of several ranks each; 0 over every rank."},
   {"GYRE_SPECULATE_BYTES", "speculate_bytes",
-   SizeOption{&O::speculate_bytes, 0, 256}, "64", true,
-   "An allreduce of host memory of at most this many bytes that every rank submits as a "
-   "response-cache hit is reduced within the log-depth negotiation round itself, with no "
-   "collective after it; 0 never."},
+   SizeOption{&O::speculate_bytes, 0, 64u << 10}, "16K", true,
+   "An allreduce of host memory of at most this many bytes (and of GYRE_ALLREDUCE_SMALL_BYTES; "
+   "over shared memory of 64) that every rank submits as a response-cache hit is reduced "
+   "within the log-depth negotiation round itself, with no collective after it; 0 never."},
   {"GYRE_RING_CHUNK_BYTES", "ring_chunk_bytes",
    SizeOption{&O::ring_chunk_bytes, 1, kMaxChunkBytes}, "256K", true,
    "Pipelined chunk size of the ring algorithms (allreduce, allgather, broadcast, "

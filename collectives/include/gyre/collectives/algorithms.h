@@ -37,6 +37,7 @@
 #include <cstddef>
 #include <functional>
 #include <span>
+#include <vector>
 
 #include "gyre/collectives/transport.h"
 #include "gyre/types.h"
@@ -275,5 +276,20 @@ void barrier(Transport& t, const BarrierOptions& opt = {});
 // the same number of words.
 void dissemination_allreduce(Transport& t, std::span<std::uint64_t> words,
                              const WordCombine& combine, const DisseminationOptions& opt = {});
+
+// The same exchange for a vector whose length may differ between ranks and
+// change as it is combined (a fixed head the combine reads first, then a
+// tail that only some ranks carry: the negotiation round's speculated
+// input): each message carries the sender's vector as it stands, received
+// as a message of unknown length (Transport::isend_message), still
+// ceil(log2 n) messages per rank. `combine` may resize `acc` (drop its
+// tail, say); for n a power of two `acc` holds the lower ranks' words, as
+// above. Every rank passes the same max_words, and no vector, combined or
+// not, may be longer (TransportError names a peer whose message is).
+using TailCombine =
+    std::function<void(std::vector<std::uint64_t>& acc, std::span<const std::uint64_t> in)>;
+void dissemination_allreduce(Transport& t, std::vector<std::uint64_t>& words,
+                             std::size_t max_words, const TailCombine& combine,
+                             const DisseminationOptions& opt = {});
 
 }  // namespace gyre::collectives

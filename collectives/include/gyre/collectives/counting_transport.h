@@ -35,6 +35,15 @@ class CountingTransport final : public Transport {
   Transfer irecv(int peer, int tag, std::span<std::byte> data) override {
     return inner_.irecv(peer, tag, data);
   }
+  Transfer isend_message(int peer, int tag, std::span<const std::byte> data) override {
+    messages_.fetch_add(1, std::memory_order_relaxed);
+    bytes_.fetch_add(data.size(), std::memory_order_relaxed);
+    return inner_.isend_message(peer, tag, data);
+  }
+  Transfer irecv_message(int peer, int tag, std::span<std::byte> room,
+                         std::size_t* received) override {
+    return inner_.irecv_message(peer, tag, room, received);
+  }
   bool test(Transfer& req) override { return inner_.test(req); }
   // The wrapped transport's deadline is the one that counts: it may change
   // after this wrapper was made (the runtime shortens it after start-up).

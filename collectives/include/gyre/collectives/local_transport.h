@@ -28,12 +28,18 @@ class LocalTransport final : public Transport {
   int size() const override;
   Transfer isend(int peer, int tag, std::span<const std::byte> data) override;
   Transfer irecv(int peer, int tag, std::span<std::byte> data) override;
+  Transfer isend_message(int peer, int tag, std::span<const std::byte> data) override {
+    return isend(peer, tag, data);  // eager: every message keeps its length
+  }
+  Transfer irecv_message(int peer, int tag, std::span<std::byte> room,
+                         std::size_t* received) override;
   bool test(Transfer& req) override;
   void wait(Transfer& req) override;
   std::string name() const override { return "local"; }
 
  private:
   void cancel_pending();
+  Transfer post_recv(int peer, int tag, std::span<std::byte> data, std::size_t* received);
   struct Slots;  // this rank's outstanding receives (see the .cc)
   std::shared_ptr<LocalWorld> world_;
   int rank_;

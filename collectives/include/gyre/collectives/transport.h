@@ -39,6 +39,17 @@ class Transport {
   // Starts receiving exactly data.size() bytes from `peer` into `data`.
   virtual Transfer irecv(int peer, int tag, std::span<std::byte> data) = 0;
 
+  // A message whose length its receiver does not know in advance (the
+  // log-depth negotiation round's vector, whose tail carries a speculated
+  // allreduce's input only where there is one): sent as one message of
+  // data.size() bytes and received into `room`, which may be longer; when
+  // the receive completes, *received (valid until then) holds the length.
+  // A message sent by isend_message is received by irecv_message, and only
+  // by it. The default refuses (TransportError naming the transport).
+  virtual Transfer isend_message(int peer, int tag, std::span<const std::byte> data);
+  virtual Transfer irecv_message(int peer, int tag, std::span<std::byte> room,
+                                 std::size_t* received);
+
   // Returns true and resets `req` if it has completed; never blocks.
   virtual bool test(Transfer& req) = 0;
   // Blocks until `req` completes. Throws TimeoutError naming the peer when
