@@ -117,11 +117,13 @@ class ShmGroup {
 // (in == out allowed). Pipelined through the slots one chunk at a time: each
 // rank copies its input of the other ranks' shares of the chunk into its
 // slot, reduces its own share from the other slots and its own input (read
-// in place when it is not prescaled, else copied into its slot too), writes
-// the reduced share into every rank's slot, and copies the whole reduced
-// chunk out of its own slot: 3 - 2/n bytes copied per byte of buffer, 3 -
-// 1/n with the own share copied in. Every element is reduced by one rank,
-// in rank order, so every rank holds the same bits.
+// in place when it is not prescaled, else copied into its slot too) into
+// its output (into its slot where the input is not one contiguous buffer),
+// writes the reduced share into every other rank's slot, and copies the
+// other shares out of its slot: 3(n - 1)/n bytes copied per byte of
+// buffer (n = 2: 1.5), against 3 - 1/n when the whole chunk was copied in,
+// reduced in the slots and copied out. Every element is reduced by one
+// rank, in rank order, so every rank holds the same bits.
 // `prescale` scales each input and `postscale` the result (floating types);
 // kAverage is the sum with 1/size folded into the postscale.
 void shm_allreduce(ShmGroup& g, const void* in, void* out, std::size_t count, DataType dt,
