@@ -1,7 +1,7 @@
 // shm_allreduce_pieces (and shm_allreduce, its one-piece case): every rank
-// copies its input of each other rank's share of a chunk into its slot (its
-// own share too unless it reads it from its contiguous input in place),
-// reduces its share into its output (or its slot) and into every other
+// copies its input of each other rank's share of a chunk into its slot (of
+// its own share only what it cannot read in place from the pieces'
+// inputs), reduces its share into the pieces' outputs and into every other
 // slot, and copies the other shares out of its slot; shm_reduce_slots
 // reduces data already in the slots (the single-copy bound of the
 // benchmarks).
@@ -103,31 +103,37 @@ struct PieceCursor {
   }
 };
 
-// Bytes [lo, hi) of the bucket into `slot`: each piece's input (zeros for
-// a piece without one), zeros between pieces and after the last.
-void gather_chunk(PieceCursor& c, std::size_t lo, std::size_t hi, std::byte* slot) {
+// Bytes [a, b) of the bucket within one piece (its input and output at a,
+// either possibly absent) or between pieces (neither).
+struct Segment {
+  std::size_t a = 0, b = 0;
+  const std::byte* in = nullptr;
+  std::byte* out = nullptr;
+};
+
+// Calls f(segment) for the segments that cover bytes [lo, hi), in order.
+template <class F>
+void for_each_segment(PieceCursor c, std::size_t lo, std::size_t hi, F&& f) {
+  c.advance_to(lo);
   std::size_t at = lo;
   for (std::size_t i = c.first; i < c.pieces.size() && c.pieces[i].offset < hi; ++i) {
     const BucketPiece& pc = c.pieces[i];
     const std::size_t a = std::max(lo, pc.offset), b = std::min(hi, pc.offset + pc.bytes);
-    if (a > at) std::memset(slot + (at - lo), 0, a - at);
-    if (pc.in != nullptr) {
-      std::memcpy(slot + (a - lo), static_cast<const std::byte*>(pc.in) + (a - pc.offset), b - a);
-    } else {
-      std::memset(slot + (a - lo), 0, b - a);
-    }
+    if (a > at) f(Segment{at, a, nullptr, nullptr});
+    const std::size_t off = a - pc.offset;
+    f(Segment{a, b, pc.in != nullptr ? static_cast<const std::byte*>(pc.in) + off : nullptr,
+              pc.out != nullptr ? static_cast<std::byte*>(pc.out) + off : nullptr});
     at = b;
   }
-  if (hi > at) std::memset(slot + (at - lo), 0, hi - at);
+  if (hi > at) f(Segment{at, hi, nullptr, nullptr});
 }
 
-// Bytes [lo, hi) of the reduced bucket from `slot` into each piece's output.
-void scatter_chunk(const PieceCursor& c, std::size_t lo, std::size_t hi, const std::byte* slot) {
-  for (std::size_t i = c.first; i < c.pieces.size() && c.pieces[i].offset < hi; ++i) {
-    const BucketPiece& pc = c.pieces[i];
-    if (pc.out == nullptr) continue;
-    const std::size_t a = std::max(lo, pc.offset), b = std::min(hi, pc.offset + pc.bytes);
-    std::memcpy(static_cast<std::byte*>(pc.out) + (a - pc.offset), slot + (a - lo), b - a);
+// A segment's input into `to` (zeros where it has none).
+void gather_segment(const Segment& s, std::byte* to) {
+  if (s.in != nullptr) {
+    std::memcpy(to, s.in, s.b - s.a);
+  } else {
+    std::memset(to, 0, s.b - s.a);
   }
 }
 
@@ -154,92 +160,98 @@ void shm_allreduce_pieces(ShmGroup& g, std::span<const BucketPiece> pieces, std:
           "the {} bytes of the bucket", i, pieces[i].offset, pieces[i].offset + pieces[i].bytes,
           count * esize));
     }
+    if (pieces[i].offset % esize != 0 || pieces[i].bytes % esize != 0) {
+      throw InvalidArgument(fmt::format(
+          "shm allreduce: piece {} (bytes {} to {}) does not start and end on {} elements", i,
+          pieces[i].offset, pieces[i].offset + pieces[i].bytes, dtype_name(dt)));
+    }
   }
   const int p = g.size(), me = g.rank();
   std::byte* const slot = g.slot(me);
-  // This rank's own operand straight from the caller's input, without a
-  // copy into the slot: one contiguous input, not scaled.
-  const bool direct = pieces.size() == 1 && pieces[0].in != nullptr && pieces[0].offset == 0 &&
-                      pieces[0].bytes == count * esize && prescale == 1.0;
-  const auto* const in = direct ? static_cast<const std::byte*>(pieces[0].in) : nullptr;
-  // And, with a contiguous output, its share reduced straight into it, so
-  // that only the other shares are copied out of the slot.
-  auto* const out = direct ? static_cast<std::byte*>(pieces[0].out) : nullptr;
+  // This rank's operand of its own share is read in place from each
+  // piece's input where there is one and it is not prescaled, and its
+  // result goes straight into the piece's output; the rest of the share
+  // goes through the slot.
+  auto in_place = [&](const Segment& s) { return s.in != nullptr && prescale == 1.0; };
+  const std::size_t piece_elems = reduce_piece_elems(esize, line);
   PieceCursor cursor{pieces};
   std::vector<std::byte> acc;
-  // Bytes [lo, hi) of the bucket into `at` (a slot), with a cursor of its
-  // own: a sub-range starts past pieces the chunk's cursor still holds.
-  auto gather = [&](std::size_t lo, std::size_t hi, std::byte* at) {
-    PieceCursor c = cursor;
-    c.advance_to(lo);
-    gather_chunk(c, lo, hi, at);
-  };
   try {
     for (std::size_t done = 0; done < count; done += chunk_elems) {
       const std::size_t n = std::min(chunk_elems, count - done);
       const std::size_t lo = done * esize, hi = lo + n * esize;
+      cursor.advance_to(lo);
+      auto bytes_of = [&](const Share& sh) {
+        return std::pair{lo + sh.lo * esize, lo + sh.hi * esize};
+      };
       if (p == 1) {
-        cursor.advance_to(lo);
-        gather_chunk(cursor, lo, hi, slot);
-        if (prescale != 1.0) scale(slot, n, dt, prescale);
-        if (postscale != 1.0) scale(slot, n, dt, postscale);
-        scatter_chunk(cursor, lo, hi, slot);
+        for_each_segment(cursor, lo, hi, [&](const Segment& s) {
+          std::byte* const at = slot + (s.a - lo);
+          gather_segment(s, at);
+          if (prescale != 1.0) scale(at, (s.b - s.a) / esize, dt, prescale);
+          if (postscale != 1.0) scale(at, (s.b - s.a) / esize, dt, postscale);
+          if (s.out != nullptr) std::memcpy(s.out, at, s.b - s.a);
+        });
         continue;
       }
-      cursor.advance_to(lo);
       // 1. Into my slot, at each rank's share: my input of that share (of
-      // my own share only when it is not read from the input directly).
+      // my own share only where it is not read in place).
       for (int q = 0; q < p; ++q) {
-        if (q == me && direct) continue;
-        const Share s = share_of(q, p, n, line);
-        if (s.hi <= s.lo) continue;
-        gather(lo + s.lo * esize, lo + s.hi * esize, slot + s.lo * esize);
-        if (prescale != 1.0) scale(slot + s.lo * esize, s.hi - s.lo, dt, prescale);
+        const auto [a, b] = bytes_of(share_of(q, p, n, line));
+        for_each_segment(cursor, a, b, [&](const Segment& s) {
+          if (q == me && in_place(s)) return;
+          std::byte* const at = slot + (s.a - lo);
+          gather_segment(s, at);
+          if (prescale != 1.0) scale(at, (s.b - s.a) / esize, dt, prescale);
+        });
       }
       g.barrier();
       // 2. My share, from rank q's slot (my input for q = me), reduced in
-      // rank order into my slot at my share.
-      const Share s = share_of(me, p, n, line);
-      const std::size_t piece = reduce_piece_elems(esize, line);
-      for (std::size_t a = s.lo; a < s.hi; a += piece) {
-        const std::size_t m = std::min(piece, s.hi - a);
-        const std::size_t at = a * esize;
-        auto operand = [&](int q) -> const std::byte* {
-          return q == me && direct ? in + lo + at : g.slot(q) + at;
-        };
-        std::byte* const mine = out != nullptr ? out + lo + at : slot + at;
-        // Where my operand is where the result goes (in my slot, or in
-        // place), accumulating there would overwrite it before it is read,
-        // unless it is one of the first two operands (read as they are
-        // written): a scratch buffer then.
-        std::byte* target = mine;
-        if (me >= 2 && (!direct || out == in)) {
-          acc.resize(m * esize);
-          target = acc.data();
-        }
-        combine(target, operand(0), operand(1), m);
-        for (int q = 2; q < p; ++q) reduce(target, operand(q), m);
-        if (postscale != 1.0) scale(target, m, dt, postscale);
-        // Into every slot: pushing the share while it is in cache costs
-        // less than each rank reading it out of the owner's slot after the
-        // barrier (measured: 64 KiB 15 against 10 us, 16 MiB 1.15x).
-        if (target != mine) std::memcpy(mine, target, m * esize);
-        for (int q = 0; q < p; ++q) {
-          if (q != me) std::memcpy(g.slot(q) + at, target, m * esize);
-        }
+      // rank order into my output (or my slot), and into every other slot.
+      {
+        const auto [a, b] = bytes_of(share_of(me, p, n, line));
+        for_each_segment(cursor, a, b, [&](const Segment& s) {
+          const bool direct = in_place(s);
+          for (std::size_t x = s.a; x < s.b; x += piece_elems * esize) {
+            const std::size_t len = std::min(piece_elems * esize, s.b - x);
+            const std::size_t m = len / esize;
+            const std::size_t at = x - lo;
+            auto operand = [&](int q) -> const std::byte* {
+              return q == me && direct ? s.in + (x - s.a) : g.slot(q) + at;
+            };
+            std::byte* const dest = s.out != nullptr ? s.out + (x - s.a) : slot + at;
+            // Where my operand is where the result goes (in my slot, or a
+            // piece reduced in place), accumulating there would overwrite
+            // it before it is read, unless it is one of the first two
+            // operands (read as they are written): a scratch buffer then.
+            std::byte* target = dest;
+            if (me >= 2 && operand(me) == dest) {
+              acc.resize(len);
+              target = acc.data();
+            }
+            combine(target, operand(0), operand(1), m);
+            for (int q = 2; q < p; ++q) reduce(target, operand(q), m);
+            if (postscale != 1.0) scale(target, m, dt, postscale);
+            if (target != dest) std::memcpy(dest, target, len);
+            // Pushed into every other slot while it is in cache: that costs
+            // less than each rank reading it out of the owner's slot after
+            // the barrier (measured: 64 KiB 15 against 10 us, 16 MiB 1.15x).
+            for (int q = 0; q < p; ++q) {
+              if (q != me) std::memcpy(g.slot(q) + at, target, len);
+            }
+          }
+        });
       }
       g.barrier();
-      // 3. The reduced chunk out of my slot (less my share where it went
-      // straight to the output). Peers write my slot again only after the
-      // next chunk's first barrier, which waits for me.
-      if (out == nullptr) {
-        scatter_chunk(cursor, lo, hi, slot);
-      } else {
-        for (int q = 0; q < p; ++q) {
-          const Share sq = share_of(q, p, n, line);
-          if (q == me || sq.hi <= sq.lo) continue;
-          std::memcpy(out + lo + sq.lo * esize, slot + sq.lo * esize, (sq.hi - sq.lo) * esize);
-        }
+      // 3. The other shares out of my slot (mine went to the outputs in
+      // step 2). Peers write my slot again only after the next chunk's
+      // first barrier, which waits for me.
+      for (int q = 0; q < p; ++q) {
+        if (q == me) continue;
+        const auto [a, b] = bytes_of(share_of(q, p, n, line));
+        for_each_segment(cursor, a, b, [&](const Segment& s) {
+          if (s.out != nullptr) std::memcpy(s.out, slot + (s.a - lo), s.b - s.a);
+        });
       }
     }
   } catch (...) {
