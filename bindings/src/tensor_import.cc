@@ -4,6 +4,7 @@
 
 #include <dlpack/dlpack.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -112,6 +113,27 @@ constexpr const char* kNegativeView =
 
 }  // namespace
 
+namespace {
+
+// gyre's dtype of a c10::ScalarType value (torch_memory_api.h).
+std::optional<DataType> from_torch_scalar_type(int st) {
+  switch (st) {
+    case kTorchFloat32: return DataType::kFloat32;
+    case kTorchFloat64: return DataType::kFloat64;
+    case kTorchFloat16: return DataType::kFloat16;
+    case kTorchBFloat16: return DataType::kBFloat16;
+    case kTorchInt8: return DataType::kInt8;
+    case kTorchUInt8: return DataType::kUInt8;
+    case kTorchInt16: return DataType::kInt16;
+    case kTorchInt32: return DataType::kInt32;
+    case kTorchInt64: return DataType::kInt64;
+    case kTorchBool: return DataType::kBool;
+    default: return std::nullopt;
+  }
+}
+
+}  // namespace
+
 bool ImportedTensor::import_torch(py::handle obj, const std::string& name) {
   const TorchObjects* t = TorchObjects::get();
   if (t == nullptr) return false;
@@ -119,6 +141,19 @@ bool ImportedTensor::import_torch(py::handle obj, const std::string& name) {
   PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(o));
   // Exactly these types: a subclass may override what the accessors say.
   if (type != t->tensor_type && type != t->parameter_type) return false;
+  // Where gyre._torch_memory serves this torch, its TensorImpl says it all.
+  TorchTensorFacts f;
+  if (t->memory != nullptr && t->memory->read_tensor(o, &f)) {
+    const std::optional<DataType> dt = from_torch_scalar_type(f.scalar_type);
+    if (!dt || !f.contiguous) return false;  // refused by the DLPack route, with its reason
+    if (f.negative) refuse(name, kNegativeView);
+    view_.shape.assign(f.sizes, f.sizes + f.ndim);
+    view_.dtype = *dt;
+    view_.data = f.data;
+    view_.device = Device{DeviceType::kCPU, 0};
+    storage_impl_ = f.storage;
+    return true;
+  }
   // Whatever does not qualify, or raises (a tensor without storage), takes
   // the DLPack route, which refuses it with its reason as before.
   py::object cpu = attr_or_null(o, t->is_cpu);
@@ -220,13 +255,14 @@ void ImportedTensor::stage(py::handle tensor, const std::string& name, Access ac
   write_back_pending_ = access == Access::kWrite;
   // In place where gyre._torch_memory can pin the storage's memory.
   if (const TorchObjects* t = TorchObjects::get(); t != nullptr && t->memory != nullptr) {
-    py::object storage = call_or_null(tensor.ptr(), t->untyped_storage);
-    if (storage) {
+    if (storage_impl_ != nullptr) {
+      pin_ = t->memory->pin_storage(storage_impl_);
+    } else if (py::object storage = call_or_null(tensor.ptr(), t->untyped_storage)) {
       pin_ = t->memory->pin(storage.ptr());
-      if (pin_ != nullptr) {
-        unpin_ = t->memory->unpin;
-        return;
-      }
+    }
+    if (pin_ != nullptr) {
+      unpin_ = t->memory->unpin;
+      return;
     }
   }
   // Built only on failure: staging runs on every call with a torch tensor.
@@ -284,6 +320,20 @@ std::string ImportedTensor::write_back() {
     // it): only then is writing them safe and what the caller expects.
     const TorchObjects* t = TorchObjects::get();
     PyObject* o = tensor_.ptr();
+    if (TorchTensorFacts f; t->memory != nullptr && t->memory->read_tensor(o, &f)) {
+      auto* now = static_cast<std::byte*>(f.data);
+      const auto* base = static_cast<const std::byte*>(f.storage_base);
+      if (!std::equal(view_.shape.begin(), view_.shape.end(), f.sizes, f.sizes + f.ndim)) {
+        return changed + " (shape " + shape_string(view_.shape) + " -> " +
+               shape_string(std::vector<std::int64_t>(f.sizes, f.sizes + f.ndim)) + ")" + advice;
+      }
+      if (now != caller_data_ || !f.contiguous || base == nullptr || now < base ||
+          now + nbytes > base + f.storage_nbytes) {
+        return changed + advice;
+      }
+      if (staging_) std::memcpy(now, staging_.get(), nbytes);
+      return "";
+    }
     py::object ptr = call_or_null(o, t->data_ptr);
     py::object contiguous = call_or_null(o, t->is_contiguous);
     py::object storage = call_or_null(o, t->untyped_storage);

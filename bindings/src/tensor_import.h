@@ -144,6 +144,9 @@ class ImportedTensor {
   // pinned instead (torch_memory_api.h): no copy; unpinned at destruction.
   void* pin_ = nullptr;
   void (*unpin_)(void*) = nullptr;
+  // The tensor's c10::StorageImpl where import_torch read it in C++
+  // (TorchMemoryApi::read_tensor): pinned without asking Python for it.
+  void* storage_impl_ = nullptr;
   py::object tensor_;              // the caller's tensor: write_back(); kWriteNew: kept alive
   void* caller_data_ = nullptr;    // its memory at the call
   std::string name_;               // what messages call it

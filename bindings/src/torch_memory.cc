@@ -7,6 +7,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/Device.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/core/TensorImpl.h>
 #include <c10/core/impl/COW.h>
 #include <c10/util/intrusive_ptr.h>
 
@@ -60,9 +61,8 @@ c10::StorageImpl* storage_impl(PyObject* storage) {
   return static_cast<c10::StorageImpl*>(p);
 }
 
-void* pin(PyObject* storage) {
+void* pin_impl(c10::StorageImpl* s) {
   try {
-    c10::StorageImpl* s = storage_impl(storage);
     if (s == nullptr) return nullptr;
     const c10::DataPtr& current = s->data_ptr();
     if (current.get() == nullptr || current.device().type() != c10::DeviceType::CPU) return nullptr;
@@ -94,6 +94,56 @@ void* pin(PyObject* storage) {
   }
 }
 
+void* pin(PyObject* storage) { return pin_impl(storage_impl(storage)); }
+
+void* pin_storage(void* storage_impl) {
+  return pin_impl(static_cast<c10::StorageImpl*>(storage_impl));
+}
+
+bool read_tensor(PyObject* tensor, TorchTensorFacts* out) {
+  try {
+    // torch.Tensor._cdata: the address of its c10::TensorImpl.
+    PyObject* cdata = PyObject_GetAttrString(tensor, "_cdata");
+    if (cdata == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    void* p = PyLong_AsVoidPtr(cdata);
+    Py_DECREF(cdata);
+    if (p == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    const auto* t = static_cast<const c10::TensorImpl*>(p);
+    // A plain dense CPU tensor: no Python subclass dispatch, no custom
+    // sizes or strides (whose accessors are virtual and may refuse).
+    if (t->device_type() != c10::DeviceType::CPU || t->layout() != c10::kStrided ||
+        !t->is_cpu() || t->is_sparse() || t->is_nested() || !t->has_storage() ||
+        t->is_python_dispatch() || t->key_set().has(c10::DispatchKey::Python) ||
+        t->key_set().has(c10::DispatchKey::Functionalize)) {
+      return false;
+    }
+    const c10::StorageImpl* s = t->storage().unsafeGetStorageImpl();
+    if (s == nullptr || c10::impl::cow::is_cow_data_ptr(s->data_ptr())) return false;
+    const c10::IntArrayRef sizes = t->sizes();
+    const auto base = static_cast<char*>(const_cast<void*>(s->data_ptr().get()));
+    out->scalar_type = static_cast<int>(t->dtype().toScalarType());
+    out->contiguous = t->is_contiguous();
+    out->negative = t->is_neg();
+    out->ndim = static_cast<int>(sizes.size());
+    out->sizes = sizes.data();
+    out->storage = const_cast<c10::StorageImpl*>(s);
+    out->storage_base = base;
+    out->storage_nbytes = s->nbytes();
+    out->data = base == nullptr ? nullptr
+                                : base + t->storage_offset() * static_cast<std::int64_t>(
+                                                                   t->dtype().itemsize());
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 void unpin(void* token) {
   auto* pin = static_cast<Pin*>(token);
   Hold* h = pin->hold;
@@ -119,12 +169,32 @@ PyObject* is_pinned(PyObject*, PyObject* storage) {
   return PyBool_FromLong(hold_of(s->data_ptr()) != nullptr);
 }
 
+// read_tensor(tensor) for tests: (scalar type, contiguous, negative,
+// sizes, data address, storage address, storage bytes), or None.
+PyObject* read_tensor_py(PyObject*, PyObject* tensor) {
+  TorchTensorFacts f;
+  if (!read_tensor(tensor, &f)) Py_RETURN_NONE;
+  PyObject* sizes = PyTuple_New(f.ndim);
+  if (sizes == nullptr) return nullptr;
+  for (int i = 0; i < f.ndim; ++i) PyTuple_SET_ITEM(sizes, i, PyLong_FromLongLong(f.sizes[i]));
+  return Py_BuildValue("(iOONKKn)", f.scalar_type, f.contiguous ? Py_True : Py_False,
+                       f.negative ? Py_True : Py_False, sizes,
+                       static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(f.data)),
+                       static_cast<unsigned long long>(
+                           reinterpret_cast<std::uintptr_t>(f.storage_base)),
+                       static_cast<Py_ssize_t>(f.storage_nbytes));
+}
+
 PyMethodDef methods[] = {
+    {"read_tensor", &read_tensor_py, METH_O,
+     "read_tensor(tensor): what gyre reads of a plain CPU tensor in C++ (scalar type, "
+     "contiguous, negative, sizes, data address, storage address, storage bytes), or None"},
     {"is_pinned", &is_pinned, METH_O,
      "is_pinned(storage): whether an operation in flight pins this torch.UntypedStorage now"},
     {nullptr, nullptr, 0, nullptr}};
 
-TorchMemoryApi api{kTorchMemoryApiVersion, GYRE_TORCH_VERSION, &pin, &unpin};
+TorchMemoryApi api{kTorchMemoryApiVersion, GYRE_TORCH_VERSION, &pin, &unpin, &read_tensor,
+                   &pin_storage};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_torch_memory",
                           "Pins CPU torch storages' memory while gyre's operations use it.",

@@ -22,10 +22,33 @@
 
 #include <Python.h>
 
+#include <cstddef>
+#include <cstdint>
+
 namespace gyre::python {
 
 inline constexpr const char* kTorchMemoryCapsule = "gyre._torch_memory.api";
-inline constexpr int kTorchMemoryApiVersion = 1;
+inline constexpr int kTorchMemoryApiVersion = 2;
+
+// What a plain CPU tensor's c10::TensorImpl says, read in C++ instead of
+// through a dozen Python accessors (is_cpu, layout, dtype, is_contiguous,
+// is_neg, shape, data_ptr(), untyped_storage() and the storage's own).
+struct TorchTensorFacts {
+  int scalar_type = -1;  // c10::ScalarType's value
+  bool contiguous = false;
+  bool negative = false;  // the negative bit (a view holding the values unsigned)
+  int ndim = 0;
+  const std::int64_t* sizes = nullptr;  // ndim of them; valid until the tensor changes
+  void* data = nullptr;                 // the first element
+  void* storage = nullptr;              // its c10::StorageImpl, for pin_storage()
+  const void* storage_base = nullptr;   // the storage's memory
+  std::size_t storage_nbytes = 0;
+};
+
+// c10::ScalarType values of the dtypes gyre takes (c10/core/ScalarType.h).
+inline constexpr int kTorchUInt8 = 0, kTorchInt8 = 1, kTorchInt16 = 2, kTorchInt32 = 3,
+                     kTorchInt64 = 4, kTorchFloat16 = 5, kTorchFloat32 = 6, kTorchFloat64 = 7,
+                     kTorchBool = 11, kTorchBFloat16 = 15;
 
 struct TorchMemoryApi {
   int version;  // kTorchMemoryApiVersion
@@ -38,6 +61,14 @@ struct TorchMemoryApi {
   // raises.
   void* (*pin)(PyObject* storage);
   void (*unpin)(void* token);
+  // `tensor`: a torch.Tensor or torch.nn.Parameter (exactly: the caller
+  // checks). Fills `out` and returns true for a dense strided CPU tensor
+  // with storage whose memory may be read and written in place (not
+  // copy-on-write); false otherwise, when the caller asks Python instead.
+  // Never raises.
+  bool (*read_tensor)(PyObject* tensor, TorchTensorFacts* out);
+  // pin() for the StorageImpl read_tensor reported.
+  void* (*pin_storage)(void* storage_impl);
 };
 
 }  // namespace gyre::python

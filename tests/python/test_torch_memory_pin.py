@@ -150,3 +150,34 @@ def test_new_output_of_a_dropped_handle_is_kept_alive(rank, size, multi_rank):
     gyre.barrier()
     gyre.allreduce(torch.ones(N), name=name + ".again")  # the job goes on
     assert torch.all(t == float(rank + 1))  # the input untouched
+
+
+def _facts_from_python(t):
+    """What torch's Python accessors say of `t`, in read_tensor's terms."""
+    codes = {torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4,
+             torch.float16: 5, torch.float32: 6, torch.float64: 7, torch.bool: 11,
+             torch.bfloat16: 15}
+    s = t.untyped_storage()
+    return (codes[t.dtype], t.is_contiguous(), t.is_neg(), tuple(t.shape), t.data_ptr(),
+            s.data_ptr(), s.nbytes())
+
+
+def test_tensor_facts_read_in_cpp_agree_with_torchs_accessors(rank, size):
+    """The extension reads a plain CPU tensor's dtype, contiguity, negative
+    bit, shape and memory from its TensorImpl in C++ (read_tensor), not
+    through Python: the same facts as torch's own accessors, for views at an
+    offset, transposes, negative views, every dtype, 0-d and empty tensors
+    and parameters; and nothing (Python then decides) for sparse tensors."""
+    if _expected_mode() != "pin":
+        pytest.skip("gyre._torch_memory does not serve this torch here")
+    import gyre._torch_memory as m
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    cases = [base, base[1:], base[:, 2:], base.t(), base[2, 3], torch.empty(0, 5),
+             torch.tensor(3.5), torch.nn.Parameter(torch.ones(3, 2)),
+             torch.ones(4, dtype=torch.complex64).conj().imag, torch.ones(3)._neg_view()]
+    cases += [torch.ones(5, dtype=dt) for dt in (torch.uint8, torch.int8, torch.int16, torch.int32,
+                                                 torch.int64, torch.float16, torch.float64,
+                                                 torch.bool, torch.bfloat16)]
+    for t in cases:
+        assert m.read_tensor(t) == _facts_from_python(t), (t.shape, t.dtype, t.stride())
+    assert m.read_tensor(torch.ones(3, 3).to_sparse()) is None
