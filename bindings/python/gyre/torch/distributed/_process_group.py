@@ -109,8 +109,8 @@ class GyreProcessGroup(_SyncAndPointToPoint, dist.ProcessGroup):
         bufs = ([t if t.is_contiguous() else t.detach().contiguous() for t in tensors]
                 if not refusal else [None])
         if len(bufs) == 1:
-            pending = _gyre.allreduce(name, bufs[0], None, gop, pre, 1.0, refusal,
-                                      process_set=self._ps)
+            # Positional: pybind11 parses a keyword argument for about 1 us.
+            pending = _gyre.allreduce(name, bufs[0], None, gop, pre, 1.0, refusal, self._ps)
         else:
             names = [f"{name}.{i}" for i in range(len(bufs))]
             pending = _gyre.grouped_allreduce(names, bufs, None, gop, pre, 1.0, refusal,
