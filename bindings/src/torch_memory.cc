@@ -48,9 +48,10 @@ Hold* hold_of(const c10::DataPtr& p) {
   return p.get_deleter() == &replacement_released ? static_cast<Hold*>(p.get_context()) : nullptr;
 }
 
-c10::StorageImpl* storage_impl(PyObject* storage) {
-  // torch.UntypedStorage._cdata: the address of its c10::StorageImpl.
-  PyObject* cdata = PyObject_GetAttrString(storage, "_cdata");
+// The address in a torch object's _cdata (a storage's c10::StorageImpl, a
+// tensor's c10::TensorImpl); nullptr, with no Python error left, if none.
+void* cdata_of(PyObject* obj) {
+  PyObject* cdata = PyObject_GetAttrString(obj, "_cdata");
   if (cdata == nullptr) {
     PyErr_Clear();
     return nullptr;
@@ -58,6 +59,12 @@ c10::StorageImpl* storage_impl(PyObject* storage) {
   void* p = PyLong_AsVoidPtr(cdata);
   Py_DECREF(cdata);
   if (p == nullptr) PyErr_Clear();
+  return p;
+}
+
+c10::StorageImpl* storage_impl(PyObject* storage) {
+  // torch.UntypedStorage._cdata: the address of its c10::StorageImpl.
+  void* p = cdata_of(storage);
   return static_cast<c10::StorageImpl*>(p);
 }
 
@@ -103,17 +110,8 @@ void* pin_storage(void* storage_impl) {
 bool read_tensor(PyObject* tensor, TorchTensorFacts* out) {
   try {
     // torch.Tensor._cdata: the address of its c10::TensorImpl.
-    PyObject* cdata = PyObject_GetAttrString(tensor, "_cdata");
-    if (cdata == nullptr) {
-      PyErr_Clear();
-      return false;
-    }
-    void* p = PyLong_AsVoidPtr(cdata);
-    Py_DECREF(cdata);
-    if (p == nullptr) {
-      PyErr_Clear();
-      return false;
-    }
+    void* p = cdata_of(tensor);
+    if (p == nullptr) return false;
     const auto* t = static_cast<const c10::TensorImpl*>(p);
     // A plain dense CPU tensor: no Python subclass dispatch, no custom
     // sizes or strides (whose accessors are virtual and may refuse).
