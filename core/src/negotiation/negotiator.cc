@@ -282,7 +282,8 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
   std::size_t count = 0, nbytes = 0;
   const bool rank_order = order_ == SpeculationOrder::kRankOrder;
   const auto ranks = static_cast<std::size_t>(t_.size());
-  const std::size_t max_input = (rank_order ? spec_words / ranks : spec_words) * sizeof(std::uint64_t);
+  const std::size_t max_input =
+      (rank_order ? spec_words / ranks : spec_words) * sizeof(std::uint64_t);
   std::size_t each_words = 0;  // one rank's input in the tail
   if (spec_words && !needs_full) {
     // One pass: the lowest slot among the hits that qualify, then its
@@ -310,8 +311,8 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
       }
       each_words = words_of(r.nbytes());
       v.resize(head + (rank_order ? each_words * ranks : each_words), 0);
-      auto* input = reinterpret_cast<std::byte*>(
-          v.data() + input_at + (rank_order ? each_words * static_cast<std::size_t>(t_.rank()) : 0));
+      const std::size_t place = rank_order ? each_words * static_cast<std::size_t>(t_.rank()) : 0;
+      auto* input = reinterpret_cast<std::byte*>(v.data() + input_at + place);
       if (k && source_(r, std::span(input, r.nbytes()))) {
         chosen = lowest;
         kernel = k;
