@@ -729,10 +729,11 @@ TEST_CASE("shm_allreduce_pieces: a bucket gathered from its members gives the bi
   }
 }
 
-TEST_CASE("shm_allreduce_pieces: overlapping or out-of-bounds pieces are refused before any wait",
+TEST_CASE("shm_allreduce_pieces: overlapping, out-of-bounds or element-splitting pieces are refused "
+          "before any wait",
           "[shm]") {
   // Catch's assertions are not thread-safe: each rank records what it saw.
-  std::array<std::string, 2> overlap_error, past_error;
+  std::array<std::string, 2> overlap_error, past_error, split_error;
   run_group(2, small_slots(4096), [&](ShmGroup& g) {
     float a[8] = {}, b[8] = {};
     const auto r = static_cast<std::size_t>(g.rank());
@@ -748,9 +749,18 @@ TEST_CASE("shm_allreduce_pieces: overlapping or out-of-bounds pieces are refused
     } catch (const InvalidArgument& e) {
       past_error[r] = e.what();
     }
+    // A piece that splits an element: its own share would be reduced from
+    // half an element of its input.
+    const BucketPiece split[] = {{a, a, 2, 8}};
+    try {
+      shm_allreduce_pieces(g, split, 8, DataType::kFloat32, ReduceOp::kSum);
+    } catch (const InvalidArgument& e) {
+      split_error[r] = e.what();
+    }
   });
   for (std::size_t r = 0; r < 2; ++r) {
     CHECK_THAT(overlap_error[r], Catch::Contains("overlaps the one before it"));
     CHECK_THAT(past_error[r], Catch::Contains("past the 32 bytes"));
+    CHECK_THAT(split_error[r], Catch::Contains("does not start and end on float32 elements"));
   }
 }
