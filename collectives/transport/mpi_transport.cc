@@ -131,54 +131,21 @@ class MpiTransport final : public Transport {
   std::string name() const override { return "mpi"; }
 
   Transfer isend(int peer, int tag, std::span<const std::byte> data) override {
-    check_peer(peer, "send");
-    const std::int64_t slot = allocate(peer, tag, data.size(), /*is_send=*/true);
-    Op& op = ops_[static_cast<std::size_t>(slot)];
     // MPI_Isend takes a non-const buffer in old bindings; it does not write it.
-    auto* base = const_cast<std::byte*>(data.data());
-    for_each_piece(data.size(), [&](std::size_t off, int len) {
-      MPI_Request r;
-      post(MPI_Isend(base + off, len, MPI_BYTE, peer, tag, comm_, &r), "MPI_Isend", op);
-      op.reqs.push_back(r);
-    });
-    return Transfer{slot};
+    return start(peer, tag, const_cast<std::byte*>(data.data()), data.size(), true, false);
   }
 
   Transfer irecv(int peer, int tag, std::span<std::byte> data) override {
-    check_peer(peer, "receive");
-    const std::int64_t slot = allocate(peer, tag, data.size(), /*is_send=*/false);
-    Op& op = ops_[static_cast<std::size_t>(slot)];
-    for_each_piece(data.size(), [&](std::size_t off, int len) {
-      MPI_Request r;
-      post(MPI_Irecv(data.data() + off, len, MPI_BYTE, peer, tag, comm_, &r), "MPI_Irecv", op);
-      op.reqs.push_back(r);
-    });
-    return Transfer{slot};
+    return start(peer, tag, data.data(), data.size(), false, false);
   }
 
   Transfer isend_message(int peer, int tag, std::span<const std::byte> data) override {
-    check_peer(peer, "send");
-    const int len = detail::byte_count(data.size(), "mpi transport");
-    const std::int64_t slot = allocate(peer, tag, data.size(), /*is_send=*/true);
-    Op& op = ops_[static_cast<std::size_t>(slot)];
-    MPI_Request r;
-    post(MPI_Isend(const_cast<std::byte*>(data.data()), len, MPI_BYTE, peer, tag, comm_, &r),
-         "MPI_Isend", op);
-    op.reqs.push_back(r);
-    return Transfer{slot};
+    return start(peer, tag, const_cast<std::byte*>(data.data()), data.size(), true, true);
   }
 
   Transfer irecv_message(int peer, int tag, std::span<std::byte> room,
                          std::size_t* received) override {
-    check_peer(peer, "receive");
-    const int len = detail::byte_count(room.size(), "mpi transport");
-    const std::int64_t slot = allocate(peer, tag, room.size(), /*is_send=*/false);
-    Op& op = ops_[static_cast<std::size_t>(slot)];
-    op.received = received;
-    MPI_Request r;
-    post(MPI_Irecv(room.data(), len, MPI_BYTE, peer, tag, comm_, &r), "MPI_Irecv", op);
-    op.reqs.push_back(r);
-    return Transfer{slot};
+    return start(peer, tag, room.data(), room.size(), false, true, received);
   }
 
   bool test(Transfer& req) override {
@@ -261,6 +228,34 @@ class MpiTransport final : public Transport {
     for (std::size_t off = 0; off < bytes; off += piece) {
       f(off, static_cast<int>(std::min(piece, bytes - off)));
     }
+  }
+
+  // Posts the transfer of `bytes` at `base` to or from `peer`: in the
+  // pieces of for_each_piece, or as one message (`whole`: the *_message
+  // calls, whose receiver cannot know how a message of unknown length was
+  // cut), whose length then goes to `received`.
+  Transfer start(int peer, int tag, std::byte* base, std::size_t bytes, bool is_send, bool whole,
+                 std::size_t* received = nullptr) {
+    check_peer(peer, is_send ? "send" : "receive");
+    const int whole_len = whole ? detail::byte_count(bytes, "mpi transport") : 0;
+    const std::int64_t slot = allocate(peer, tag, bytes, is_send);
+    Op& op = ops_[static_cast<std::size_t>(slot)];
+    op.received = received;
+    auto one = [&](std::size_t off, int len) {
+      MPI_Request r;
+      if (is_send) {
+        post(MPI_Isend(base + off, len, MPI_BYTE, peer, tag, comm_, &r), "MPI_Isend", op);
+      } else {
+        post(MPI_Irecv(base + off, len, MPI_BYTE, peer, tag, comm_, &r), "MPI_Irecv", op);
+      }
+      op.reqs.push_back(r);
+    };
+    if (whole) {
+      one(0, whole_len);
+    } else {
+      for_each_piece(bytes, one);
+    }
+    return Transfer{slot};
   }
 
   void check_peer(int peer, const char* what) const {
