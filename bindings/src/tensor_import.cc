@@ -11,6 +11,7 @@
 #include <cstring>
 #include <new>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -320,35 +321,39 @@ std::string ImportedTensor::write_back() {
     // it): only then is writing them safe and what the caller expects.
     const TorchObjects* t = TorchObjects::get();
     PyObject* o = tensor_.ptr();
+    // What the tensor is now: read in C++ where gyre._torch_memory serves
+    // this torch, else through torch's Python accessors.
+    std::byte* now = nullptr;
+    const std::byte* base = nullptr;
+    std::size_t capacity = 0;
+    bool contiguous = false;
+    std::span<const std::int64_t> dims;
+    std::vector<std::int64_t> python_dims;
     if (TorchTensorFacts f; t->memory != nullptr && t->memory->read_tensor(o, &f)) {
-      auto* now = static_cast<std::byte*>(f.data);
-      const auto* base = static_cast<const std::byte*>(f.storage_base);
-      if (!std::equal(view_.shape.begin(), view_.shape.end(), f.sizes, f.sizes + f.ndim)) {
-        return changed + " (shape " + shape_string(view_.shape) + " -> " +
-               shape_string(std::vector<std::int64_t>(f.sizes, f.sizes + f.ndim)) + ")" + advice;
-      }
-      if (now != caller_data_ || !f.contiguous || base == nullptr || now < base ||
-          now + nbytes > base + f.storage_nbytes) {
+      now = static_cast<std::byte*>(f.data);
+      base = static_cast<const std::byte*>(f.storage_base);
+      capacity = f.storage_nbytes;
+      contiguous = f.contiguous;
+      dims = std::span<const std::int64_t>(f.sizes, static_cast<std::size_t>(f.ndim));
+    } else {
+      py::object ptr = call_or_null(o, t->data_ptr);
+      py::object contiguous_obj = call_or_null(o, t->is_contiguous);
+      py::object storage = call_or_null(o, t->untyped_storage);
+      if (!ptr || !contiguous_obj || !storage || !torch_shape(*t, o, python_dims)) {
         return changed + advice;
       }
-      if (staging_) std::memcpy(now, staging_.get(), nbytes);
-      return "";
+      now = static_cast<std::byte*>(PyLong_AsVoidPtr(ptr.ptr()));
+      if (now == nullptr && PyErr_Occurred()) throw py::error_already_set();
+      base = reinterpret_cast<const std::byte*>(storage.attr("data_ptr")().cast<std::uintptr_t>());
+      capacity = storage.attr("nbytes")().cast<std::size_t>();
+      contiguous = contiguous_obj.ptr() == Py_True;
+      dims = python_dims;
     }
-    py::object ptr = call_or_null(o, t->data_ptr);
-    py::object contiguous = call_or_null(o, t->is_contiguous);
-    py::object storage = call_or_null(o, t->untyped_storage);
-    std::vector<std::int64_t> dims;
-    if (!ptr || !contiguous || !storage || !torch_shape(*t, o, dims)) return changed + advice;
-    auto* now = static_cast<std::byte*>(PyLong_AsVoidPtr(ptr.ptr()));
-    if (now == nullptr && PyErr_Occurred()) throw py::error_already_set();
-    const auto base = reinterpret_cast<std::byte*>(
-        storage.attr("data_ptr")().cast<std::uintptr_t>());
-    const auto capacity = storage.attr("nbytes")().cast<std::size_t>();
-    if (dims != view_.shape) {
-      return changed + " (shape " + shape_string(view_.shape) + " -> " + shape_string(dims) + ")" +
-             advice;
+    if (!std::equal(view_.shape.begin(), view_.shape.end(), dims.begin(), dims.end())) {
+      return changed + " (shape " + shape_string(view_.shape) + " -> " +
+             shape_string(std::vector<std::int64_t>(dims.begin(), dims.end())) + ")" + advice;
     }
-    if (now != caller_data_ || contiguous.ptr() != Py_True || base == nullptr || now < base ||
+    if (now != caller_data_ || !contiguous || base == nullptr || now < base ||
         now + nbytes > base + capacity) {
       return changed + advice;
     }
