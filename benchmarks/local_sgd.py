@@ -22,6 +22,11 @@ Modes, run one after the other in the same job (same ranks, same links):
   dilocoH     gyre.torch.LocalSGD(AdamW, period=H,
               outer_optimizer=LocalSGD.diloco_outer) (SGD lr 0.7, Nesterov 0.9;
               --outer-lr and --outer-momentum change them)
+  localHfFdD, dilocoHfFdD
+              the same, streaming: the parameters in F fragments whose
+              rounds are spread over the period, each fragment's allreduce
+              completed D inner steps after it starts (LocalSGD's
+              fragments=F, sync_delay=D), e.g. diloco16f4d2
 The synchronous run goes first for --steps steps; its final evaluation loss is
 the target. Every other mode runs until its evaluation loss is at or below the
 target or until --max-factor x --steps steps.
@@ -155,10 +160,12 @@ def run_mode(mode, args, succ, probs, evalset, target):
         round_bytes = param_bytes  # every gradient, every step
         core = model.module
     else:
-        found = re.fullmatch(r"(local|diloco)(\d+)", mode)
+        found = re.fullmatch(r"(local|diloco)(\d+)(?:f(\d+)d(\d+))?", mode)
         if not found:
-            raise SystemExit(f"local_sgd: unknown mode {mode!r} (sync, localH, dilocoH)")
+            raise SystemExit(f"local_sgd: unknown mode {mode!r} (sync, localH, dilocoH, localHfFdD, dilocoHfFdD)")
         period = int(found.group(2))
+        fragments = int(found.group(3) or 1)
+        sync_delay = int(found.group(4) or 0)
         outer = hvd.LocalSGD.diloco_outer if mode.startswith("diloco") else None
         if outer is not None and (args.outer_lr is not None or args.outer_momentum is not None):
             # DiLoCo's outer step with other hyperparameters (Nesterov SGD).
@@ -166,7 +173,8 @@ def run_mode(mode, args, succ, probs, evalset, target):
             momentum = 0.9 if args.outer_momentum is None else args.outer_momentum
             outer = functools.partial(torch.optim.SGD, lr=lr, momentum=momentum, nesterov=momentum > 0)
         inner = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-        opt = hvd.LocalSGD(inner, model, period=period, outer_optimizer=outer)
+        opt = hvd.LocalSGD(inner, model, period=period, outer_optimizer=outer,
+                           fragments=fragments, sync_delay=sync_delay)
         # LocalSGD's round: one grouped allreduce of every parameter's
         # pseudo-gradient and every float buffer (this model has none).
         round_bytes = param_bytes + buffer_bytes
@@ -218,16 +226,29 @@ def run_mode(mode, args, succ, probs, evalset, target):
         loss = _loss(model, batch, args.vocab)  # through DDP's forward in the sync mode
         loss.backward()
         opt.step()
-        train_s += time.perf_counter() - t0
         step += 1
+        at_eval = step % args.eval_every == 0 or step == max_steps
+        if at_eval and mode != "sync":
+            # Streaming (sync_delay > 0): a fragment's round may be in flight
+            # here. Its communication must not run during the untimed
+            # evaluation, whose allgather's bytes are subtracted from the
+            # counters: wait, timed, until it has arrived (it is merged at
+            # its due step as always). This charges streaming the part of
+            # that round the next inner steps would have hidden.
+            for frag in opt._fragments:
+                while frag.handle is not None and not gyre.poll(frag.handle):
+                    time.sleep(0.0005)
+        train_s += time.perf_counter() - t0
         if step % period == 0:
             payload += round_bytes
-        if step % args.eval_every == 0 or step == max_steps:
+        if at_eval:
             mean_loss = evaluate(step)
             if rank == 0 and args.verbose:
                 print(f"  {mode} step {step} t {curve[-1]['time_s']:.1f}s loss {mean_loss:.4f}", flush=True)
             if target is not None and mean_loss <= target:
                 break
+    if mode != "sync":
+        opt.sync()  # a streaming round still in flight ends here, untimed, before the next mode
     # Host-level wire bytes: ranks on the same host read the same counter.
     hosts = gyre.allgather_object(socket.gethostname(), name=f"bench.hosts.{mode}")
     result = {"mode": mode, "period": period, "outer": "diloco" if outer else ("plain" if period > 1 else None),
