@@ -203,6 +203,44 @@ TEST_CASE("coordinator: ready when every rank submitted, same order everywhere",
   CHECK(out.responses[0].name == "x");
 }
 
+TEST_CASE("coordinator: process_alike decides as process does with every rank's message the same",
+          "[coordinator]") {
+  // Two coordinators and caches brought to the same state; then the same
+  // round, as N copies of one message and as process_alike.
+  ResponseCache cache_a(16), cache_b(16);
+  Coordinator a(3, 0, 0), b(3, 0, 0);
+  const auto now = Clock::now();
+  auto msgs = empty_round(3);
+  for (auto& m : msgs) m.requests = {make_req("p", {2}), make_req("q", {3})};
+  REQUIRE(a.process(msgs, cache_a, now).responses.size() == 2);
+  REQUIRE(b.process(msgs, cache_b, now).responses.size() == 2);
+  Request p2 = make_req("p", {2}), q2 = make_req("q", {3});
+  p2.seq = q2.seq = 1;
+  auto sp = cache_a.find(p2), sq = cache_a.find(q2);
+  REQUIRE(sp);
+  REQUIRE(sq);
+  RoundMessage each;
+  each.step = 0;
+  each.cache_hits = {*sq, *sp};
+  std::vector<RoundMessage> copies(3, each);
+  const RoundOutcome full = a.process(copies, cache_a, now);
+  const RoundOutcome alike = b.process_alike(each, cache_b, now);
+  REQUIRE(full.responses.size() == 2);
+  REQUIRE(alike.responses.size() == full.responses.size());
+  for (std::size_t i = 0; i < full.responses.size(); ++i) {
+    CHECK(alike.responses[i].name == full.responses[i].name);
+    CHECK(alike.responses[i].ok());
+    CHECK(alike.responses[i].contributors == 3);
+    CHECK(alike.responses[i].agreed.shape == full.responses[i].agreed.shape);
+  }
+  CHECK(alike.shutdown_rank == full.shutdown_rank);
+  CHECK(a.pending().empty());
+  CHECK(b.pending().empty());
+  CHECK(cache_b.size() == cache_a.size());
+  // A wrong number of messages is refused, not read past.
+  CHECK_THROWS_AS(a.process(std::vector<RoundMessage>(2, each), cache_a, now), std::logic_error);
+}
+
 TEST_CASE("coordinator: mismatches name tensor, field and ranks", "[coordinator]") {
   ResponseCache cache(16);
   Coordinator c(3, 0, 0);

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <span>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -201,15 +202,34 @@ Handle submit(Runtime& rt, Request req, const TensorView& in, const TensorView& 
 static void validate_member(Runtime& rt, const Request& req, const std::string& name,
                             const TensorView& in, const TensorView& out, ReduceOp op);
 
+namespace {
+
+// Both allreduce calls. Spans, so that a single tensor's call builds no
+// vectors of copies (every call pays for their allocations).
+Handle allreduce_members(Runtime& rt, std::span<const std::string> names,
+                         std::span<const TensorView> ins, std::span<const TensorView> outs,
+                         ReduceOp op, double prescale, double postscale);
+
+}  // namespace
+
 Handle allreduce_async(Runtime& rt, const std::string& name, const TensorView& in, const TensorView& out,
                        ReduceOp op, double prescale, double postscale) {
-  return grouped_allreduce_async(rt, {name}, {in}, {out}, op, prescale, postscale);
+  return allreduce_members(rt, std::span(&name, 1), std::span(&in, 1), std::span(&out, 1), op,
+                           prescale, postscale);
 }
 
 Handle grouped_allreduce_async(Runtime& rt, const std::vector<std::string>& names,
                                const std::vector<TensorView>& ins,
                                const std::vector<TensorView>& outs, ReduceOp op, double prescale,
                                double postscale) {
+  return allreduce_members(rt, names, ins, outs, op, prescale, postscale);
+}
+
+namespace {
+
+Handle allreduce_members(Runtime& rt, std::span<const std::string> names,
+                         std::span<const TensorView> ins, std::span<const TensorView> outs,
+                         ReduceOp op, double prescale, double postscale) {
   if (names.empty()) {
     throw InvalidArgument("grouped_allreduce needs at least one tensor (got no names)");
   }
@@ -228,6 +248,7 @@ Handle grouped_allreduce_async(Runtime& rt, const std::vector<std::string>& name
   }
   auto state = std::make_shared<OpState>(static_cast<int>(names.size()));
   std::vector<LocalEntry> entries;
+  entries.reserve(names.size());
   for (std::size_t i = 0; i < names.size(); ++i) {
     Request req = base_request(rt, names[i], Collective::kAllreduce, ins[i]);
     req.op = op;
@@ -262,6 +283,8 @@ Handle grouped_allreduce_async(Runtime& rt, const std::vector<std::string>& name
   rt.queue().push(std::move(entries));
   return Handle(state);
 }
+
+}  // namespace
 
 static void validate_member(Runtime& rt, const Request& req, const std::string& name,
                             const TensorView& in, const TensorView& out, ReduceOp op) {

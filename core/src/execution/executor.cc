@@ -112,6 +112,8 @@ void Executor::run(std::vector<Response>& responses, Clock::time_point agreed_at
     }
   }
 
+  // The usual small step: one response, which the round already reduced.
+  if (responses.size() == 1 && speculated_at) return;
   const std::vector<Bucket> buckets = plan_buckets(items, opt_.fusion_threshold_bytes);
   for (std::size_t k = 0; k < buckets.size(); ++k) {
     const Bucket& b = buckets[k];

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -162,11 +163,17 @@ void Coordinator::add(int rank, Request r, Clock::time_point now) {
     p.arrival = next_arrival_++;
     p.first_seen = now;
     p.per_rank.resize(static_cast<std::size_t>(size_));
-    p.later.resize(static_cast<std::size_t>(size_));
   }
   auto& slot = p.per_rank[static_cast<std::size_t>(rank)];
-  if (slot) p.later[static_cast<std::size_t>(rank)].push_back(std::move(r));
-  else slot = std::move(r);
+  if (!slot) {
+    slot = std::move(r);
+    return;
+  }
+  // Made only when a rank's second request of the name comes before the
+  // first is answered: a deque allocates when constructed, and every
+  // operation of every round would pay for `size_` of them.
+  if (p.later.empty()) p.later.resize(static_cast<std::size_t>(size_));
+  p.later[static_cast<std::size_t>(rank)].push_back(std::move(r));
 }
 
 Response Coordinator::answer(std::map<std::string, Pending>::iterator it,
@@ -214,11 +221,13 @@ Response Coordinator::make_response(const std::string& name, Pending& p) const {
 }
 
 void Coordinator::check(Response& resp) const {
-  // Concatenated, not formatted: this runs for every response.
-  const std::string what = std::string(collective_name(resp.collective)) + " '" + resp.name + "'";
+  // Named only where a check fails: this runs for every response.
+  auto what = [&] {
+    return std::string(collective_name(resp.collective)) + " '" + resp.name + "'";
+  };
   auto fail = [&](ErrorKind kind, const std::string& text) {
     resp.error_kind = kind;
-    resp.error = fmt::format("{}: {}", what, text);
+    resp.error = fmt::format("{}: {}", what(), text);
   };
   // Usually every rank sent the same request: nothing below can differ.
   const bool alike = requests_alike(resp);
@@ -284,15 +293,24 @@ void Coordinator::check(Response& resp) const {
   if (!resp.ok()) return;
 
   // Version vectors: the steps carried by the requests of this tensor.
-  std::vector<std::optional<std::uint64_t>> steps(resp.per_rank.size());
-  for (std::size_t r = 0; r < resp.per_rank.size(); ++r) {
-    if (resp.per_rank[r]) steps[r] = resp.per_rank[r]->step;
+  // Usually all equal, which no lag limit refuses.
+  std::optional<std::uint64_t> first_step;
+  bool steps_differ = false;
+  for (const auto& req : resp.per_rank) {
+    if (!req) continue;
+    if (!first_step) first_step = req->step;
+    else steps_differ = steps_differ || req->step != *first_step;
   }
   // Only tensors of training steps are compared: fingerprint_check and
   // resync are how diverged ranks are examined and repaired, and a barrier
   // carries no data.
-  if (c != Collective::kResync && c != Collective::kFingerprint && c != Collective::kBarrier) {
-    if (auto text = check_lag(what, steps, max_lag_)) {
+  if (steps_differ && c != Collective::kResync && c != Collective::kFingerprint &&
+      c != Collective::kBarrier) {
+    std::vector<std::optional<std::uint64_t>> steps(resp.per_rank.size());
+    for (std::size_t r = 0; r < resp.per_rank.size(); ++r) {
+      if (resp.per_rank[r]) steps[r] = resp.per_rank[r]->step;
+    }
+    if (auto text = check_lag(what(), steps, max_lag_)) {
       resp.error_kind = ErrorKind::kDivergence;
       resp.error = *text;
       return;
@@ -326,11 +344,28 @@ void Coordinator::check(Response& resp) const {
 
 RoundOutcome Coordinator::process(const std::vector<RoundMessage>& msgs, ResponseCache& cache,
                                   Clock::time_point now) {
+  if (msgs.size() != static_cast<std::size_t>(size_)) {
+    throw std::logic_error(fmt::format("Coordinator::process: {} messages for {} ranks",
+                                       msgs.size(), size_));
+  }
+  return process_messages([&](int r) -> const RoundMessage& {
+    return msgs[static_cast<std::size_t>(r)];
+  }, cache, now);
+}
+
+RoundOutcome Coordinator::process_alike(const RoundMessage& each, ResponseCache& cache,
+                                        Clock::time_point now) {
+  return process_messages([&](int) -> const RoundMessage& { return each; }, cache, now);
+}
+
+RoundOutcome Coordinator::process_messages(
+    const std::function<const RoundMessage&(int)>& message_of, ResponseCache& cache,
+    Clock::time_point now) {
   RoundOutcome out;
   // 1. Flags and submissions, in rank order, with the cache as it was at
   //    the start of the round.
   for (int r = 0; r < size_; ++r) {
-    const RoundMessage& m = msgs[static_cast<std::size_t>(r)];
+    const RoundMessage& m = message_of(r);
     if (m.shutdown && out.shutdown_rank < 0) out.shutdown_rank = r;
     if (m.joined && !joined_[static_cast<std::size_t>(r)]) {
       joined_[static_cast<std::size_t>(r)] = true;
@@ -350,8 +385,8 @@ RoundOutcome Coordinator::process(const std::vector<RoundMessage>& msgs, Respons
   }
 
   // 2. Tensors the stall inspector of rank 0 gave up on.
-  for (const auto& m : msgs) {
-    for (const auto& name : m.stall_failures) {
+  for (int from = 0; from < size_; ++from) {
+    for (const auto& name : message_of(from).stall_failures) {
       auto it = pending_.find(name);
       if (it == pending_.end()) continue;
       std::vector<int> missing, present;

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -61,7 +62,7 @@ class Coordinator {
     std::uint64_t arrival = 0;  // order of first arrival (round, rank, position)
     Clock::time_point first_seen{};
     std::vector<std::optional<Request>> per_rank;
-    std::vector<std::deque<Request>> later;
+    std::vector<std::deque<Request>> later;  // empty until a rank has a later request
   };
 
   Coordinator(int size, long max_version_lag, double stall_shutdown_s)
@@ -73,12 +74,18 @@ class Coordinator {
   // successful responses in order.
   RoundOutcome process(const std::vector<RoundMessage>& msgs, ResponseCache& cache,
                        Clock::time_point now);
+  // The same where every rank's message is `each` (a log-depth round's
+  // outcome), without a copy of it per rank.
+  RoundOutcome process_alike(const RoundMessage& each, ResponseCache& cache,
+                             Clock::time_point now);
 
   const std::map<std::string, Pending>& pending() const { return pending_; }
   const std::vector<bool>& joined() const { return joined_; }
   int size() const { return size_; }
 
  private:
+  RoundOutcome process_messages(const std::function<const RoundMessage&(int)>& message_of,
+                                ResponseCache& cache, Clock::time_point now);
   void add(int rank, Request r, Clock::time_point now);
   Response make_response(const std::string& name, Pending& p) const;
   // Takes the response of `it`'s oldest requests; the name stays pending

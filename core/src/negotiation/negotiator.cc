@@ -266,7 +266,9 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
   const std::size_t spec_words = speculation_words();
   const std::size_t spec_at = kBits + 2 * words, input_at = spec_at + 1;
   const std::size_t head = kBits + 2 * words + (spec_words ? 1 : 0);
-  std::vector<std::uint64_t> v(head, 0);
+  std::vector<std::uint64_t> v;
+  v.reserve(head + spec_words);  // the tail below, if any, without a reallocation
+  v.assign(head, 0);
   v[kNeedsFull] = needs_full ? 1 : 0;
   v[kMinStep] = v[kMaxStep] = mine.step;
   for (std::uint32_t slot : mine.cache_hits) {
@@ -417,9 +419,8 @@ std::optional<Agreement> Negotiator::log_depth_round(const RoundMessage& mine,
   RoundMessage each;
   each.step = v[kMinStep];
   each.cache_hits = std::move(run);
-  std::vector<RoundMessage> msgs(static_cast<std::size_t>(t_.size()), each);
   out.agreed_at = Clock::now();
-  RoundOutcome decided = coord_.process(msgs, cache_, out.agreed_at);
+  RoundOutcome decided = coord_.process_alike(each, cache_, out.agreed_at);
   out.responses = std::move(decided.responses);
   return out;
 }
