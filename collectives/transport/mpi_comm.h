@@ -31,9 +31,13 @@ inline constexpr std::chrono::milliseconds kInterruptCheckPeriod{50};
 
 // The Transport over `comm`, which it owns and frees (mpi_transport.cc).
 // `yield_when_idle`: give the core away now and then while waiting;
-// `max_piece_bytes`: the largest single MPI message.
+// `max_piece_bytes`: the largest single MPI message; `same_host[r]`: whether
+// the rank r of `comm` shares this rank's host (its messages then travel
+// over shared memory, where small ones are cut into eager pieces); empty:
+// treat every peer as on this host.
 std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, bool yield_when_idle,
-                                              std::size_t max_piece_bytes);
+                                              std::size_t max_piece_bytes,
+                                              std::vector<char> same_host = {});
 
 std::string mpi_error_string(int code);
 

@@ -78,8 +78,12 @@ using detail::mpi_error_string;
 // vader and sm: 4096 bytes, header included) goes by rendezvous and a
 // single-copy read (process_vm_readv): about 2 us more than an eager send on
 // 2 ranks here, so a 4 KiB allreduce took 2.4-2.8 us against 0.6 us at 3 KiB.
-// Messages up to kSplitLimit are sent as equal pieces of at most kEagerPiece
-// bytes instead, each eager (docs/benchmarks.md, "The 4 KiB step").
+// Messages up to kSplitLimit to a peer on this host are sent as equal pieces
+// of at most kEagerPiece bytes instead, each eager (docs/benchmarks.md, "The
+// 4 KiB step"). Not to a peer on another host: TCP's eager limit is 64 KiB,
+// and each piece there is a message of its own through the network stack (a
+// 16 KiB allreduce across 4 simulated hosts took 194 us in 5 pieces a hop
+// against 70 us whole; docs/benchmarks.md, "Eager pieces only within a host").
 constexpr std::size_t kEagerPiece = 4000;
 constexpr std::size_t kSplitLimit = 64 * 1024;
 
@@ -91,10 +95,17 @@ class MpiTransport final : public Transport {
   // `yield_when_idle`: give the core away now and then while waiting; right
   // when the host runs more ranks than it has cores, costly otherwise (a
   // yielding rank can lose its core to any other process for a time slice).
-  MpiTransport(MPI_Comm comm, bool yield_when_idle, std::size_t max_piece_bytes)
-      : comm_(comm), yield_(yield_when_idle), max_piece_(max_piece_bytes) {
+  MpiTransport(MPI_Comm comm, bool yield_when_idle, std::size_t max_piece_bytes,
+               std::vector<char> same_host)
+      : comm_(comm), yield_(yield_when_idle), max_piece_(max_piece_bytes),
+        same_host_(std::move(same_host)) {
     check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    if (!same_host_.empty() && same_host_.size() != static_cast<std::size_t>(size_)) {
+      throw TransportError(fmt::format(
+          "mpi transport: {} host flags for a communicator of {} ranks", same_host_.size(),
+          size_));
+    }
   }
 
   ~MpiTransport() override {
@@ -146,6 +157,13 @@ class MpiTransport final : public Transport {
   Transfer irecv_message(int peer, int tag, std::span<std::byte> room,
                          std::size_t* received) override {
     return start(peer, tag, room.data(), room.size(), false, true, received);
+  }
+
+  std::size_t pieces(int peer, std::size_t bytes) const override {
+    check_peer(peer, "pieces for");
+    std::size_t n = 0;
+    for_each_piece(peer, bytes, [&](std::size_t, int) { ++n; });
+    return n;
   }
 
   bool test(Transfer& req) override {
@@ -214,14 +232,17 @@ class MpiTransport final : public Transport {
 
   // The pieces of a message of `bytes`: the same on the sending and the
   // receiving side, which post one MPI message per piece in order.
+  // Both sides cut alike: whether two ranks share a host is the same fact
+  // on each.
   template <class F>
-  void for_each_piece(std::size_t bytes, F&& f) const {
+  void for_each_piece(int peer, std::size_t bytes, F&& f) const {
     if (bytes == 0) {
       f(0, 0);
       return;
     }
     std::size_t piece = max_piece_;
-    if (bytes > kEagerPiece && bytes <= kSplitLimit && kEagerPiece < max_piece_) {
+    const bool local = same_host_.empty() || same_host_[static_cast<std::size_t>(peer)] != 0;
+    if (local && bytes > kEagerPiece && bytes <= kSplitLimit && kEagerPiece < max_piece_) {
       const std::size_t n = (bytes + kEagerPiece - 1) / kEagerPiece;
       piece = (bytes + n - 1) / n;
     }
@@ -253,7 +274,7 @@ class MpiTransport final : public Transport {
     if (whole) {
       one(0, whole_len);
     } else {
-      for_each_piece(bytes, one);
+      for_each_piece(peer, bytes, one);
     }
     return Transfer{slot};
   }
@@ -368,6 +389,7 @@ class MpiTransport final : public Transport {
   MPI_Comm comm_;
   const bool yield_;
   const std::size_t max_piece_;  // largest single MPI message
+  const std::vector<char> same_host_;  // per rank of comm_; empty: all on this host
   int rank_ = 0, size_ = 1;
   std::vector<Op> ops_;            // indexed by Transfer::slot
   std::vector<std::int64_t> free_;  // released slots, reused first
@@ -378,8 +400,10 @@ class MpiTransport final : public Transport {
 }  // namespace
 
 std::unique_ptr<Transport> detail::make_mpi_transport(MPI_Comm comm, bool yield_when_idle,
-                                                      std::size_t max_piece_bytes) {
-  return std::make_unique<MpiTransport>(comm, yield_when_idle, max_piece_bytes);
+                                                      std::size_t max_piece_bytes,
+                                                      std::vector<char> same_host) {
+  return std::make_unique<MpiTransport>(comm, yield_when_idle, max_piece_bytes,
+                                        std::move(same_host));
 }
 
 }  // namespace gyre::transport

@@ -112,14 +112,50 @@ MPI_Comm duplicate_world(PendingDup& dup, int rank, std::chrono::milliseconds ti
   return dup.comm;
 }
 
+const std::vector<std::string>& no_hosts() {
+  static const std::vector<std::string> none;
+  return none;
+}
+
+// Per rank of `comm` (whose ranks are all in the world): whether it runs on
+// this rank's host, from `hosts` (every world rank's; empty while not known).
+std::vector<char> same_host_flags(MPI_Comm comm, const std::vector<std::string>& hosts,
+                                  int rank) {
+  const int size = static_cast<int>(hosts.size());
+  if (rank < 0 || rank >= size) return {};
+  MPI_Group group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
+  check_mpi(MPI_Comm_group(comm, &group), "MPI_Comm_group");
+  check_mpi(MPI_Comm_group(detail::world_comm(), &world_group), "MPI_Comm_group");
+  int n = 0;
+  MPI_Group_size(group, &n);
+  std::vector<int> ranks(static_cast<std::size_t>(n)), in_world(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) ranks[static_cast<std::size_t>(r)] = r;
+  const int code = MPI_Group_translate_ranks(group, n, ranks.data(), world_group, in_world.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world_group);
+  check_mpi(code, "MPI_Group_translate_ranks");
+  const std::string& mine = hosts[static_cast<std::size_t>(rank)];
+  std::vector<char> flags(static_cast<std::size_t>(n), 1);
+  for (int r = 0; r < n; ++r) {
+    const int w = in_world[static_cast<std::size_t>(r)];
+    // Not in the world (not expected): its own host for all we know, as
+    // before this distinction. Both sides of a pair decide alike either way.
+    if (w == MPI_UNDEFINED || w < 0 || w >= size) return {};
+    flags[static_cast<std::size_t>(r)] = hosts[static_cast<std::size_t>(w)] == mine ? 1 : 0;
+  }
+  return flags;
+}
+
 // The transport over `comm`, which it owns; `local_size`: the ranks on this host.
 std::unique_ptr<Transport> transport_of(MPI_Comm comm, int local_size,
-                                        std::size_t max_message_bytes) {
+                                        std::size_t max_message_bytes,
+                                        std::vector<char> same_host) {
   // Errors come back as codes and become TransportError, instead of the
   // default handler ending the job without a word about the operation.
   check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   // More ranks on this host than cores: waiting ranks must yield.
-  return make_mpi_transport(comm, collectives::oversubscribed(local_size), max_message_bytes);
+  return make_mpi_transport(comm, collectives::oversubscribed(local_size), max_message_bytes,
+                            std::move(same_host));
 }
 
 }  // namespace
@@ -346,23 +382,24 @@ std::unique_ptr<Transport> MpiWorld::make_transport(std::size_t max_message_byte
     PendingDup& dup = restricted_to_.empty() ? g_dup : g_restricted_dup;
     comm = duplicate_world(dup, rank_, timeout, check);
   }
-  return transport_of(comm, local_size_, max_message_bytes);
+  return transport_of(comm, local_size_, max_message_bytes, same_host_flags(comm, hosts_known() ? hosts_ : no_hosts(), rank_));
 }
 
 std::unique_ptr<Transport> MpiWorld::make_cross_transport() {
   if (finalized_) throw StateError("MpiWorld::make_cross_transport after finalize()");
   MPI_Comm comm;
   check_mpi(MPI_Comm_split(detail::world_comm(), local_rank_, rank_, &comm), "MPI_Comm_split");
-  return transport_of(comm, local_size_, kDefaultPieceBytes);
+  return transport_of(comm, local_size_, kDefaultPieceBytes, same_host_flags(comm, hosts_known() ? hosts_ : no_hosts(), rank_));
 }
 
 std::unique_ptr<Transport> MpiWorld::make_group_transport(const std::vector<int>& ranks,
                                                          int tag) {
   if (finalized_) throw StateError("MpiWorld::make_group_transport after finalize()");
   if (!std::binary_search(ranks.begin(), ranks.end(), rank_)) return nullptr;
-  return transport_of(detail::comm_of_ranks(detail::world_comm(), ranks, tag), local_size_,
-                      kDefaultPieceBytes);
+  const MPI_Comm comm = detail::comm_of_ranks(detail::world_comm(), ranks, tag);
+  return transport_of(comm, local_size_, kDefaultPieceBytes, same_host_flags(comm, hosts_known() ? hosts_ : no_hosts(), rank_));
 }
+
 
 void MpiWorld::abort(int code) {
   MPI_Abort(MPI_COMM_WORLD, code);

@@ -313,6 +313,65 @@ void size_mismatch_check(transport::MpiWorld& world) {
   }
 }
 
+// Small messages are cut into eager pieces only to peers on this rank's
+// host (shared memory); to a peer on another host each goes whole (TCP's
+// eager limit is 64 KiB, and every piece would be a message of its own
+// through the network stack). The hosts come from MPI_Get_processor_name,
+// as the simulated hosts of tests/multihost give each its own. Then every
+// rank sends every size around the cut to every peer and checks the bytes.
+void pieces_check(transport::MpiWorld& world) {
+  auto t = world.make_transport();
+  t->set_timeout(std::chrono::milliseconds(60000));
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(name, &len);
+  std::vector<char> names(static_cast<std::size_t>(g_size) * MPI_MAX_PROCESSOR_NAME);
+  MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME,
+                MPI_CHAR, MPI_COMM_WORLD);
+  auto host = [&](int r) {
+    return std::string(names.data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME);
+  };
+  for (int peer = 0; peer < g_size; ++peer) {
+    if (peer == g_rank) continue;
+    const bool local = host(peer) == host(g_rank);
+    const struct {
+      std::size_t bytes, local_pieces;
+    } cases[] = {{4000, 1}, {4001, 2}, {16384, 5}, {65536, 17}, {65537, 1}};
+    for (const auto& c : cases) {
+      ++g_checks;
+      const std::size_t want = local ? c.local_pieces : 1;
+      const std::size_t got = t->pieces(peer, c.bytes);
+      if (got != want) {
+        fail("pieces_check: " + std::to_string(c.bytes) + " bytes to rank " +
+             std::to_string(peer) + (local ? " (this host)" : " (another host)") + ": " +
+             std::to_string(got) + " messages, expected " + std::to_string(want));
+      }
+    }
+  }
+  for (std::size_t bytes : {std::size_t{4001}, std::size_t{16384}, std::size_t{65536}}) {
+    for (int shift = 1; shift < g_size; ++shift) {
+      const int to = (g_rank + shift) % g_size, from = (g_rank - shift + g_size) % g_size;
+      std::vector<std::byte> out(bytes), in(bytes);
+      for (std::size_t i = 0; i < bytes; ++i) {
+        out[i] = static_cast<std::byte>((i * 7 + static_cast<std::size_t>(g_rank)) & 0xff);
+      }
+      transport::Transfer r = t->irecv(from, 97, in);
+      transport::Transfer s = t->isend(to, 97, out);
+      t->wait(r);
+      t->wait(s);
+      ++g_checks;
+      for (std::size_t i = 0; i < bytes; ++i) {
+        if (in[i] != static_cast<std::byte>((i * 7 + static_cast<std::size_t>(from)) & 0xff)) {
+          fail("pieces_check: " + std::to_string(bytes) + " bytes from rank " +
+               std::to_string(from) + " differ at byte " + std::to_string(i));
+          break;
+        }
+      }
+    }
+  }
+  barrier(*t);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -354,6 +413,7 @@ int main(int argc, char** argv) {
     barrier(*cut);
     timeout_check(world);
     size_mismatch_check(world);
+    pieces_check(world);
     barrier(*t);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: exception: %s\n", g_rank, e.what());

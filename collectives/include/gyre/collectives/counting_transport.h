@@ -49,6 +49,9 @@ class CountingTransport final : public Transport {
   // after this wrapper was made (the runtime shortens it after start-up).
   void wait(Transfer& req) override { inner_.wait(req); }
   std::string name() const override { return inner_.name(); }
+  std::size_t pieces(int peer, std::size_t bytes) const override {
+    return inner_.pieces(peer, bytes);
+  }
 
   // Messages and bytes sent so far.
   std::uint64_t messages() const { return messages_.load(std::memory_order_relaxed); }

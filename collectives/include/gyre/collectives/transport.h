@@ -87,6 +87,15 @@ class Transport {
   // A short description used in log and error messages ("mpi", "local").
   virtual std::string name() const = 0;
 
+  // How many messages of the library underneath an isend or irecv of
+  // `bytes` with `peer` posts (MpiTransport cuts small messages to peers on
+  // its own host into eager pieces, and large ones at its piece limit).
+  virtual std::size_t pieces(int peer, std::size_t bytes) const {
+    (void)peer;
+    (void)bytes;
+    return 1;
+  }
+
  protected:
   std::chrono::milliseconds timeout_{0};
   WaitPolicy wait_policy_;
