@@ -350,10 +350,14 @@ def negotiation_log_depth(ranks, p, cache_bits=1024):
 
 def flat_chosen(n_bytes, ranks, alpha, beta):
     """The flat allreduce GYRE_RABENSEIFNER_ALLREDUCE=-1 runs with one rank
-    per host: recursive doubling up to SMALL_BYTES, above it Rabenseifner's
-    algorithm where predicted strictly faster than the ring (cost_model.h)."""
+    per host: up to SMALL_BYTES recursive doubling, or Rabenseifner's
+    algorithm where predicted strictly faster (more than 2 ranks); above it
+    Rabenseifner's algorithm where predicted strictly faster than the ring
+    (cost_model.h)."""
     if n_bytes <= SMALL_BYTES:
-        return recursive_doubling(n_bytes, ranks, alpha, beta), "rd"
+        rd = recursive_doubling(n_bytes, ranks, alpha, beta)
+        rab = rabenseifner(n_bytes, ranks, alpha, beta)
+        return (rab, "rab") if ranks > 2 and rab < rd else (rd, "rd")
     ring = ring_allreduce(n_bytes, ranks, alpha, beta)
     rab = rabenseifner(n_bytes, ranks, alpha, beta)
     return (rab, "rab") if rab < ring else (ring, "ring")

@@ -107,9 +107,32 @@ TEST_CASE("cost model: which large allreduce the defaults choose, and the forced
       // Powers of two from 4 on: same bandwidth term, fewer latency terms.
       if (pow2) CHECK(flat_uses_rabenseifner(c, bytes) == (n >= 4));
     }
-    // At or below the small size: recursive doubling, never Rabenseifner.
-    CHECK_FALSE(flat_uses_rabenseifner(c, 64 << 10));
+    // At or below the small size: recursive doubling, unless the model
+    // predicts Rabenseifner's algorithm strictly faster (never at 2 ranks,
+    // never for a small buffer, where the latency terms decide).
+    const double small = 64 << 10;
+    const bool rab_small = n > 2 && rabenseifner_allreduce_s(c.net, n, small) <
+                                        recursive_doubling_s(c.net, n, small);
+    CHECK(flat_uses_rabenseifner(c, small) == rab_small);
+    CHECK(flat_allreduce_s(c, small) ==
+          Approx(rab_small ? rabenseifner_allreduce_s(c.net, n, small)
+                           : ceil_log2(n) * c.net.t(small)));
+    CHECK_FALSE(flat_uses_rabenseifner(c, 1024));
   }
+  // The defaults (12 us, 1.2 GB/s), by hand: at 4 ranks 64 KiB is 2 steps of
+  // (12 + 54.6 us) = 133.2 us by recursive doubling against 4 * 12 + 1.5 *
+  // 54.6 = 129.9 us, 32 KiB 78.6 against 88.9 us; at 8 ranks 32 KiB 117.9
+  // against 119.8 us, 48 KiB 158.9 against 143.4 us.
+  CHECK(flat_uses_rabenseifner(default_layout_cost(4, 1, 64 << 10), 64 << 10));
+  CHECK_FALSE(flat_uses_rabenseifner(default_layout_cost(4, 1, 64 << 10), 32 << 10));
+  CHECK_FALSE(flat_uses_rabenseifner(default_layout_cost(8, 1, 64 << 10), 32 << 10));
+  CHECK(flat_uses_rabenseifner(default_layout_cost(8, 1, 64 << 10), 48 << 10));
+  CHECK(recursive_doubling_s(default_layout_cost(4, 1, 64 << 10).net, 4, 64 << 10) ==
+        Approx(2 * (12e-6 + 65536 / 1.2e9)));
+  // Forced either way (GYRE_RABENSEIFNER_ALLREDUCE = 1 / 0), the small size
+  // keeps recursive doubling.
+  CHECK_FALSE(flat_uses_rabenseifner(default_layout_cost(8, 1, 64 << 10, 1), 64 << 10));
+  CHECK_FALSE(flat_uses_rabenseifner(default_layout_cost(8, 1, 64 << 10, 0), 64 << 10));
   // Not a power of two: the fold's two whole-buffer transfers cost more than
   // the latency saved at 3 ranks always, at 12 ranks above ~105 KB
   // (14 alpha against 1.92 bytes * beta) but not just above 64 KiB.
@@ -124,7 +147,13 @@ TEST_CASE("cost model: which large allreduce the defaults choose, and the forced
   // half the buffer, both local ranks on the host's link.
   const LayoutCost h = default_layout_cost(8, 2, 64 << 10);
   CHECK(cross_uses_rabenseifner(h, 64e6));
-  CHECK_FALSE(cross_uses_rabenseifner(h, 100e3));  // a 50 KB shard: recursive doubling
+  // A 50 KB shard, at or below the small size, both local ranks on the
+  // link: recursive doubling 3 * (12 + 83.3 us) = 286 us against 6 * 12 +
+  // 1.75 * 83.3 = 218 us: Rabenseifner. A 4 KB shard: recursive doubling.
+  CHECK(cross_uses_rabenseifner(h, 100e3));
+  CHECK(cross_allreduce_s(h, 50e3) == Approx(rabenseifner_allreduce_s(h.net, 8, 50e3, 2)));
+  CHECK_FALSE(cross_uses_rabenseifner(h, 8e3));
+  CHECK(cross_allreduce_s(h, 4e3) == Approx(recursive_doubling_s(h.net, 8, 4e3, 2)));
   CHECK(hierarchical_allreduce_s(h, 64e6, 1) ==
         Approx(2 * h.shm.t(64e6) + rabenseifner_allreduce_s(h.net, 8, 32e6, 2)));
   CHECK_FALSE(cross_uses_rabenseifner(default_layout_cost(8, 2, 64 << 10, 0), 64e6));

@@ -51,7 +51,13 @@ collectives::LargeAllreduce CpuRingBackend::flat_large_allreduce(std::size_t byt
 void CpuRingBackend::allreduce(const void* in, void* out, std::size_t count, DataType dt,
                                const Reduction& red, const OpLabel&) {
   collectives::AllreduceOptions o = allreduce_options(red);
-  o.large = flat_large_allreduce(count * dtype_size(dt));
+  const std::size_t bytes = count * dtype_size(dt);
+  o.large = flat_large_allreduce(bytes);
+  // The model may prefer Rabenseifner's algorithm to recursive doubling at
+  // or below the small size too (small_uses_rabenseifner).
+  if (bytes <= o.small_bytes && o.large == collectives::LargeAllreduce::kRabenseifner) {
+    o.small_bytes = 0;
+  }
   collectives::allreduce(t_, in, out, count, dt, red.op, o);
 }
 

@@ -83,6 +83,24 @@ inline bool use_rabenseifner(const LayoutCost& c, int n, double bytes, int share
   return rabenseifner_allreduce_s(c.net, n, bytes, share) < ring_allreduce_s(c.net, n, bytes, share);
 }
 
+// Recursive doubling among n ranks: ceil(log2 n) steps, each moving the
+// whole buffer over `link` (shared by `share` such allreduces).
+inline double recursive_doubling_s(const LinkCost& l, int n, double bytes, int share = 1) {
+  return ceil_log2(n) * (l.alpha_s + share * bytes * l.beta_s_per_b);
+}
+
+// At or below small_bytes: recursive doubling, unless the model is free to
+// choose (c.rabenseifner = -1) and predicts Rabenseifner's algorithm
+// strictly faster. That happens where bytes * beta outweighs alpha: its
+// 2 log2 p steps move 2(p-1)/p of the buffer in all, recursive doubling's
+// log2 n steps the whole buffer each (at 4 ranks 1.5 against 2 buffers; at
+// 8, 1.75 against 3).
+inline bool small_uses_rabenseifner(const LayoutCost& c, int n, double bytes, int share = 1) {
+  if (n <= 2 || c.rabenseifner >= 0 || bytes > static_cast<double>(c.small_bytes)) return false;
+  return rabenseifner_allreduce_s(c.net, n, bytes, share) <
+         recursive_doubling_s(c.net, n, bytes, share);
+}
+
 // The large-buffer allreduce among n ranks as chosen by use_rabenseifner.
 inline double large_allreduce_s(const LayoutCost& c, int n, double bytes, int share = 1) {
   return use_rabenseifner(c, n, bytes, share) ? rabenseifner_allreduce_s(c.net, n, bytes, share)
@@ -96,18 +114,26 @@ inline double large_allreduce_s(const LayoutCost& c, int n, double bytes, int sh
 // all p ranks of a host crossed its link at every step (its steps between
 // partners on one host are cheaper: an upper bound when p > 1, exact at
 // p = 1).
+// At or below small_bytes, small_uses_rabenseifner decides (the flat
+// allreduce then runs Rabenseifner's algorithm in place of recursive
+// doubling).
 inline bool flat_uses_rabenseifner(const LayoutCost& c, double bytes) {
   const int n = c.hosts * c.per_host;
-  if (n <= 1 || bytes <= static_cast<double>(c.small_bytes)) return false;
+  if (n <= 1) return false;
+  if (bytes <= static_cast<double>(c.small_bytes)) {
+    return small_uses_rabenseifner(c, n, bytes, c.per_host);
+  }
   if (c.rabenseifner >= 0) return c.rabenseifner == 1;
   return rabenseifner_allreduce_s(c.net, n, bytes, c.per_host) < ring_allreduce_s(c.net, n, bytes);
 }
 inline double flat_allreduce_s(const LayoutCost& c, double bytes) {
   const int n = c.hosts * c.per_host;
   if (n <= 1) return 0;
+  if (flat_uses_rabenseifner(c, bytes)) {
+    return rabenseifner_allreduce_s(c.net, n, bytes, c.per_host);
+  }
   if (bytes <= static_cast<double>(c.small_bytes)) return ceil_log2(n) * c.net.t(bytes);
-  return flat_uses_rabenseifner(c, bytes) ? rabenseifner_allreduce_s(c.net, n, bytes, c.per_host)
-                                          : ring_allreduce_s(c.net, n, bytes);
+  return ring_allreduce_s(c.net, n, bytes);
 }
 
 // Hierarchical: a shared-memory reduce-scatter and allgather (one pass over
@@ -117,7 +143,10 @@ inline double flat_allreduce_s(const LayoutCost& c, double bytes) {
 // (cross_uses_rabenseifner).
 inline bool cross_uses_rabenseifner(const LayoutCost& c, double bytes) {
   const double shard = bytes / c.per_host;
-  if (c.hosts <= 1 || shard <= static_cast<double>(c.small_bytes)) return false;
+  if (c.hosts <= 1) return false;
+  if (shard <= static_cast<double>(c.small_bytes)) {
+    return small_uses_rabenseifner(c, c.hosts, shard, c.per_host);
+  }
   return use_rabenseifner(c, c.hosts, shard, c.per_host);
 }
 // The network phase alone: p concurrent allreduces of shard bytes across
@@ -125,9 +154,11 @@ inline bool cross_uses_rabenseifner(const LayoutCost& c, double bytes) {
 inline double cross_allreduce_s(const LayoutCost& c, double shard) {
   const int h = c.hosts, p = c.per_host;
   if (h <= 1) return 0;
-  return shard <= static_cast<double>(c.small_bytes)
-             ? ceil_log2(h) * (c.net.alpha_s + p * shard * c.net.beta_s_per_b)
-             : large_allreduce_s(c, h, shard, p);
+  if (shard <= static_cast<double>(c.small_bytes)) {
+    return small_uses_rabenseifner(c, h, shard, p) ? rabenseifner_allreduce_s(c.net, h, shard, p)
+                                                   : recursive_doubling_s(c.net, h, shard, p);
+  }
+  return large_allreduce_s(c, h, shard, p);
 }
 
 // Starting the network phase's thread for a pipelined call (measured: tens

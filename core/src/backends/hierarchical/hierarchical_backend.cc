@@ -61,6 +61,12 @@ void HierarchicalBackend::hierarchical_allreduce(const void* in, void* out, std:
   cross_opt.large = cross_uses_rabenseifner(c, bytes / pieces)
                         ? collectives::LargeAllreduce::kRabenseifner
                         : collectives::LargeAllreduce::kRing;
+  // A piece at or below the small size that the model gives to
+  // Rabenseifner's algorithm rather than recursive doubling.
+  if (cross_opt.large == collectives::LargeAllreduce::kRabenseifner &&
+      bytes / pieces / c.per_host <= static_cast<double>(cross_opt.small_bytes)) {
+    cross_opt.small_bytes = 0;
+  }
   collectives::hierarchical_allreduce(host_->group(), *cross_, in, out, count, dt, red.op,
                                       red.prescale, red.postscale, cross_opt,
                                       static_cast<std::size_t>(pieces));
