@@ -129,6 +129,24 @@ TEST_CASE("cost model: which large allreduce the defaults choose, and the forced
   CHECK(flat_uses_rabenseifner(default_layout_cost(8, 1, 64 << 10), 48 << 10));
   CHECK(recursive_doubling_s(default_layout_cost(4, 1, 64 << 10).net, 4, 64 << 10) ==
         Approx(2 * (12e-6 + 65536 / 1.2e9)));
+  // Where recursive doubling ends (the negotiation round's speculation stays
+  // within it): the small size itself at 2 ranks and where the model never
+  // switches below it; else the last size before the switch.
+  CHECK(flat_recursive_doubling_bytes(default_layout_cost(2, 1, 64 << 10)) == (64u << 10));
+  CHECK(flat_recursive_doubling_bytes(default_layout_cost(4, 1, 16 << 10)) == (16u << 10));
+  for (int n : {4, 8, 16, 64}) {
+    for (double gbs : {1.2, 0.125}) {
+      LayoutCost c = default_layout_cost(n, 1, 64 << 10);
+      c.net.beta_s_per_b = 1.0 / (gbs * 1e9);
+      const std::size_t rd = flat_recursive_doubling_bytes(c);
+      INFO("n=" << n << " GB/s=" << gbs << " limit=" << rd);
+      CHECK_FALSE(flat_uses_rabenseifner(c, static_cast<double>(rd)));
+      if (rd < c.small_bytes) CHECK(flat_uses_rabenseifner(c, static_cast<double>(rd + 1)));
+      // 1 Gbit/s: the switch comes well below the 16 KiB speculation limit
+      // at 8 ranks and more (3 * 12 us against 1.25 * 8 ns/B: ~3.5 KB).
+      if (gbs < 1 && n >= 8) CHECK(rd < (16u << 10));
+    }
+  }
   // Forced either way (GYRE_RABENSEIFNER_ALLREDUCE = 1 / 0), the small size
   // keeps recursive doubling.
   CHECK_FALSE(flat_uses_rabenseifner(default_layout_cost(8, 1, 64 << 10, 1), 64 << 10));

@@ -191,6 +191,21 @@ TEST_CASE("local: inputs of KiBs travel as the tail of the round's messages and 
   CHECK(run_cases(2, 700, false, 200).speculated[0] == 0);
 }
 
+TEST_CASE("local: the round speculates only sizes the backend reduces by recursive doubling",
+          "[runtime][speculation]") {
+  // 4 ranks, speculation allowed up to 64 KiB: with the built-in link
+  // parameters the backend's cost model gives a 64 KiB buffer to
+  // Rabenseifner's algorithm (cost_model.h, small_uses_rabenseifner), whose
+  // bits are not recursive doubling's, so the round must not speculate it;
+  // 32 KiB stays recursive doubling and is speculated. 8,192 elements:
+  // 32 KiB of float32, 64 KiB of float64 and int64.
+  const Outcome spec = run_cases(4, 64u << 10, false, 8192);
+  check_speculated_alike(spec, run_cases(4, 0, false, 8192), 4);
+  // Every iteration after the first of the three float32 cases (sum,
+  // average, min), none of the 64 KiB ones.
+  CHECK(spec.speculated[0] == 3 * (kIters - 1));
+}
+
 TEST_CASE("local: over shared memory the round reduces in rank order, as the backend does",
           "[runtime][speculation]") {
   // The shared-memory allreduce reduces each element in rank order

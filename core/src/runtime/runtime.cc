@@ -135,10 +135,12 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
   const std::string backend = backends_.host_backend();
   const bool rank_order = backend == "shm" && size_ >= 3 && info_.process_set == 0;
   // Elsewhere the backend's allreduce is recursive doubling up to
-  // GYRE_ALLREDUCE_SMALL_BYTES.
+  // GYRE_ALLREDUCE_SMALL_BYTES, or up to where its cost model gives a
+  // smaller buffer to Rabenseifner's algorithm (cost_model.h).
   const std::size_t speculate_bytes =
       std::min(opt_.speculate_bytes,
-               backend == "shm" ? kShmSpeculateBytes : opt_.allreduce_small_bytes);
+               backend == "shm" ? kShmSpeculateBytes
+                                : flat_recursive_doubling_bytes(backends_.host_layout_cost()));
   {
     const bool flat = backend == "cpu" || (backend == "hierarchical" && info_.local_size == 1);
     speculation_ = size_ >= 2 && speculate_bytes > 0 && opt_.log_negotiation != 0 &&

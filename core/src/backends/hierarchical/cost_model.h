@@ -126,6 +126,22 @@ inline bool flat_uses_rabenseifner(const LayoutCost& c, double bytes) {
   if (c.rabenseifner >= 0) return c.rabenseifner == 1;
   return rabenseifner_allreduce_s(c.net, n, bytes, c.per_host) < ring_allreduce_s(c.net, n, bytes);
 }
+// The largest buffer the flat allreduce reduces by recursive doubling: at
+// most small_bytes, and below the first size the model gives to
+// Rabenseifner's algorithm there (the difference between the two is linear
+// in the size, so the choice switches once). The negotiation round's
+// speculation, which gives recursive doubling's bits, stays within it.
+inline std::size_t flat_recursive_doubling_bytes(const LayoutCost& c) {
+  std::size_t hi = c.small_bytes;
+  if (!flat_uses_rabenseifner(c, static_cast<double>(hi))) return hi;
+  std::size_t lo = 0;  // flat_uses_rabenseifner(c, 0) is false: the latency terms decide
+  while (hi - lo > 1) {
+    const std::size_t mid = lo + (hi - lo) / 2;
+    (flat_uses_rabenseifner(c, static_cast<double>(mid)) ? hi : lo) = mid;
+  }
+  return lo;
+}
+
 inline double flat_allreduce_s(const LayoutCost& c, double bytes) {
   const int n = c.hosts * c.per_host;
   if (n <= 1) return 0;
