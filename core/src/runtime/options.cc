@@ -67,8 +67,8 @@ const OptionSpec kTable[] = {
    "among one rank per host, in a job across hosts of several ranks each; 0 over every rank."},
   {"GYRE_SPECULATE_BYTES", "speculate_bytes",
    SizeOption{&O::speculate_bytes, 0, 64u << 10}, "16K", true,
-   "An allreduce of host memory of at most this many bytes (and of GYRE_ALLREDUCE_SMALL_BYTES; "
-   "over shared memory of 64) that every rank submits as a response-cache hit is reduced "
+   "An allreduce of host memory of at most this many bytes (and of the largest the backend "
+   "reduces by recursive doubling; over shared memory of 64) that every rank submits as a response-cache hit is reduced "
    "within the log-depth negotiation round itself, with no collective after it; 0 never."},
   {"GYRE_RING_CHUNK_BYTES", "ring_chunk_bytes",
    SizeOption{&O::ring_chunk_bytes, 1, kMaxChunkBytes}, "256K", true,
@@ -77,7 +77,8 @@ const OptionSpec kTable[] = {
   {"GYRE_ALLREDUCE_SMALL_BYTES", "allreduce_small_bytes",
    SizeOption{&O::allreduce_small_bytes, 0, kMaxBytes}, "64K", true,
    "An allreduce (one tensor, or one fused bucket) of at most this many bytes uses recursive "
-   "doubling, a larger one the ring."},
+   "doubling (or, under GYRE_RABENSEIFNER_ALLREDUCE=-1, Rabenseifner's algorithm where the "
+   "cost model predicts it faster), a larger one the ring."},
   {"GYRE_RABENSEIFNER_ALLREDUCE", "rabenseifner_allreduce",
    IntegerOption{&O::rabenseifner_allreduce, -1, 1}, "-1", true,
    "Above `GYRE_ALLREDUCE_SMALL_BYTES`: 1 reduces host tensors with Rabenseifner's algorithm, 0 "
