@@ -27,6 +27,9 @@ Modes, run one after the other in the same job (same ranks, same links):
               rounds are spread over the period, each fragment's allreduce
               completed D inner steps after it starts (LocalSGD's
               fragments=F, sync_delay=D), e.g. diloco16f4d2
+  any of these with -fp16, -bf16 or -int8: the pseudo-gradients travel
+              compressed (LocalSGD's compression=gyre.Compression.fp16,
+              .bf16, or LocalSGD.int8), e.g. diloco16-bf16
 The synchronous run goes first for --steps steps; its final evaluation loss is
 the target. Every other mode runs until its evaluation loss is at or below the
 target or until --max-factor x --steps steps.
@@ -160,12 +163,15 @@ def run_mode(mode, args, succ, probs, evalset, target):
         round_bytes = param_bytes  # every gradient, every step
         core = model.module
     else:
-        found = re.fullmatch(r"(local|diloco)(\d+)(?:f(\d+)d(\d+))?", mode)
+        found = re.fullmatch(r"(local|diloco)(\d+)(?:f(\d+)d(\d+))?(?:-(fp16|bf16|int8))?", mode)
         if not found:
-            raise SystemExit(f"local_sgd: unknown mode {mode!r} (sync, localH, dilocoH, localHfFdD, dilocoHfFdD)")
+            raise SystemExit(f"local_sgd: unknown mode {mode!r} (sync, localH, dilocoH, "
+                             f"localHfFdD, dilocoHfFdD, each optionally -fp16, -bf16 or -int8)")
         period = int(found.group(2))
         fragments = int(found.group(3) or 1)
         sync_delay = int(found.group(4) or 0)
+        compression = {None: gyre.Compression.none, "fp16": gyre.Compression.fp16,
+                       "bf16": gyre.Compression.bf16, "int8": hvd.LocalSGD.int8}[found.group(5)]
         outer = hvd.LocalSGD.diloco_outer if mode.startswith("diloco") else None
         if outer is not None and (args.outer_lr is not None or args.outer_momentum is not None):
             # DiLoCo's outer step with other hyperparameters (Nesterov SGD).
@@ -174,10 +180,17 @@ def run_mode(mode, args, succ, probs, evalset, target):
             outer = functools.partial(torch.optim.SGD, lr=lr, momentum=momentum, nesterov=momentum > 0)
         inner = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
         opt = hvd.LocalSGD(inner, model, period=period, outer_optimizer=outer,
-                           fragments=fragments, sync_delay=sync_delay)
+                           fragments=fragments, sync_delay=sync_delay, compression=compression)
         # LocalSGD's round: one grouped allreduce of every parameter's
         # pseudo-gradient and every float buffer (this model has none).
         round_bytes = param_bytes + buffer_bytes
+        if found.group(5) in ("fp16", "bf16"):
+            round_bytes //= 2  # every pseudo-gradient and buffer in 16 bits
+        elif found.group(5) == "int8":
+            # One byte per value and a float32 scale per block of
+            # LocalSGD.int8.block values, allgathered; buffers in float32.
+            values = param_bytes // 4
+            round_bytes = values + 4 * -(-values // hvd.LocalSGD.int8.block) + buffer_bytes
         core = model
     # This rank's training data: the same stream in every mode and run.
     stream = sequences(succ, probs, args.train_seqs, args.seq + 1, args.seed * 1000 + 17 + rank, args.order)
