@@ -112,11 +112,6 @@ MPI_Comm duplicate_world(PendingDup& dup, int rank, std::chrono::milliseconds ti
   return dup.comm;
 }
 
-const std::vector<std::string>& no_hosts() {
-  static const std::vector<std::string> none;
-  return none;
-}
-
 // Per rank of `comm` (whose ranks are all in the world): whether it runs on
 // this rank's host, from `hosts` (every world rank's; empty while not known).
 std::vector<char> same_host_flags(MPI_Comm comm, const std::vector<std::string>& hosts,
@@ -225,6 +220,11 @@ MpiWorld& MpiWorld::instance(const std::vector<int>& ranks) {
 MpiWorld::Layout MpiWorld::layout() const {
   return Layout{rank_, size_, local_rank_, local_size_, cross_rank_, cross_size_, uniform_hosts_,
                 hosts_};
+}
+
+const std::vector<std::string>& MpiWorld::known_hosts() const {
+  static const std::vector<std::string> none;
+  return layout_known_ && hosts_.size() == static_cast<std::size_t>(size_) ? hosts_ : none;
 }
 
 void MpiWorld::set_layout(const Layout& l) {
@@ -382,14 +382,16 @@ std::unique_ptr<Transport> MpiWorld::make_transport(std::size_t max_message_byte
     PendingDup& dup = restricted_to_.empty() ? g_dup : g_restricted_dup;
     comm = duplicate_world(dup, rank_, timeout, check);
   }
-  return transport_of(comm, local_size_, max_message_bytes, same_host_flags(comm, hosts_known() ? hosts_ : no_hosts(), rank_));
+  return transport_of(comm, local_size_, max_message_bytes,
+                      same_host_flags(comm, known_hosts(), rank_));
 }
 
 std::unique_ptr<Transport> MpiWorld::make_cross_transport() {
   if (finalized_) throw StateError("MpiWorld::make_cross_transport after finalize()");
   MPI_Comm comm;
   check_mpi(MPI_Comm_split(detail::world_comm(), local_rank_, rank_, &comm), "MPI_Comm_split");
-  return transport_of(comm, local_size_, kDefaultPieceBytes, same_host_flags(comm, hosts_known() ? hosts_ : no_hosts(), rank_));
+  return transport_of(comm, local_size_, kDefaultPieceBytes,
+                      same_host_flags(comm, known_hosts(), rank_));
 }
 
 std::unique_ptr<Transport> MpiWorld::make_group_transport(const std::vector<int>& ranks,
@@ -397,7 +399,8 @@ std::unique_ptr<Transport> MpiWorld::make_group_transport(const std::vector<int>
   if (finalized_) throw StateError("MpiWorld::make_group_transport after finalize()");
   if (!std::binary_search(ranks.begin(), ranks.end(), rank_)) return nullptr;
   const MPI_Comm comm = detail::comm_of_ranks(detail::world_comm(), ranks, tag);
-  return transport_of(comm, local_size_, kDefaultPieceBytes, same_host_flags(comm, hosts_known() ? hosts_ : no_hosts(), rank_));
+  return transport_of(comm, local_size_, kDefaultPieceBytes,
+                      same_host_flags(comm, known_hosts(), rank_));
 }
 
 

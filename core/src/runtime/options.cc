@@ -68,8 +68,9 @@ const OptionSpec kTable[] = {
   {"GYRE_SPECULATE_BYTES", "speculate_bytes",
    SizeOption{&O::speculate_bytes, 0, 64u << 10}, "16K", true,
    "An allreduce of host memory of at most this many bytes (and of the largest the backend "
-   "reduces by recursive doubling; over shared memory of 64) that every rank submits as a response-cache hit is reduced "
-   "within the log-depth negotiation round itself, with no collective after it; 0 never."},
+   "reduces by recursive doubling; over shared memory of 64) that every rank submits as a "
+   "response-cache hit is reduced within the log-depth negotiation round itself, with no "
+   "collective after it; 0 never."},
   {"GYRE_RING_CHUNK_BYTES", "ring_chunk_bytes",
    SizeOption{&O::ring_chunk_bytes, 1, kMaxChunkBytes}, "256K", true,
    "Pipelined chunk size of the ring algorithms (allreduce, allgather, broadcast, "

@@ -198,9 +198,8 @@ class MpiWorld {
   };
   Layout layout() const;
   void set_layout(const Layout& l);
-  bool hosts_known() const {
-    return layout_known_ && hosts_.size() == static_cast<std::size_t>(size_);
-  }
+  // hosts_ where it describes the current world; else empty.
+  const std::vector<std::string>& known_hosts() const;
   void join_survivors(void* parent);  // MPI_Comm*, on a replacement (mpi_grow.cc)
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, cross_rank_ = 0, cross_size_ = 1;
   bool uniform_hosts_ = true;
