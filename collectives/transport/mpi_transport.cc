@@ -230,10 +230,9 @@ class MpiTransport final : public Transport {
     bool in_use = false;
   };
 
-  // The pieces of a message of `bytes`: the same on the sending and the
-  // receiving side, which post one MPI message per piece in order.
-  // Both sides cut alike: whether two ranks share a host is the same fact
-  // on each.
+  // The pieces of a message of `bytes` with `peer`: the same on the sending
+  // and the receiving side (whether two ranks share a host is the same fact
+  // on each), which post one MPI message per piece in order.
   template <class F>
   void for_each_piece(int peer, std::size_t bytes, F&& f) const {
     if (bytes == 0) {

@@ -208,27 +208,6 @@ namespace {
 // vectors of copies (every call pays for their allocations).
 Handle allreduce_members(Runtime& rt, std::span<const std::string> names,
                          std::span<const TensorView> ins, std::span<const TensorView> outs,
-                         ReduceOp op, double prescale, double postscale);
-
-}  // namespace
-
-Handle allreduce_async(Runtime& rt, const std::string& name, const TensorView& in, const TensorView& out,
-                       ReduceOp op, double prescale, double postscale) {
-  return allreduce_members(rt, std::span(&name, 1), std::span(&in, 1), std::span(&out, 1), op,
-                           prescale, postscale);
-}
-
-Handle grouped_allreduce_async(Runtime& rt, const std::vector<std::string>& names,
-                               const std::vector<TensorView>& ins,
-                               const std::vector<TensorView>& outs, ReduceOp op, double prescale,
-                               double postscale) {
-  return allreduce_members(rt, names, ins, outs, op, prescale, postscale);
-}
-
-namespace {
-
-Handle allreduce_members(Runtime& rt, std::span<const std::string> names,
-                         std::span<const TensorView> ins, std::span<const TensorView> outs,
                          ReduceOp op, double prescale, double postscale) {
   if (names.empty()) {
     throw InvalidArgument("grouped_allreduce needs at least one tensor (got no names)");
@@ -285,6 +264,19 @@ Handle allreduce_members(Runtime& rt, std::span<const std::string> names,
 }
 
 }  // namespace
+
+Handle allreduce_async(Runtime& rt, const std::string& name, const TensorView& in, const TensorView& out,
+                       ReduceOp op, double prescale, double postscale) {
+  return allreduce_members(rt, std::span(&name, 1), std::span(&in, 1), std::span(&out, 1), op,
+                           prescale, postscale);
+}
+
+Handle grouped_allreduce_async(Runtime& rt, const std::vector<std::string>& names,
+                               const std::vector<TensorView>& ins,
+                               const std::vector<TensorView>& outs, ReduceOp op, double prescale,
+                               double postscale) {
+  return allreduce_members(rt, names, ins, outs, op, prescale, postscale);
+}
 
 static void validate_member(Runtime& rt, const Request& req, const std::string& name,
                             const TensorView& in, const TensorView& out, ReduceOp op) {

@@ -148,7 +148,7 @@ inline double flat_allreduce_s(const LayoutCost& c, double bytes) {
   if (flat_uses_rabenseifner(c, bytes)) {
     return rabenseifner_allreduce_s(c.net, n, bytes, c.per_host);
   }
-  if (bytes <= static_cast<double>(c.small_bytes)) return ceil_log2(n) * c.net.t(bytes);
+  if (bytes <= static_cast<double>(c.small_bytes)) return recursive_doubling_s(c.net, n, bytes);
   return ring_allreduce_s(c.net, n, bytes);
 }
 
