@@ -414,7 +414,8 @@ struct RuntimeStats {
   std::int64_t store_max_lag = 0;        // largest lag among them
   // The parameters the cost model chooses the host allreduce's algorithm
   // with (docs/scaling.md), the same on every rank: "built-in", or, across
-  // hosts of several ranks each with GYRE_LINK_PROBE=1, "probed" at
+  // hosts of several ranks each or of one rank each with GYRE_LINK_PROBE=1
+  // (there the network alone: shared memory stays built in), "probed" at
   // start-up or "cached" (GYRE_LINK_PROBE_CACHE). Network: per message and
   // per host link; shared memory: one pass over a buffer.
   std::string link_source;

@@ -73,7 +73,8 @@ struct Options {
   long hierarchical_pipeline = -1;
   // GYRE_LINK_PROBE: 1 measures the cost model's parameters (network and
   // shared-memory alpha and beta) at start-up on the job's own links when
-  // it spans hosts of several ranks each; 0 (default) keeps the built-in
+  // it spans hosts of several ranks each (network only across hosts of one
+  // rank each: the flat allreduce's choice); 0 (default) keeps the built-in
   // ones. GYRE_LINK_PROBE_CACHE: a file rank 0 reads them from (a line for
   // this layout) instead of measuring, and writes them to after measuring.
   long link_probe = 0;

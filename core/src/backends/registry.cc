@@ -94,7 +94,7 @@ void BackendRegistry::connect(HostLayout layout) {
     LayoutCost cost = default_layout_cost(layout.cross->size(), layout.shm->group().size(),
                                           opt_.allreduce_small_bytes, opt_.rabenseifner_allreduce);
     if (opt_.link_probe == 1) {
-      cost = probe_links(t_, *layout.cross, layout.shm->group(), opt_, log_, cost, link_source_);
+      cost = probe_links(t_, *layout.cross, &layout.shm->group(), opt_, log_, cost, link_source_);
     }
     host_ = std::make_unique<HierarchicalBackend>(t_, opt_, std::move(layout.shm),
                                                  std::move(layout.cross), cost, log_);
@@ -102,6 +102,13 @@ void BackendRegistry::connect(HostLayout layout) {
   } else if (layout.shm) {
     host_ = std::make_unique<ShmBackend>(t_, opt_, std::move(layout.shm));
     log_.debug("host tensors over shared memory");
+  } else if (opt_.link_probe == 1 && layout.hosts_of_one > 1) {
+    // Every hop of the flat allreduce crosses hosts: its choice of algorithm
+    // per size follows the probed network.
+    LayoutCost cost = default_layout_cost(t_.size(), 1, opt_.allreduce_small_bytes,
+                                          opt_.rabenseifner_allreduce);
+    cost = probe_links(t_, t_, nullptr, opt_, log_, cost, link_source_);
+    host_ = std::make_unique<HostBackend>(t_, opt_, cost);
   }
 }
 

@@ -80,6 +80,10 @@ struct HostLayout {
   // With `shm` a group per host: the transport among the ranks of the same
   // local rank on every host.
   std::shared_ptr<transport::Transport> cross;
+  // Without `shm`: the number of hosts when every host holds one rank
+  // (then the world's transport crosses a host boundary at every hop), 0
+  // otherwise.
+  int hosts_of_one = 0;
 };
 
 class BackendRegistry final : public BackendSet {
@@ -89,8 +93,9 @@ class BackendRegistry final : public BackendSet {
 
   // Chooses the host backend from `layout`: hierarchical with a group per
   // host and a transport across the hosts, shared memory with a group alone,
-  // the ring over the transport otherwise. Before the background thread
-  // starts.
+  // the ring over the transport otherwise (its cost model probed under
+  // GYRE_LINK_PROBE=1 when the hosts hold one rank each). Before the
+  // background thread starts.
   void connect(HostLayout layout);
 
   // BackendSet: `device.index`, see BackendContext::device. Background thread.

@@ -117,7 +117,8 @@ Runtime::Runtime(const Options& opt, std::unique_ptr<transport::Transport> t, Ru
     info_.cross = cross_counted_;
   }
   if (info_.initial_step != 0) vv_.set_all(info_.initial_step);
-  backends_.connect({info_.local_rank, info_.shm, info_.cross});
+  backends_.connect({info_.local_rank, info_.shm, info_.cross,
+                     info_.local_size == 1 && info_.cross_size == size_ ? size_ : 0});
   // Small allreduces reduced within the log-depth round take their inputs
   // from the queue (Negotiator::set_speculation_source), where the round's
   // butterfly gives the bits the host backend's own allreduce would

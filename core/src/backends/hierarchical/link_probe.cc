@@ -37,13 +37,13 @@ double seconds_since(Clock::time_point t0) {
 
 // Round trips of `bytes` with `partner` (the lower rank sends first), each
 // started together with the host's other local ranks; median seconds.
-double round_trips(transport::Transport& cross, collectives::ShmGroup& local, int partner,
+double round_trips(transport::Transport& cross, collectives::ShmGroup* local, int partner,
                    std::size_t bytes, int trips) {
   std::vector<std::byte> out(bytes, std::byte{1}), in(bytes);
   std::vector<double> rtt;
   const bool first = cross.rank() < partner;
   for (int i = 0; i <= trips; ++i) {  // trip 0 warms the connection up
-    local.barrier();
+    if (local) local->barrier();
     const auto t0 = Clock::now();
     for (int leg = 0; leg < 2; ++leg) {
       transport::Transfer x = (leg == 0) == first ? cross.isend(partner, kTagData, out)
@@ -53,6 +53,24 @@ double round_trips(transport::Transport& cross, collectives::ShmGroup& local, in
     if (i > 0) rtt.push_back(seconds_since(t0));
   }
   return median(rtt);
+}
+
+// One step of an 8-byte recursive-doubling allreduce over `world`, every
+// rank at once (the median of kSmallTrips calls over ceil(log2 n) steps):
+// what a step of the flat allreduce costs beyond its bytes, the ranks'
+// wake-ups and the cores they share included, which a ping-pong between two
+// ranks with the others idle does not meet.
+double allreduce_step(transport::Transport& world) {
+  collectives::AllreduceOptions o;
+  o.tag = kTagData;
+  double x = 1.0;
+  std::vector<double> t;
+  for (int i = 0; i <= kSmallTrips; ++i) {  // call 0 warms up
+    const auto t0 = Clock::now();
+    collectives::allreduce(world, &x, &x, 1, DataType::kFloat64, ReduceOp::kMax, o);
+    if (i > 0) t.push_back(seconds_since(t0));
+  }
+  return median(t) / ceil_log2(world.size());
 }
 
 // One shared-memory pass (half a reduce-scatter + allgather) over `count`
@@ -138,7 +156,7 @@ std::optional<LayoutCost> parse_link_cache_line(const std::string& line, const L
 }
 
 LayoutCost probe_links(transport::Transport& world, transport::Transport& cross,
-                       collectives::ShmGroup& local, const Options& opt, const Logger& log,
+                       collectives::ShmGroup* local, const Options& opt, const Logger& log,
                        const LayoutCost& base, std::string& source) {
   // Rank 0's cache line, if any, reaches every rank through the agreement:
   // [found, net alpha, net beta, shm alpha, shm beta, piece], zeros elsewhere.
@@ -172,18 +190,22 @@ LayoutCost probe_links(transport::Transport& world, transport::Transport& cross,
                                        kSmallTrips);
       const double mid = round_trips(cross, local, partner, kMidBytes, kLargeTrips);
       const double large = round_trips(cross, local, partner, kLargeBytes, kLargeTrips);
-      const LinkCost net = fit_link(small, mid, kMidBytes, large, kLargeBytes, local.size());
+      const LinkCost net =
+          fit_link(small, mid, kMidBytes, large, kLargeBytes, local ? local->size() : 1);
       mine[0] = net.alpha_s;
       mine[1] = net.beta_s_per_b;
     }
-    if (local.size() > 1) {
-      const double small = shm_pass(local, kShmSmallCount);
-      const double large = shm_pass(local, kShmLargeCount);
+    // Hosts of one rank each: alpha is what a step of the flat allreduce
+    // itself costs (a collective: every rank, also an odd count's last).
+    if (!local) mine[0] = std::max(allreduce_step(world), kFloorS);
+    if (local && local->size() > 1) {
+      const double small = shm_pass(*local, kShmSmallCount);
+      const double large = shm_pass(*local, kShmLargeCount);
       const double bytes = static_cast<double>(kShmLargeCount * sizeof(float));
       mine[2] = std::max(small, kFloorS);
       mine[3] = std::max((large - small) / (bytes - kShmSmallCount * sizeof(float)), 1e-13);
       // A collective over every rank of the cross transport and the group.
-      mine[4] = std::max(piece_cost(cross, local), kFloorS);
+      mine[4] = std::max(piece_cost(cross, *local), kFloorS);
     }
     agree_max(world, mine);
     if (mine[0] > 0) c.net = {mine[0], mine[1]};

@@ -21,6 +21,10 @@
 // when it holds a line for this layout (hosts x ranks per host), and writes
 // them there after a probe; the other ranks get them in the agreement.
 //
+// Also for a job across hosts of one rank each: there the flat allreduce's
+// choice between recursive doubling, Rabenseifner's algorithm and the ring
+// follows the probed network.
+//
 // Thread: the caller's (init, before the background thread starts); it is
 // a collective over the world, the cross transport and the host's group.
 #pragma once
@@ -53,9 +57,12 @@ std::optional<LayoutCost> parse_link_cache_line(const std::string& line, const L
 
 // `base` (the built-in parameters of this layout) with its net and shm
 // links measured, or read from the cache; `source` receives "probed" or
-// "cached". Throws what the transports throw (the job's start fails).
+// "cached". `local` null: hosts of one rank each (the flat allreduce across
+// them), `cross` the world's transport; only the network is measured and
+// the shared-memory parameters stay `base`'s. Throws what the transports
+// throw (the job's start fails).
 LayoutCost probe_links(transport::Transport& world, transport::Transport& cross,
-                       collectives::ShmGroup& local, const Options& opt, const Logger& log,
+                       collectives::ShmGroup* local, const Options& opt, const Logger& log,
                        const LayoutCost& base, std::string& source);
 
 }  // namespace gyre::core
