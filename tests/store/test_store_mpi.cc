@@ -4,7 +4,8 @@
 // to applying every update one after the other), no lost update under
 // contention on a tensor split across every rank, placement, refusals on
 // the calling rank only, an owner that stops serving, named by the others
-// within the deadline, calls of several tensors (one request per owner; a
+// within the deadline, another rank's shutdown ending the calls waiting on
+// it at once, calls of several tensors (one request per owner; a
 // request refused in part changes nothing), and pulls that land in the
 // output and nowhere else.
 #include <catch2/catch.hpp>
@@ -397,4 +398,40 @@ TEST_CASE("a pull lands each shard's values and version straight in the output, 
   CHECK(store.pull("b", TensorView{one.data(), DataType::kInt32, {count}}) == v[1]);
   CHECK(std::equal(one.begin(), one.end(), big_b.begin() + kGuard));
   store.close();
+}
+
+TEST_CASE("another rank's shutdown stops this rank's store: a call waiting on it fails now") {
+  Session s;
+  StoreOptions opt;
+  opt.timeout_s = 60;  // what an unanswered request would otherwise wait
+  auto store = std::make_unique<ParameterStore>(kGlobalProcessSet, opt);
+  std::vector<float> a(2, 0.0f), b(2, 0.0f);
+  store->register_tensor("a", view(a));  // owned by rank 0
+  store->register_tensor("b", view(b));  // owned by rank 1
+  barrier();
+  if (rank() == 1) {
+    shutdown();  // stops every rank's runtime in the same round, and its own store
+    store.reset();
+    return;
+  }
+  // Pulls of rank 1's shard until one fails: once the shutdown reaches this
+  // rank's runtime its stores stop, and a call in flight gives up within a
+  // poll of its wait.
+  std::vector<float> out(2);
+  const auto start = std::chrono::steady_clock::now();
+  std::string what;
+  for (;;) {
+    try {
+      store->pull("b", view(out));
+    } catch (const std::exception& e) {
+      what = e.what();
+      break;
+    }
+  }
+  INFO(what);
+  CHECK(what.find("store") != std::string::npos);
+  CHECK((what.find("was closed during the call") != std::string::npos ||
+         what.find("is closed") != std::string::npos));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+  store.reset();
 }

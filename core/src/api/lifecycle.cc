@@ -138,6 +138,9 @@ core::RuntimeInfo runtime_info(transport::MpiWorld& world, const Options& option
   info.cross_rank = world.cross_rank();
   info.cross_size = world.cross_size();
   info.abort = [&world](int code) { world.abort(code); };
+  // A store call waiting on a rank that shut down (and may have exited)
+  // would wait for its deadline: the stores stop with the runtime.
+  info.on_peer_shutdown = [] { core::store::stop_all_stores(); };
   // With fault tolerance on, host tensors take the ring over MPI: the
   // shared-memory backends wait on memory a dead rank never writes, and
   // only MPI (ULFM) tells the survivors that it died.

@@ -479,6 +479,9 @@ bool Runtime::round() {
                         "runtime in the same round)", agreed.shutdown_rank);
     }
     fail_all(ErrorKind::kState, why);
+    if (info_.process_set == 0 && agreed.shutdown_rank != rank_ && info_.on_peer_shutdown) {
+      info_.on_peer_shutdown();
+    }
     return false;
   }
   return true;

@@ -75,6 +75,11 @@ struct RuntimeInfo {
   // throw to give up (the Python binding: Ctrl-C). Never called by the
   // background thread. Empty: none.
   std::function<void()> interrupt_check;
+  // Called once by the background thread of the world's runtime when
+  // another rank's shutdown() stops it (api/lifecycle.cc: the parameter
+  // stores stop, so that calls waiting on a rank that is gone fail now, not
+  // at their deadline). Empty: none.
+  std::function<void()> on_peer_shutdown;
   // A process set's runtime: its id, which the errors of its stop name
   // ("process set 2 was removed"); 0: the world's runtime.
   int process_set = 0;

@@ -42,6 +42,16 @@ void stop_server(ParameterStore::Impl& impl) {
   impl.open = false;
   impl.stop_server = true;
   if (impl.server.joinable()) impl.server.join();
+  // Calls on other threads leave within a poll of their waits (Impl::await);
+  // a send to a member that stopped serving may take until its deadline.
+  const auto limit = ParameterStore::Impl::Clock::now() + std::chrono::seconds(30);
+  while (impl.calls.load() > 0 && ParameterStore::Impl::Clock::now() < limit) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (impl.calls.load() > 0) {
+    impl.log.warn("parameter store {}: {} call(s) on other threads still in progress 30 s after "
+                  "it stopped", impl.store_index, impl.calls.load());
+  }
 }
 
 }  // namespace

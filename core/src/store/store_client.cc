@@ -138,9 +138,17 @@ void ParameterStore::Impl::await(
     const CallName& c, std::vector<Outstanding>& out,
     const std::function<void(const Part&, const EntryReply&)>& take) {
   const auto limit = deadline();
+  // The store closed under the call (shutdown() on another thread): its
+  // owners no longer answer; give up now rather than at the deadline.
+  const auto closing = [this, &c] {
+    if (!open.load()) {
+      throw StateError(fmt::format("ParameterStore::{}({}): the store was closed during the call "
+                                   "(close(), or gyre was shut down)", c.call, c.names));
+    }
+  };
   auto wait = [&](Outstanding& o, MpiStoreChannel::Receive& r) -> std::size_t {
     try {
-      return r.wait(limit);
+      return r.wait(limit, closing);
     } catch (const TimeoutError&) {
       throw TimeoutError(fmt::format(
           "ParameterStore::{}({}): {}, did not answer within {} s (dead, or not serving: closed "
@@ -239,7 +247,7 @@ void ParameterStore::check_members() const {
 
 std::vector<std::vector<std::int64_t>> ParameterStore::pull_many(
     const std::vector<PullItem>& items) {
-  impl_->check_open("pull");
+  const Impl::CallScope scope(*impl_, "pull");
   const Impl::CallName c = call_name("pull", items);
   std::vector<std::shared_ptr<Impl::Tensor>> tensors;
   std::vector<Impl::Part> parts;
@@ -270,7 +278,7 @@ PushResult ParameterStore::push(const std::string& name, const TensorView& delta
 }
 
 std::vector<PushResult> ParameterStore::push_many(const std::vector<PushItem>& items) {
-  impl_->check_open("push");
+  const Impl::CallScope scope(*impl_, "push");
   const Impl::CallName c = call_name("push", items);
   std::vector<std::shared_ptr<Impl::Tensor>> tensors;
   std::vector<Impl::Part> parts;

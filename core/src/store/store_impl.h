@@ -164,6 +164,32 @@ struct ParameterStore::Impl {
     }
   }
 
+  // Client calls (pull, push) in progress on any thread: stopping the
+  // store waits until none is left in MPI (a call notices the store closing
+  // within one poll of its waits), so that none calls MPI after gyre has
+  // shut down and MPI is finalised.
+  std::atomic<int> calls{0};
+  // A call's span: counted before `open` is checked (stop_server clears
+  // `open` before it reads the count, so one of the two sees the other).
+  class CallScope {
+   public:
+    CallScope(Impl& impl, const char* call) : impl_(impl) {
+      impl_.calls.fetch_add(1);
+      try {
+        impl_.check_open(call);
+      } catch (...) {
+        impl_.calls.fetch_sub(1);
+        throw;
+      }
+    }
+    ~CallScope() { impl_.calls.fetch_sub(1); }
+    CallScope(const CallScope&) = delete;
+    CallScope& operator=(const CallScope&) = delete;
+
+   private:
+    Impl& impl_;
+  };
+
   std::shared_ptr<Tensor> find(const std::string& name, const char* call) const {
     std::lock_guard<std::mutex> lock(tensors_mu);
     auto it = by_name.find(name);
