@@ -4,11 +4,16 @@ destroy_process_group(), then interpreter exit. Under mpirun -np 2 it must
 exit 0 on every rank: no abort while the interpreter finalises.
 
     mpirun -np 2 python3 tests/python/exit_job.py [--destroy] [--busy-callback]
+                                                  [--partial-local-sgd]
 
 --busy-callback chains a torch future callback that runs Python code on
 gyre's callback thread while the main thread goes on to exit (what a DDP
 communication hook does): the callback thread is then most likely to be
 running Python when the interpreter finalises.
+
+--partial-local-sgd trains a few steps under gyre.torch.PartialLocalSGD and
+exits without its close() (what an exception in a training loop does): its
+aggregator thread, in store calls, must stop before MPI is finalised.
 """
 
 import sys
@@ -45,6 +50,17 @@ def main():
             print(f"rank {rank}: all_reduce {i} gave {t.tolist()}, expected {expected}",
                   file=sys.stderr)
             sys.exit(3)
+    if "--partial-local-sgd" in sys.argv:
+        import gyre.torch as hvd
+        torch.manual_seed(1)
+        model = torch.nn.Linear(4, 2)
+        opt = hvd.PartialLocalSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, period=2,
+                                  late_after_s=5.0, fragments=2, sync_delay=1)
+        for step in range(5):
+            opt.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+        dist.barrier()  # every rank's rounds are done; no close()
     if "--destroy" in sys.argv:
         dist.destroy_process_group()
 

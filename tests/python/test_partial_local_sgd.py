@@ -186,3 +186,100 @@ def test_warmup_steps_each_end_in_a_round(rank, size):
         assert (len(set(digests)) == 1) == (step in (1, 2, 3, 4, 8)), (step, digests)
     assert versions == [1, 2, 3, 4, 4, 4, 4, 5, 5]
     opt.close()
+
+
+@pytest.mark.parametrize("fragments,sync_delay", [(2, 0), (2, 1), (3, 2)])
+def test_streaming_with_every_rank_on_time_equals_local_sgd_streaming(rank, size, fragments,
+                                                                       sync_delay):
+    """Fragments with staggered rounds and a sync delay: with every rank on
+    time each fragment round merges everyone, so the model equals LocalSGD's
+    streaming (a collective per fragment round) with the same outer step, at
+    every step; one commit per fragment round."""
+    period = 4
+    model, twin = _net(), _net()
+    opt = hvd.PartialLocalSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, period=period,
+                              late_after_s=30.0, outer_optimizer=hvd.LocalSGD.diloco_outer,
+                              timeout_s=30.0, fragments=fragments, sync_delay=sync_delay)
+    ref = hvd.LocalSGD(torch.optim.SGD(twin.parameters(), lr=0.05), twin, period=period,
+                       outer_optimizer=hvd.LocalSGD.diloco_outer, fragments=fragments,
+                       sync_delay=sync_delay)
+    assert opt.fragments == fragments
+    assert [len(opt.fragment_parameters(f)) for f in range(fragments)] == \
+        [len(ref.fragment_parameters(f)) for f in range(fragments)]
+    commits = gyre.committed_steps()
+    steps = 2 * period + sync_delay
+    for step in range(steps):
+        for o, m in ((opt, model), (ref, twin)):
+            x, y = _batch(rank, step)
+            o.zero_grad()
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            o.step()
+        torch.testing.assert_close(_flat(model), _flat(twin), rtol=1e-5, atol=1e-6)
+        assert opt.fragment_versions() == ref.fragment_rounds(), step
+    # Each fragment round adopted is one commit (LocalSGD's rounds too); a
+    # round still in flight (posted within the last sync_delay steps) may
+    # have closed already.
+    adopted = sum(opt.fragment_versions())
+    assert adopted >= 2 * fragments - 1
+    assert gyre.committed_steps() == commits + adopted + sum(ref.fragment_rounds())
+    c = opt.counters()
+    assert adopted <= c["rounds"] <= adopted + fragments
+    assert (c["merged_late"], c["rejected"], c["rounds_late"]) == (0, 0, 0)
+    # close() completes the rounds in flight: every rank holds one model,
+    # whose fragment rounds merged everyone.
+    opt.close()
+    assert len(set(gyre.allgather_object(_digest(model)))) == 1
+    c = opt.counters()
+    assert c["rounds"] == sum(opt.fragment_versions())
+    assert gyre.committed_steps() == commits + c["rounds"] + sum(ref.fragment_rounds())
+    for f in range(fragments):
+        assert opt.merged_rounds(f) == [opt.fragment_versions()[f]] * size
+
+
+@pytest.mark.parametrize("max_staleness", [0, 10])
+def test_streaming_straggler_does_not_hold_the_others(rank, size, multi_rank, max_staleness):
+    """Two fragments, a sync delay of 1: the last rank sleeps 1 s inside its
+    inner steps; each fragment's next round closes without it (the others
+    are not held), its late contributions are merged (max_staleness 10) or
+    rejected (0), counted; every contribution is accounted for exactly once
+    in each fragment, and after close() every rank holds one model."""
+    straggler = size - 1
+    model = _net()
+    opt = hvd.PartialLocalSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, period=2,
+                              late_after_s=0.2, max_staleness=max_staleness, timeout_s=60.0,
+                              fragments=2, sync_delay=1)
+    steps = 8
+    for step in range(steps):
+        _inner_step(opt, model, rank, step)
+        if rank == straggler and step == 2:
+            time.sleep(1.0)
+        opt.step()
+    opt.close()
+    histories = gyre.broadcast_object([opt.round_history(f) for f in range(2)], 0)
+    c = opt.counters()
+    for f, history in enumerate(histories):
+        # Some round of the fragment closed without the straggler.
+        assert any(h["merged"] and straggler not in h["merged"] + h["late"] for h in history), history
+        # Fragment f's rounds fall every 2 steps: steps / 2 contributions per
+        # rank, each merged on time, merged late or rejected exactly once.
+        for r in range(size):
+            seen = sum(h["merged"].count(r) + h["late"].count(r) + h["rejected"].count(r)
+                       for h in history)
+            assert seen == steps // 2, (f, r, history)
+    if max_staleness == 0:
+        assert c["rejected_by_rank"][straggler] > 0 and c["merged_late_by_rank"][straggler] == 0
+    else:
+        assert c["merged_late_by_rank"][straggler] > 0 and c["rejected_by_rank"][straggler] == 0
+    assert sum(c["rejected_by_rank"][:straggler]) == 0
+    assert len(set(gyre.allgather_object(_digest(model)))) == 1
+
+
+def test_streaming_refusals():
+    model = _net()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(gyre.InvalidArgumentError, match="fragments"):
+        hvd.PartialLocalSGD(sgd, model, period=2, late_after_s=1.0, fragments=3)
+    with pytest.raises(gyre.InvalidArgumentError, match="fragments"):
+        hvd.PartialLocalSGD(sgd, model, period=8, late_after_s=1.0, fragments=7)  # 6 parameters
+    with pytest.raises(gyre.InvalidArgumentError, match="sync_delay"):
+        hvd.PartialLocalSGD(sgd, model, period=2, late_after_s=1.0, sync_delay=2)
