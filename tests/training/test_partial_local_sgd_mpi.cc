@@ -9,7 +9,9 @@
 // aggregator's failure in StateError, never a hang; every step of a
 // warm-up ends in a round; bad arguments are refused naming the problem; on
 // a process set that leaves rank 0 out, the set's first rank aggregates and
-// rounds are no commits. The model is a
+// rounds are no commits; streaming (2 fragments, delays 0-2) with every rank
+// on time equals LocalSgd's streaming, and a straggler's fragment rounds
+// close without it. The model is a
 // float32 tensor and a float64 one (so the store's tensors are float64).
 #include <catch2/catch.hpp>
 
@@ -25,6 +27,7 @@
 
 #include "gyre/gyre.h"
 #include "gyre/elastic.h"
+#include "gyre/local_sgd.h"
 #include "gyre/partial_local_sgd.h"
 #include "gyre/view.h"
 
@@ -317,6 +320,9 @@ TEST_CASE("partial local SGD: bad arguments are refused, naming the problem", "[
   refused({}, {TensorView{nullptr, DataType::kFloat32, {3}}}, "parameter 0 has a null buffer");
   std::vector<float> none;
   refused({}, {view(none)}, "hold no elements");
+  refused({.period = 2, .fragments = 3}, m.views(), "fragments must be between 1 and period (2)");
+  refused({.period = 4, .fragments = 3}, m.views(), "3 fragments but only 2 parameters");
+  refused({.period = 2, .sync_delay = 2}, m.views(), "sync_delay must be >= 0 and < period (2)");
   CHECK_THROWS_AS(PartialLocalSgd({.max_staleness = -1}, m.views()), InvalidArgument);
 
   // Ranks whose models differ in size: the registration fails on every rank.
@@ -400,6 +406,11 @@ TEST_CASE("partial local SGD: an elastic State restores its counters; add_to's r
   elastic::State other;
   CHECK_THROWS_WITH(committing.add_to(other), Catch::Contains(".commit = false"));
   committing.close();
+  PartialLocalSgd streaming({.period = 2, .late_after_s = 30, .timeout_s = 30,
+                             .name = "test.pls.streaming", .commit = false, .fragments = 2},
+                            m.views());
+  CHECK_THROWS_WITH(streaming.add_to(other), Catch::Contains("is not elastic"));
+  streaming.close();
   if (size() >= 3) {  // a set of fewer ranks than the job's
     const int set = add_process_set({0, 1});
     if (process_set_included(set)) {
@@ -411,5 +422,102 @@ TEST_CASE("partial local SGD: an elastic State restores its counters; add_to's r
     }
     barrier();
     remove_process_set(set);
+  }
+}
+
+TEST_CASE("partial local SGD, streaming: with every rank on time it equals LocalSgd's streaming",
+          "[mpi]") {
+  Session s;
+  const int delay = GENERATE(0, 1, 2);
+  INFO(fmt::format("sync_delay {}", delay));
+  const std::uint64_t start = committed_steps();
+  Model m(rank()), twin(rank());
+  PartialLocalSgd sgd({.period = 4,
+                       .late_after_s = 30,
+                       .outer = OuterOptimizer::diloco(),
+                       .timeout_s = 30,
+                       .name = "test.pls.stream",
+                       .fragments = 2,
+                       .sync_delay = delay},
+                      m.views());
+  LocalSgd ref({.period = 4,
+                .outer = OuterOptimizer::diloco(),
+                .name = "test.pls.stream.ref",
+                .commit = false,
+                .fragments = 2,
+                .sync_delay = delay},
+               twin.views());
+  for (int t = 1; t <= 10; ++t) {
+    inner_step(m, t);
+    inner_step(twin, t);
+    sgd.step();
+    ref.step();
+    check_close(m.flat(), twin.flat(), 1e-5, 1e-12, fmt::format("step {}", t));
+    CHECK(sgd.fragment_versions() == ref.fragment_rounds());
+  }
+  // Every fragment round adopted is one commit (LocalSgd's are not).
+  CHECK(committed_steps() == start + static_cast<std::uint64_t>(sgd.version()));
+  const PartialLocalSgdCounters before = sgd.counters();
+  CHECK(before.rounds >= sgd.version());
+  CHECK(before.merged_late + before.rejected + before.rounds_late == 0);
+  sgd.close();  // completes the rounds in flight
+  const PartialLocalSgdCounters c = sgd.counters();
+  CHECK(c.rounds == sgd.version());
+  CHECK(committed_steps() == start + static_cast<std::uint64_t>(sgd.version()));
+  CHECK(same_on_every_rank("test.pls.stream.final", m.flat()));
+  for (int f = 0; f < 2; ++f) {
+    CHECK(sgd.merged_rounds(f) ==
+          std::vector<std::int64_t>(static_cast<std::size_t>(size()),
+                                    sgd.fragment_versions()[static_cast<std::size_t>(f)]));
+  }
+  CHECK_THROWS_AS(sgd.merged_rounds(2), InvalidArgument);
+}
+
+TEST_CASE("partial local SGD, streaming: a straggler's fragment rounds close without it",
+          "[mpi]") {
+  Session s;
+  constexpr double kLate = 0.25;
+  const int slow = size() - 1;
+  Model m(rank());
+  PartialLocalSgd sgd({.period = 2,
+                       .late_after_s = kLate,
+                       .max_staleness = 10,
+                       .timeout_s = 30,
+                       .name = "test.pls.stream.straggler",
+                       .fragments = 2,
+                       .sync_delay = 1},
+                      m.views());
+  constexpr int kSteps = 8;
+  for (int t = 1; t <= kSteps; ++t) {
+    if (rank() == slow && t == 3) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(4 * kLate));
+    }
+    inner_step(m, t);
+    sgd.step();
+  }
+  sgd.close();
+  const PartialLocalSgdCounters c = sgd.counters();
+  CHECK(c.merged_late_by_rank[static_cast<std::size_t>(slow)] >= 1);
+  for (int r = 0; r < size(); ++r) CHECK(c.rejected_by_rank[static_cast<std::size_t>(r)] == 0);
+  CHECK(same_on_every_rank("test.pls.stream.straggler.final", m.flat()));
+  if (rank() == 0) {
+    for (int f = 0; f < 2; ++f) {
+      const auto history = sgd.round_history(f);
+      // Some round of the fragment closed without the straggler, and every
+      // contribution (one per period) was taken exactly once.
+      bool without = false;
+      std::vector<int> seen(static_cast<std::size_t>(size()), 0);
+      for (const auto& round : history) {
+        const bool in = std::count(round.merged.begin(), round.merged.end(), slow) +
+                            std::count(round.late.begin(), round.late.end(), slow) >
+                        0;
+        if (!round.merged.empty() && !in) without = true;
+        for (const auto* ranks : {&round.merged, &round.late, &round.rejected}) {
+          for (int r : *ranks) ++seen[static_cast<std::size_t>(r)];
+        }
+      }
+      CHECK(without);
+      CHECK(seen == std::vector<int>(static_cast<std::size_t>(size()), kSteps / 2));
+    }
   }
 }

@@ -42,6 +42,11 @@
 // travels in the mailbox as a number of the store's dtype: exact up to 2^24
 // rounds in float32.
 //
+// Streaming (PartialLocalSgdOptions::fragments, sync_delay): each fragment
+// of the parameters is such a round of its own, staggered across the period
+// as LocalSgd's; with a sync delay a rank posts and merges sync_delay steps
+// later.
+//
 // Commits: adopting round k after round j calls gyre::commit_step() k − j
 // times (on the global process set, with `commit`; as LocalSgd), so a rank's
 // entry in the version vector is the round it holds, plus the commits made
@@ -93,6 +98,18 @@ struct PartialLocalSgdOptions {
   // Whether adopting a round calls gyre::commit_step() (once per round), on
   // the global process set only: see LocalSgdOptions::commit.
   bool commit = true;
+  // Streaming, as LocalSgdOptions' (LocalSgd's cut of the parameters into
+  // runs balanced by size): each fragment is a partial-participation round
+  // of its own, with its tensors ("<name>.f<k>.model", ...) in a store of
+  // its own and its aggregator; fragment f's rounds fall at the steps where
+  // step % period == (f + 1) * period / fragments % period. With
+  // sync_delay > 0 a rank posts its contribution and goes on; sync_delay
+  // steps later it waits for the round and merges it: the round's model
+  // plus the inner steps taken since the post. fragments in [1, period] and
+  // at most the number of parameters; sync_delay in [0, period). Not with
+  // add_to (elastic).
+  int fragments = 1;
+  int sync_delay = 0;
 };
 
 // What the aggregator has published, as this rank reads it.
@@ -139,12 +156,15 @@ class PartialLocalSgd {
 
   // Called after each of the job's own (inner) updates: counts the step and
   // at every period-th (and every step of the warm-up) runs round().
-  // Returns true when it did.
+  // Returns true when it did. Streaming: completes the fragments' rounds
+  // due now, then starts (and, without a delay, completes) those whose
+  // step it is; returns true when a round was adopted.
   bool step();
   // Posts this rank's contribution, waits for the round after its version
   // to close (at most late_after_s after the first on-time contribution,
   // plus the aggregator's work), and continues from the model it pulls: the
-  // parameters are overwritten with it.
+  // parameters are overwritten with it. Streaming: completes the rounds in
+  // flight, then a round of every fragment.
   void round();
   // Collective: tells the aggregator this rank has stopped, waits for it to
   // finish (it closes a last round with what was posted), takes the final
@@ -178,15 +198,19 @@ class PartialLocalSgd {
   std::int64_t local_steps() const;  // step() calls so far
   // The round of the model this rank works from, counted over the whole
   // training (after an elastic recovery: the rounds before it plus the new
-  // store's).
+  // store's); streaming, the fragment rounds adopted.
   std::int64_t version() const;
   std::int64_t rounds_late() const;  // rounds this rank arrived at after they had closed
   PartialLocalSgdCounters counters() const;
-  // Per rank of the set: the round its latest merged contribution went into
-  // (0: none yet), as the store holds it now.
-  std::vector<std::int64_t> merged_rounds() const;
-  // On the aggregator's rank: every round closed so far; elsewhere empty.
-  std::vector<PartialLocalSgdRound> round_history() const;
+  // Per rank of the set: the round of `fragment` its latest merged
+  // contribution went into (0: none yet), as the store holds it now.
+  std::vector<std::int64_t> merged_rounds(int fragment = 0) const;
+  // On the aggregator's rank: every round of `fragment` closed so far;
+  // elsewhere empty.
+  std::vector<PartialLocalSgdRound> round_history(int fragment = 0) const;
+  // Per fragment: the round of it this rank's parameters hold (version() is
+  // their sum). counters() sums over the fragments.
+  std::vector<std::int64_t> fragment_versions() const;
   const PartialLocalSgdOptions& options() const;
 
   // Internal (core/src/training/partial_local_sgd_state.h); named here so
@@ -194,6 +218,7 @@ class PartialLocalSgd {
   struct State;
 
  private:
+  const PartialLocalSgd& fragment(int fragment) const;
   std::unique_ptr<State> state_;
 };
 

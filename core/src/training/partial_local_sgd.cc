@@ -1,15 +1,18 @@
 // PartialLocalSgd (gyre/partial_local_sgd.h), the rank's side: the argument
-// checks, the start from the model the store holds, a round (post, wait,
-// adopt), close(), and the accessors of what the aggregator published. The
-// store's layout and the aggregator: partial_local_sgd_state.h.
+// checks, the start from the model the store holds (or the fragments, each
+// a PartialLocalSgd of its own), a round (post, wait, adopt), close(). The
+// accessors of what the aggregator published: partial_local_sgd_published.cc;
+// the store's layout and the aggregator: partial_local_sgd_state.h.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "gyre/elastic.h"
+#include "training/local_sgd_wire.h"
 #include "training/partial_local_sgd_state.h"
 #include "training/training_checks.h"
 
@@ -34,6 +37,12 @@ void check_options(const PartialLocalSgdOptions& o) {
   training_detail::check_outer_optimizer(o.outer, "PartialLocalSgd");
   if (std::isnan(o.timeout_s)) bad("timeout_s is NaN");
   if (o.name.empty()) bad("name (the prefix of the store's tensors) is empty");
+  if (o.fragments < 1 || o.fragments > o.period) {
+    bad(fmt::format("fragments must be between 1 and period ({}), got {}", o.period, o.fragments));
+  }
+  if (o.sync_delay < 0 || o.sync_delay >= o.period) {
+    bad(fmt::format("sync_delay must be >= 0 and < period ({}), got {}", o.period, o.sync_delay));
+  }
 }
 
 void check_params(const std::vector<TensorView>& params) {
@@ -91,6 +100,29 @@ PartialLocalSgd::PartialLocalSgd(const PartialLocalSgdOptions& options,
   st.timeout_s = default_timeout(options.timeout_s);
   st.params = std::move(params);
   st.log = core::Logger(rank(), Options::from_env().log_level);
+  if (options.fragments > 1) {
+    if (st.params.size() < static_cast<std::size_t>(options.fragments)) {
+      throw InvalidArgument(fmt::format("PartialLocalSgd: {} fragments but only {} parameters",
+                                        options.fragments, st.params.size()));
+    }
+    // A PartialLocalSgd of one fragment per fragment (collective, in order),
+    // each with its store and aggregator; this one keeps none.
+    std::vector<std::size_t> counts;
+    for (const TensorView& p : st.params) counts.push_back(static_cast<std::size_t>(p.numel()));
+    const auto cuts = local_sgd_detail::fragment_cuts(counts, options.fragments);
+    for (int f = 0; f < options.fragments; ++f) {
+      PartialLocalSgdOptions one = options;
+      one.fragments = 1;
+      one.warmup_steps = 0;
+      one.name = fmt::format("{}.f{}", options.name, f);
+      std::vector<TensorView> mine(st.params.begin() + static_cast<std::ptrdiff_t>(cuts[f]),
+                                   st.params.begin() + static_cast<std::ptrdiff_t>(cuts[f + 1]));
+      st.parts.push_back(std::make_unique<PartialLocalSgd>(one, std::move(mine)));
+      st.parts.back()->state_->fragment_label = fmt::format(" of fragment {}", f);
+      st.offsets.push_back((f + 1) * options.period / options.fragments % options.period);
+    }
+    return;
+  }
   // A replacement rank (GYRE_ELASTIC_RESPAWN) joins survivors that are in
   // their recovery: they open the new store after the State's broadcasts
   // (add_to's sync callback), and so does this rank, in its first sync.
@@ -186,8 +218,16 @@ std::vector<std::int64_t> PartialLocalSgd::State::wait(Ready ready, const std::s
 // The model of round `v` into the parameters; θ_synced as they hold it (a
 // float32 parameter rounds the model's value); one commit per round moved.
 void PartialLocalSgd::State::adopt(const std::vector<double>& value, std::int64_t v) {
+  std::vector<double> now;
+  if (!at_post.empty()) now = flatten(params);
   unflatten(value, params);
   synced = flatten(params);
+  if (!at_post.empty()) {
+    // Under a sync delay: the inner steps since the post stay on top of the
+    // round's model (LocalSgd's default merge).
+    for (std::size_t k = 0; k < now.size(); ++k) now[k] = synced[k] + (now[k] - at_post[k]);
+    unflatten(now, params);
+  }
   if (options.commit && options.process_set == kGlobalProcessSet) {
     for (std::int64_t k = version; k < v; ++k) commit_step();
   }
@@ -209,64 +249,126 @@ void PartialLocalSgd::State::check_rejections(const std::vector<std::int64_t>& m
 bool PartialLocalSgd::step() {
   State& st = *state_;
   ++st.local_steps;
-  if (st.local_steps > st.options.warmup_steps && st.local_steps % st.options.period != 0) {
-    return false;
+  if (st.local_steps <= st.options.warmup_steps) {
+    round();
+    return true;
   }
-  round();
-  return true;
+  // Unfragmented, this State is the one fragment, its rounds at offset 0.
+  std::vector<State*> parts;
+  for (auto& p : st.parts) parts.push_back(p->state_.get());
+  if (parts.empty()) parts.push_back(&st);
+  // Rounds due now complete before new ones start (a fragment's next round
+  // starts a period after its last, after sync_delay < period).
+  bool adopted = false;
+  for (State* ps : parts) {
+    ps->local_steps = st.local_steps;
+    if (ps->pending_base && ps->due <= ps->local_steps) {
+      ps->finish();
+      adopted = true;
+    }
+  }
+  for (std::size_t f = 0; f < parts.size(); ++f) {
+    const int offset = st.offsets.empty() ? 0 : st.offsets[f];
+    if (st.local_steps % st.options.period != offset) continue;
+    parts[f]->post();
+    if (st.options.sync_delay == 0) {
+      parts[f]->finish();
+      adopted = true;
+    }
+  }
+  return adopted;
 }
 
 void PartialLocalSgd::round() {
   State& st = *state_;
   if (st.closed) throw StateError("PartialLocalSgd: round() after close()");
-  st.check_store();
-  const int me = st.me;
-  const auto mine = static_cast<std::size_t>(me);
-  PartialStore& store = *st.store;
-  const std::int64_t posted = st.posted[static_cast<std::size_t>(st.posted_at.count(me))];
+  if (st.parts.empty()) {
+    st.finish();
+    st.post();
+    st.finish();
+    return;
+  }
+  for (auto& p : st.parts) p->state_->finish();
+  for (auto& p : st.parts) {
+    p->state_->local_steps = st.local_steps;
+    p->state_->post();
+    p->state_->finish();
+  }
+}
+
+void PartialLocalSgd::State::post() {
+  if (closed) throw StateError("PartialLocalSgd: a round after close()");
+  check_store();
+  PartialStore& st_store = *store;
+  const std::int64_t already = posted[static_cast<std::size_t>(posted_at.count(me))];
   // The mailbox is free once the aggregator has consumed the last one.
-  const auto consumed_at = static_cast<std::size_t>(st.meta_at.consumed(me));
-  st.wait([&](const auto& meta) { return meta[consumed_at] >= posted; },
-          "its previous contribution to be consumed");
+  const auto consumed_at = static_cast<std::size_t>(meta_at.consumed(me));
+  wait([&](const auto& meta) { return meta[consumed_at] >= already; },
+       "its previous contribution to be consumed");
 
   // Into an empty mailbox (0 + x = x exactly): θ_synced − θ_local, then the
   // round it starts from + 1, so that an empty mailbox reads as none.
-  std::vector<double> contribution = flatten(st.params);
-  for (std::size_t k = 0; k < contribution.size(); ++k) {
-    contribution[k] = st.synced[k] - contribution[k];
-  }
-  contribution.push_back(static_cast<double>(st.version + 1));
-  store.add(store.slot_name(me), contribution);
-  std::vector<std::int64_t> delta(st.posted.size(), 0);
-  delta[static_cast<std::size_t>(st.posted_at.count(me))] = 1;
-  const auto base_at = static_cast<std::size_t>(st.posted_at.base(me));
-  delta[base_at] = st.version - st.posted[base_at];
-  store.add_ints(store.posted_name(), delta);
-  for (std::size_t k = 0; k < delta.size(); ++k) st.posted[k] += delta[k];
+  std::vector<double> local = flatten(params);
+  std::vector<double> contribution(local.size());
+  for (std::size_t k = 0; k < local.size(); ++k) contribution[k] = synced[k] - local[k];
+  contribution.push_back(static_cast<double>(version + 1));
+  st_store.add(st_store.slot_name(me), contribution);
+  std::vector<std::int64_t> delta(posted.size(), 0);
+  delta[static_cast<std::size_t>(posted_at.count(me))] = 1;
+  const auto base_at = static_cast<std::size_t>(posted_at.base(me));
+  delta[base_at] = version - posted[base_at];
+  st_store.add_ints(st_store.posted_name(), delta);
+  for (std::size_t k = 0; k < delta.size(); ++k) posted[k] += delta[k];
+  pending_base = version;
+  due = local_steps + options.sync_delay;
+  if (options.sync_delay > 0) at_post = std::move(local);
+}
 
-  const std::int64_t base = st.version;
-  const auto m = st.wait([&](const auto& meta) { return meta[MetaLayout::kRounds] > base; },
-                         fmt::format("round {} to close", base + 1));
-  if (m[static_cast<std::size_t>(st.meta_at.merged_round(me))] != base + 1) {
+void PartialLocalSgd::State::finish() {
+  if (!pending_base) return;
+  const std::int64_t base = *pending_base;
+  const auto m = wait([&](const auto& meta) { return meta[MetaLayout::kRounds] > base; },
+                      fmt::format("round {}{} to close", base + 1, fragment_label));
+  if (m[static_cast<std::size_t>(meta_at.merged_round(me))] != base + 1) {
     // Round base + 1 closed without this contribution.
-    ++st.rounds_late;
-    st.log.info("PartialLocalSgd: rank {} is late: {} round(s) closed since round {}, which its "
-                "contribution started from; it goes into a later one or is rejected",
-                st.ranks[mine], m[MetaLayout::kRounds] - base, base);
+    ++rounds_late;
+    log.info("PartialLocalSgd: rank {} is late: {} round(s){} closed since round {}, which its "
+             "contribution started from; it goes into a later one or is rejected",
+             ranks[static_cast<std::size_t>(me)], m[MetaLayout::kRounds] - base, fragment_label,
+             base);
   }
   std::vector<double> model;
-  const std::int64_t version = store.pull_model(model);
-  st.adopt(model, version);
-  st.check_rejections(st.meta());
+  const std::int64_t v = store->pull_model(model);
+  adopt(model, v);
+  pending_base.reset();
+  at_post.clear();
+  check_rejections(meta());
 }
 
 void PartialLocalSgd::close() {
   State& st = *state_;
   if (st.closed) return;
+  if (!st.parts.empty()) {
+    st.closed = true;
+    // Each fragment's rounds in flight complete in its own close(), in the
+    // same order on every rank (each close is collective, so every one is
+    // closed whatever an earlier one threw).
+    std::exception_ptr first;
+    for (auto& p : st.parts) {
+      try {
+        p->close();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
+    return;
+  }
   st.check_store();
   st.closed = true;
   PartialStore& store = *st.store;
   try {
+    st.finish();  // this rank's round in flight (sync_delay > 0)
     std::vector<std::int64_t> delta(st.posted.size(), 0);
     delta[static_cast<std::size_t>(st.posted_at.stopped(st.me))] = 1;
     store.add_ints(store.posted_name(), delta);
@@ -307,6 +409,11 @@ void PartialLocalSgd::add_to(elastic::State& state) {
         "with .commit = false and call state.commit() after each step() that ran a round");
   }
   if (st.closed) throw StateError("PartialLocalSgd::add_to after close()");
+  if (!st.parts.empty()) {
+    throw InvalidArgument(fmt::format(
+        "PartialLocalSgd::add_to: {} fragments: a streaming PartialLocalSgd is not elastic "
+        "(its rounds in flight would be lost with the store)", o.fragments));
+  }
   // The counters go back to the commit with the job's parameters, and come
   // from the sync's root after a recovery; θ_synced is the parameters as
   // they were when the round was adopted, which the State restores.
@@ -328,42 +435,6 @@ void PartialLocalSgd::add_to(elastic::State& state) {
     self->rounds_before = self->rounds_total;
     self->open_store();
   });
-}
-
-std::int64_t PartialLocalSgd::local_steps() const { return state_->local_steps; }
-std::int64_t PartialLocalSgd::version() const { return state_->rounds_total; }
-std::int64_t PartialLocalSgd::rounds_late() const { return state_->rounds_late; }
-const PartialLocalSgdOptions& PartialLocalSgd::options() const { return state_->options; }
-
-PartialLocalSgdCounters PartialLocalSgd::counters() const {
-  const State& st = *state_;
-  const std::vector<std::int64_t> m = st.meta();
-  PartialLocalSgdCounters c;
-  c.rounds = m[MetaLayout::kRounds];
-  for (int i = 0; i < st.n; ++i) {
-    c.merged_late_by_rank.push_back(m[static_cast<std::size_t>(st.meta_at.merged_late(i))]);
-    c.rejected_by_rank.push_back(m[static_cast<std::size_t>(st.meta_at.rejected(i))]);
-  }
-  const auto mine = static_cast<std::size_t>(st.me);
-  c.merged_late = c.merged_late_by_rank[mine];
-  c.rejected = c.rejected_by_rank[mine];
-  c.rounds_late = st.rounds_late;
-  return c;
-}
-
-std::vector<std::int64_t> PartialLocalSgd::merged_rounds() const {
-  const State& st = *state_;
-  const std::vector<std::int64_t> m = st.meta();
-  std::vector<std::int64_t> out;
-  for (int i = 0; i < st.n; ++i) {
-    out.push_back(m[static_cast<std::size_t>(st.meta_at.merged_round(i))]);
-  }
-  return out;
-}
-
-std::vector<PartialLocalSgdRound> PartialLocalSgd::round_history() const {
-  const State& st = *state_;
-  return st.aggregator ? st.aggregator->history() : std::vector<PartialLocalSgdRound>{};
 }
 
 }  // namespace gyre

@@ -155,6 +155,17 @@ struct PartialLocalSgd::State {
   std::int64_t seen_rejected = 0;
   bool closed = false;
   std::optional<std::vector<std::int64_t>> final_meta;  // after close(): what the aggregator left
+  // A round in flight (posted, not yet adopted): the round it started from,
+  // the step it is due at, and the parameters at the post (sync_delay > 0).
+  std::optional<std::int64_t> pending_base;
+  std::int64_t due = 0;
+  std::vector<double> at_post;
+  // Streaming (options.fragments > 1): one PartialLocalSgd of one fragment
+  // per fragment, each with its store and aggregator (this State has
+  // none), and the step % period of each one's rounds.
+  std::vector<std::unique_ptr<PartialLocalSgd>> parts;
+  std::vector<int> offsets;
+  std::string fragment_label;  // a fragment's: " of fragment <k>", in its messages
 
   ~State();
   void open_store();
@@ -164,6 +175,12 @@ struct PartialLocalSgd::State {
   template <typename Ready>
   std::vector<std::int64_t> wait(Ready ready, const std::string& what) const;
   void adopt(const std::vector<double>& value, std::int64_t version);
+  // A round in two halves: post() this rank's contribution; finish() waits
+  // for a round after the one it started from and adopts it (with the steps
+  // since the post on top, under a sync delay). finish() without a round in
+  // flight does nothing.
+  void post();
+  void finish();
   void check_rejections(const std::vector<std::int64_t>& m);
   void stop_aggregator();
 };
