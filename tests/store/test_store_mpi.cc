@@ -232,15 +232,25 @@ TEST_CASE("registering the same name twice fails on every rank in the same round
   store.close();
 }
 
-TEST_CASE("an owner that stops serving is named within the deadline") {
-  Session s;
+namespace {
+
+// A store of timeout_s holding "a" (owned by rank 0) and "b" (rank 1).
+std::unique_ptr<ParameterStore> store_a_and_b(double timeout_s) {
   StoreOptions opt;
-  opt.timeout_s = 2;
+  opt.timeout_s = timeout_s;
   auto store = std::make_unique<ParameterStore>(kGlobalProcessSet, opt);
   std::vector<float> a(2, 0.0f), b(2, 0.0f);
-  store->register_tensor("a", view(a));  // owned by rank 0
-  store->register_tensor("b", view(b));  // owned by rank 1
+  store->register_tensor("a", view(a));
+  store->register_tensor("b", view(b));
   barrier();
+  return store;
+}
+
+}  // namespace
+
+TEST_CASE("an owner that stops serving is named within the deadline") {
+  Session s;
+  auto store = store_a_and_b(2);
   if (rank() == 1) {
     store.reset();  // not collective: stops serving "b" at once
   }
@@ -402,13 +412,7 @@ TEST_CASE("a pull lands each shard's values and version straight in the output, 
 
 TEST_CASE("another rank's shutdown stops this rank's store: a call waiting on it fails now") {
   Session s;
-  StoreOptions opt;
-  opt.timeout_s = 60;  // what an unanswered request would otherwise wait
-  auto store = std::make_unique<ParameterStore>(kGlobalProcessSet, opt);
-  std::vector<float> a(2, 0.0f), b(2, 0.0f);
-  store->register_tensor("a", view(a));  // owned by rank 0
-  store->register_tensor("b", view(b));  // owned by rank 1
-  barrier();
+  auto store = store_a_and_b(60);  // what an unanswered request would otherwise wait
   if (rank() == 1) {
     shutdown();  // stops every rank's runtime in the same round, and its own store
     store.reset();

@@ -103,7 +103,8 @@ const OptionSpec kTable[] = {
   {"GYRE_LINK_PROBE", "link_probe",
    IntegerOption{&O::link_probe, 0, 1}, "0", true,
    "1 measures the cost model's network and shared-memory parameters at start-up on the job's "
-   "own links (a job across hosts of several ranks each); 0 keeps the built-in ones."},
+   "own links (a job across hosts of several ranks each; across hosts of one rank each, the "
+   "network alone); 0 keeps the built-in ones."},
   {"GYRE_LINK_PROBE_CACHE", "link_probe_cache",
    TextOption{&O::link_probe_cache}, "", false,
    "A file rank 0 reads the link parameters from (its line for this layout) instead of "

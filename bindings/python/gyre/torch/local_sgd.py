@@ -97,6 +97,24 @@ def _fragment_bounds(sizes: List[int], fragments: int) -> List[int]:
     return cuts
 
 
+def _streaming_step(step: int, period: int, sync_delay: int, fragments: list,
+                    in_flight: Callable[[Any], bool], start: Callable[[Any], None],
+                    finish: Callable[[Any], None]) -> None:
+    """One step of the schedule LocalSGD and PartialLocalSGD share (after the
+    warm-up): the fragments' rounds due now complete before new ones start
+    (a fragment's next round starts a period after its last, after
+    sync_delay < period); then each fragment whose step it is (its
+    ``offset``) starts a round, completed at once without a delay."""
+    for frag in fragments:
+        if in_flight(frag) and frag.due <= step:
+            finish(frag)
+    for frag in fragments:
+        if step % period == frag.offset:
+            start(frag)
+            if sync_delay == 0:
+                finish(frag)
+
+
 class _Fragment:
     __slots__ = ("index", "params", "synced", "offset", "buffers", "handle", "packed", "started", "due",
                  "at_start", "buffers_at_start", "rounds", "version")
@@ -219,16 +237,8 @@ class LocalSGD(OptimizerWrapper):
                 self._start(frag)
                 self._finish(frag)
             return loss
-        # Rounds due now complete before new ones start (a fragment's next
-        # round starts a period after its last, after sync_delay < period).
-        for frag in self._fragments:
-            if frag.handle is not None and frag.due <= self.local_step:
-                self._finish(frag)
-        for frag in self._fragments:
-            if self.local_step % self.period == frag.offset:
-                self._start(frag)
-                if self.sync_delay == 0:
-                    self._finish(frag)
+        _streaming_step(self.local_step, self.period, self.sync_delay, self._fragments,
+                        lambda f: f.handle is not None, self._start, self._finish)
         return loss
 
     def sync(self) -> None:

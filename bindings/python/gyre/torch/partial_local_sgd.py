@@ -71,7 +71,7 @@ from gyre.exceptions import InvalidArgumentError, RankFailedError
 from gyre.ps import ParameterStore
 
 from ._partial_local_sgd_aggregator import _PREFIX, _Aggregator, _Part
-from .local_sgd import _fragment_bounds
+from .local_sgd import _fragment_bounds, _streaming_step
 
 __all__ = ["PartialLocalSGD"]
 
@@ -197,16 +197,8 @@ class PartialLocalSGD(OptimizerWrapper):
         if self.local_step <= self.warmup_steps:
             self.round()
             return loss
-        # Rounds due now complete before new ones start (a fragment's next
-        # round starts a period after its last, after sync_delay < period).
-        for part in self._parts:
-            if part.base is not None and part.due <= self.local_step:
-                self._finish(part)
-        for part in self._parts:
-            if self.local_step % self.period == part.offset:
-                self._post(part)
-                if self.sync_delay == 0:
-                    self._finish(part)
+        _streaming_step(self.local_step, self.period, self.sync_delay, self._parts,
+                        lambda p: p.base is not None, self._post, self._finish)
         return loss
 
     def _require_store(self) -> None:
