@@ -283,3 +283,13 @@ def test_streaming_refusals():
         hvd.PartialLocalSGD(sgd, model, period=8, late_after_s=1.0, fragments=7)  # 6 parameters
     with pytest.raises(gyre.InvalidArgumentError, match="sync_delay"):
         hvd.PartialLocalSGD(sgd, model, period=2, late_after_s=1.0, sync_delay=2)
+
+
+@pytest.mark.parametrize("fragments,sync_delay", [(2, 0), (1, 1)])
+def test_streaming_is_refused_under_a_torch_state(fragments, sync_delay):
+    model = _net()
+    opt = hvd.PartialLocalSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, period=2,
+                              late_after_s=30.0, fragments=fragments, sync_delay=sync_delay)
+    with pytest.raises(gyre.InvalidArgumentError, match="not elastic"):
+        hvd.elastic.TorchState(model, opt, step=0)
+    opt.close()

@@ -151,6 +151,8 @@ void PartialLocalSgd::State::open_store() {
   const DataType wire = any64 ? DataType::kFloat64 : DataType::kFloat32;
 
   store = std::make_unique<PartialStore>(options, timeout_s, wire, n, flatten(params));
+  pending_base.reset();
+  at_post.clear();
   std::vector<double> model;
   const std::int64_t v = store->pull_model(model);
   version = 0;
@@ -172,6 +174,10 @@ void PartialLocalSgd::State::check_store() const {
 void PartialLocalSgd::State::drop_store() {
   aggregator.reset();  // stops and joins its thread, which uses the store
   store.reset();
+  // A round in flight (a failure inside its wait) went with the store: the
+  // next store's rounds count from 0.
+  pending_base.reset();
+  at_post.clear();
 }
 
 PartialLocalSgd::~PartialLocalSgd() = default;

@@ -359,6 +359,16 @@ class PartialLocalSGD(OptimizerWrapper):
             self.store.discard()
             self.store = None
 
+    def _gyre_elastic_check(self) -> None:
+        """TorchState's, at its construction: a streaming PartialLocalSGD is
+        refused (as C++'s add_to refuses it): a recovery drops the store
+        with the rounds in flight, and nothing restores them."""
+        if len(self._parts) > 1 or self.sync_delay:
+            raise InvalidArgumentError(
+                f"PartialLocalSGD: fragments={len(self._parts)}, sync_delay={self.sync_delay}: a "
+                f"streaming PartialLocalSGD is not elastic (a recovery would lose its rounds in "
+                f"flight with the store); use fragments=1, sync_delay=0 under a TorchState")
+
     def _gyre_elastic_sync(self, root_rank: int) -> None:
         """Every rank takes ``root_rank``'s inner optimizer state and
         counters (TorchState.sync(), after the model's parameters were
