@@ -104,11 +104,10 @@ void BackendRegistry::connect(HostLayout layout) {
     log_.debug("host tensors over shared memory");
   } else if (opt_.link_probe == 1 && layout.hosts_of_one > 1) {
     // Every hop of the flat allreduce crosses hosts: its choice of algorithm
-    // per size follows the probed network.
-    LayoutCost cost = default_layout_cost(t_.size(), 1, opt_.allreduce_small_bytes,
-                                          opt_.rabenseifner_allreduce);
-    cost = probe_links(t_, t_, nullptr, opt_, log_, cost, link_source_);
-    host_ = std::make_unique<HostBackend>(t_, opt_, cost);
+    // per size follows the probed network, measured from the ring backend's
+    // built-in parameters of this layout.
+    host_ = std::make_unique<HostBackend>(
+        t_, opt_, probe_links(t_, t_, nullptr, opt_, log_, host_->layout_cost(), link_source_));
   }
 }
 

@@ -182,12 +182,18 @@ LayoutCost probe_links(transport::Transport& world, transport::Transport& cross,
     // [net alpha, net beta, shm alpha, shm beta, piece]: zeros from a rank
     // without a partner (an odd host count's last host) leave the others'.
     std::vector<double> mine(5, 0.0);
+    // Hosts of one rank each: alpha is what a step of the flat allreduce
+    // itself costs (a collective: every rank, also an odd count's last),
+    // in place of the 8-byte round trips.
+    const double flat_step_s = local ? 0.0 : allreduce_step(world);
     // Every local rank of a host has the host's cross rank: all of them
     // probe, or none.
     const int partner = cross.rank() ^ 1;
     if (partner < cross.size()) {
-      const double small = round_trips(cross, local, partner, static_cast<std::size_t>(kSmallBytes),
-                                       kSmallTrips);
+      const double small =
+          local ? round_trips(cross, local, partner, static_cast<std::size_t>(kSmallBytes),
+                              kSmallTrips)
+                : 2 * flat_step_s;
       const double mid = round_trips(cross, local, partner, kMidBytes, kLargeTrips);
       const double large = round_trips(cross, local, partner, kLargeBytes, kLargeTrips);
       const LinkCost net =
@@ -195,9 +201,7 @@ LayoutCost probe_links(transport::Transport& world, transport::Transport& cross,
       mine[0] = net.alpha_s;
       mine[1] = net.beta_s_per_b;
     }
-    // Hosts of one rank each: alpha is what a step of the flat allreduce
-    // itself costs (a collective: every rank, also an odd count's last).
-    if (!local) mine[0] = std::max(allreduce_step(world), kFloorS);
+    if (!local) mine[0] = std::max(flat_step_s, kFloorS);  // a rank without a partner too
     if (local && local->size() > 1) {
       const double small = shm_pass(*local, kShmSmallCount);
       const double large = shm_pass(*local, kShmLargeCount);
