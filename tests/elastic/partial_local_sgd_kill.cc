@@ -25,16 +25,35 @@
 // its first sync (State::on_sync), where it opens one with the survivors;
 // it joins at step 6 holding the commit, takes its own rank's targets, and
 // the three finish on 3 ranks, equal to the reference with it from step 7.
+// With GYRE_TEST_STREAMING=1, streaming: the parameters in 2 fragments (2
+// tensors of 512), fragment 0's rounds at odd steps and fragment 1's at even
+// ones, each merged one step after its post (sync_delay 1), so that a
+// commit falls while the other fragment's round is in flight. The rank to
+// die waits, after the barrier of step 7, until the round of fragment 1 it
+// posted at step 6 has closed; the survivors' round of fragment 0 posted at
+// step 7 cannot close. A survivor that adopts fragment 1's round at step 7
+// before its store has seen the death commits there; one that sees the
+// death first goes back to step 6 (and the other with it: the agreed commit
+// is the lower, its root the first survivor that committed it), so the
+// recovery's step is 6 or 7, and the reference takes the step and the root
+// of the recovery the survivors made. The recovery drops the rounds in flight
+// and opens a store per fragment holding the sync root's parameters; the
+// reference does the same (19 fragment rounds in all either way).
 // Prints "elastic: rank P PASS ..." per rank that finishes (run_elastic.sh
 // and run_respawn.sh count them).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -90,6 +109,118 @@ std::vector<double> reference(const gyre::OuterOptimizer& o, int dead, bool resp
   return synced;
 }
 
+
+// Streaming (GYRE_TEST_STREAMING=1): 2 fragments, sync delay 1.
+constexpr int kFragments = 2;
+constexpr int kDelay = 1;
+
+struct Fragment {
+  std::size_t lo = 0, hi = 0;
+  int offset = 0;
+  std::vector<double> synced, buf, result;
+  bool pending = false;
+  int due = 0;
+  std::vector<int> posters;
+  std::vector<std::vector<double>> at_post;
+};
+
+// A fragment's round in flight merged into its posters' parameters: the
+// round's model plus each one's steps since the post.
+void merge(Fragment& f, std::vector<std::vector<double>>& w) {
+  for (int p : f.posters) {
+    auto& wp = w[static_cast<std::size_t>(p)];
+    const auto& at = f.at_post[static_cast<std::size_t>(p)];
+    for (std::size_t i = f.lo; i < f.hi; ++i) wp[i] = f.result[i - f.lo] + (wp[i] - at[i - f.lo]);
+  }
+  f.synced = f.result;
+  f.pending = false;
+}
+
+// The streaming run in one process, as the aggregators close it with every
+// rank on time: the rounds' posters, DiLoCo's outer step per fragment, the
+// merge a step later; the recovery at the commit of step `recovered` (the
+// parameters of `root`, the sync root, everywhere, the rounds in flight dropped, the
+// momentum restarting); close(): the rounds in flight merged, then every
+// fragment's model. Returns the final parameters and the fragment rounds
+// adopted (over the whole run).
+std::pair<std::vector<double>, int> reference_streaming(const gyre::OuterOptimizer& o, int dead,
+                                                         bool respawn, int recovered, int root) {
+  std::vector<int> target;
+  for (int p = 0; p < kRanks; ++p) target.push_back(p);
+  std::vector<std::vector<double>> w(kRanks, std::vector<double>(kCount, 0.0));
+  std::vector<Fragment> frags(kFragments);
+  for (int f = 0; f < kFragments; ++f) {
+    Fragment& fr = frags[static_cast<std::size_t>(f)];
+    fr.lo = kCount * static_cast<std::size_t>(f) / kFragments;
+    fr.hi = kCount * static_cast<std::size_t>(f + 1) / kFragments;
+    fr.offset = (f + 1) * kPeriod / kFragments % kPeriod;
+    fr.synced.assign(fr.hi - fr.lo, 0.0);
+    fr.buf.assign(fr.hi - fr.lo, 0.0);
+    fr.at_post.assign(kRanks, {});
+  }
+  int adopted = 0;
+  for (int t = 1; t <= kSteps; ++t) {
+    std::vector<int> alive;
+    for (int p = 0; p < kRanks; ++p) {
+      if (p != dead || t < kKillStep || (respawn && t > recovered)) alive.push_back(p);
+    }
+    for (int p : alive) {
+      inner_step(w[static_cast<std::size_t>(p)], target[static_cast<std::size_t>(p)], t);
+    }
+    for (Fragment& fr : frags) {
+      if (fr.pending && fr.due <= t) {
+        merge(fr, w);
+        ++adopted;
+      }
+    }
+    if (t == recovered) {
+      // The commit of this step, then the failure: every rank of the new
+      // world from the root's commit, new stores, no round in flight.
+      const std::vector<double> commit = w[static_cast<std::size_t>(root)];
+      if (respawn) target[static_cast<std::size_t>(dead)] = kRanks - 1;
+      for (auto& wp : w) wp = commit;
+      for (Fragment& fr : frags) {
+        fr.synced.assign(commit.begin() + static_cast<std::ptrdiff_t>(fr.lo),
+                         commit.begin() + static_cast<std::ptrdiff_t>(fr.hi));
+        std::fill(fr.buf.begin(), fr.buf.end(), 0.0);
+        fr.pending = false;
+      }
+      continue;
+    }
+    for (Fragment& fr : frags) {
+      if (t % kPeriod != fr.offset) continue;
+      std::vector<double> g(fr.hi - fr.lo, 0.0);
+      for (int p : alive) {
+        const auto& wp = w[static_cast<std::size_t>(p)];
+        for (std::size_t i = fr.lo; i < fr.hi; ++i) g[i - fr.lo] += fr.synced[i - fr.lo] - wp[i];
+        fr.at_post[static_cast<std::size_t>(p)].assign(
+            wp.begin() + static_cast<std::ptrdiff_t>(fr.lo),
+            wp.begin() + static_cast<std::ptrdiff_t>(fr.hi));
+      }
+      fr.result = fr.synced;
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        g[i] /= static_cast<double>(alive.size());
+        fr.buf[i] = o.momentum * fr.buf[i] + g[i];
+        fr.result[i] -= o.lr * (o.nesterov ? g[i] + o.momentum * fr.buf[i] : fr.buf[i]);
+      }
+      fr.posters = alive;
+      fr.pending = true;
+      fr.due = t + kDelay;
+    }
+  }
+  for (Fragment& fr : frags) {
+    if (fr.pending) {
+      merge(fr, w);
+      ++adopted;
+    }
+  }
+  std::vector<double> out = w[static_cast<std::size_t>(root)];
+  for (const Fragment& fr : frags) {
+    std::copy(fr.synced.begin(), fr.synced.end(), out.begin() + static_cast<std::ptrdiff_t>(fr.lo));
+  }
+  return {out, adopted};
+}
+
 }  // namespace
 
 int main() {
@@ -108,24 +239,40 @@ int main() {
   if (gyre::size() != kRanks) fail(me, fmt::format("needs {} ranks", kRanks));
   const gyre::OuterOptimizer outer = gyre::OuterOptimizer::diloco();
 
+  const char* streaming_env = std::getenv("GYRE_TEST_STREAMING");
+  const bool streaming = streaming_env != nullptr && std::string(streaming_env) == "1";
   std::vector<double> w(kCount, 0.0);
+  std::vector<gyre::TensorView> params{gyre::view(w)};
+  if (streaming) {
+    const std::span<double> all(w);
+    params = {gyre::view(all.first(kCount / 2)), gyre::view(all.subspan(kCount / 2))};
+  }
   gyre::PartialLocalSgd sgd({.period = kPeriod, .late_after_s = 60, .outer = outer,
-                             .timeout_s = 60, .name = "kill.plsgd", .commit = false},
-                            {gyre::view(w)});
+                             .timeout_s = 60, .name = "kill.plsgd", .commit = false,
+                             .fragments = streaming ? kFragments : 1,
+                             .sync_delay = streaming ? kDelay : 0},
+                            std::move(params));
   gyre::elastic::State state;
   state.add("w", w);
   sgd.add_to(state);
   int recoveries = 0;
+  std::int64_t recovered_at = -1;  // the local step the recovery restored
   std::string failure;
   state.on_failure([&](const gyre::RankFailedError& e) { failure = e.what(); });
-  state.on_reset([&](const gyre::elastic::Recovery&) { ++recoveries; });
+  int root_old = 0;  // the sync root of the recovery, by its rank at the start
+  state.on_reset([&](const gyre::elastic::Recovery& r) {
+    ++recoveries;
+    root_old = r.info.previous_ranks.at(static_cast<std::size_t>(r.info.root));
+  });
   bool first_entry = true;
   gyre::elastic::run(state, [&](gyre::elastic::State& s) {
-    if (replacement && first_entry && (sgd.local_steps() != kKillStep - 1 || sgd.version() != 3)) {
+    if (replacement && first_entry && !streaming &&
+        (sgd.local_steps() != kKillStep - 1 || sgd.version() != 3)) {
       fail(me, fmt::format("joined at local step {}, round {}; expected the commit of step {} "
                            "(round 3)", sgd.local_steps(), sgd.version(), kKillStep - 1));
     }
     first_entry = false;
+    if ((recoveries > 0 || replacement) && recovered_at < 0) recovered_at = sgd.local_steps();
     while (sgd.local_steps() < kSteps) {
       const int t = static_cast<int>(sgd.local_steps()) + 1;
       inner_step(w, me, t);
@@ -133,6 +280,18 @@ int main() {
       // pulling it when the store fails would go back to step 4's commit.
       if (t == kKillStep) gyre::barrier();
       if (me == dead && t == kKillStep && !replacement) {
+        if (streaming) {
+          // Fragment 1's round of step 6 (its third) holds every rank's
+          // contribution: this rank dies once it has closed, so that every
+          // survivor adopts it at step 7.
+          const auto start = std::chrono::steady_clock::now();
+          while (sgd.merged_rounds(1)[static_cast<std::size_t>(me)] < 3) {
+            if (std::chrono::steady_clock::now() - start > std::chrono::seconds(30)) {
+              fail(me, "fragment 1's round of step 6 did not close within 30 s");
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+        }
         std::fprintf(stderr, "elastic: rank %d killed at inner step %d\n", me, t);
         std::fflush(stderr);
         std::raise(SIGKILL);
@@ -149,18 +308,31 @@ int main() {
     }
   }
   if (gyre::size() != after) fail(me, fmt::format("{} ranks after the recovery", gyre::size()));
-  if (sgd.version() != kSteps / kPeriod || sgd.local_steps() != kSteps) {
+  std::vector<double> want;
+  int rounds = kSteps / kPeriod;
+  if (streaming) {
+    if (recovered_at != kKillStep - 1 && recovered_at != kKillStep) {
+      fail(me, fmt::format("the recovery restored local step {}, expected {} or {}",
+                           recovered_at, kKillStep - 1, kKillStep));
+    }
+    std::tie(want, rounds) =
+        reference_streaming(outer, dead, respawn, static_cast<int>(recovered_at), root_old);
+  } else {
+    want = reference(outer, dead, respawn);
+  }
+  if (sgd.version() != rounds || sgd.local_steps() != kSteps) {
     fail(me, fmt::format("version {} and local steps {}, expected {} and {}", sgd.version(),
-                         sgd.local_steps(), kSteps / kPeriod, kSteps));
+                         sgd.local_steps(), rounds, kSteps));
   }
 
-  const std::vector<double> want = reference(outer, dead, respawn);
   // Every rank holds the same bits, equal to the reference.
   const double worst = check_final(me, "kill.plsgd", w, want);
   gyre::shutdown();
-  std::printf("elastic: rank %d PASS:%s %d rounds on 3 then %d ranks (rank %d killed), equal to "
-              "the reference within %.3g\n", me, replacement ? " (the replacement)" : "",
-              kSteps / kPeriod, after, dead, worst);
+  std::printf("elastic: rank %d PASS:%s%s %d rounds on 3 then %d ranks (rank %d killed), equal "
+              "to the reference within %.3g\n", me, replacement ? " (the replacement)" : "",
+              streaming ? fmt::format(" streaming (2 fragments, sync delay 1, back to step {} "
+                                      "from rank {}):", recovered_at, root_old).c_str() : "",
+              rounds, after, dead, worst);
   std::fflush(stdout);
   return 0;
 }

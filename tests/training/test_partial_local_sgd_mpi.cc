@@ -362,7 +362,8 @@ TEST_CASE("partial local SGD: on a process set, its first rank aggregates; no co
   remove_process_set(set);
 }
 
-TEST_CASE("partial local SGD: an elastic State restores its counters; add_to's refusals",
+TEST_CASE("partial local SGD: an elastic State restores its counters, streaming too; add_to's "
+          "refusals",
           "[mpi]") {
   // add_to() puts the step and round counters into an elastic State beside
   // the job's parameters (the reopening of the store after a member's death
@@ -406,11 +407,34 @@ TEST_CASE("partial local SGD: an elastic State restores its counters; add_to's r
   elastic::State other;
   CHECK_THROWS_WITH(committing.add_to(other), Catch::Contains(".commit = false"));
   committing.close();
+  // Streaming: each fragment's round counter goes back with the steps (a
+  // commit inside fragment 1's sync delay; its round in flight completes).
   PartialLocalSgd streaming({.period = 2, .late_after_s = 30, .timeout_s = 30,
-                             .name = "test.pls.streaming", .commit = false, .fragments = 2},
+                             .name = "test.pls.streaming", .commit = false, .fragments = 2,
+                             .sync_delay = 1},
                             m.views());
-  CHECK_THROWS_WITH(streaming.add_to(other), Catch::Contains("is not elastic"));
+  elastic::State streamed;
+  streamed.add("w", m.w);
+  streamed.add("b", m.b);
+  streaming.add_to(streamed);
+  for (int t = 1; t <= 3; ++t) {  // fragment 0 at steps 1 and 3, fragment 1 at step 2
+    inner_step(m, t);
+    if (streaming.step()) streamed.commit();
+  }
+  REQUIRE(streaming.fragment_versions() == std::vector<std::int64_t>{1, 1});
+  const std::vector<double> at_commit = m.flat();
+  for (int t = 4; t <= 5; ++t) {
+    inner_step(m, t);
+    streaming.step();
+  }
+  REQUIRE(streaming.fragment_versions() == std::vector<std::int64_t>{2, 2});
+  streamed.restore();
+  CHECK(streaming.fragment_versions() == std::vector<std::int64_t>{1, 1});
+  CHECK(streaming.version() == 2);
+  CHECK(streaming.local_steps() == 3);
+  CHECK(m.flat() == at_commit);
   streaming.close();
+  CHECK(same_on_every_rank("test.pls.streaming.final", m.flat()));
   if (size() >= 3) {  // a set of fewer ranks than the job's
     const int set = add_process_set({0, 1});
     if (process_set_included(set)) {

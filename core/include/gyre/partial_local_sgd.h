@@ -106,8 +106,8 @@ struct PartialLocalSgdOptions {
   // sync_delay > 0 a rank posts its contribution and goes on; sync_delay
   // steps later it waits for the round and merges it: the round's model
   // plus the inner steps taken since the post. fragments in [1, period] and
-  // at most the number of parameters; sync_delay in [0, period). Not with
-  // add_to (elastic).
+  // at most the number of parameters; sync_delay in [0, period). Elastic
+  // too (add_to).
   int fragments = 1;
   int sync_delay = 0;
 };
@@ -192,7 +192,15 @@ class PartialLocalSgd {
   // rebuild drops the others); InvalidArgument otherwise. elastic::run
   // needs the survivors within one commit of each other: rounds that wait
   // for every rank (late_after_s above a period's time) keep them so. The
-  // PartialLocalSgd must outlive the State's use.
+  // PartialLocalSgd must outlive the State's use. Streaming: each fragment's
+  // store goes and comes back the same way (its counters
+  // "<name>.f<k>.rounds", "<name>.f<k>.rounds_late"); a fragment's round in
+  // flight at the failure (posted, not yet merged: a commit may fall inside
+  // a sync delay, or between the fragments' rounds) goes with the old store.
+  // Its new store's model is the sync root's restored parameters, so the
+  // root's inner steps since that fragment's last merged round stay in the
+  // model (without an outer step), and the other survivors', like every
+  // survivor's steps since the commit, are dropped.
   void add_to(elastic::State& state);
 
   std::int64_t local_steps() const;  // step() calls so far

@@ -415,31 +415,36 @@ void PartialLocalSgd::add_to(elastic::State& state) {
         "with .commit = false and call state.commit() after each step() that ran a round");
   }
   if (st.closed) throw StateError("PartialLocalSgd::add_to after close()");
-  if (!st.parts.empty()) {
-    throw InvalidArgument(fmt::format(
-        "PartialLocalSgd::add_to: {} fragments: a streaming PartialLocalSgd is not elastic "
-        "(its rounds in flight would be lost with the store)", o.fragments));
-  }
   // The counters go back to the commit with the job's parameters, and come
   // from the sync's root after a recovery; θ_synced is the parameters as
   // they were when the round was adopted, which the State restores.
+  // Streaming: the steps are this State's, the rounds each fragment's.
   state.add(o.name + ".local_steps", &st.local_steps, DataType::kInt64, 1);
-  state.add(o.name + ".rounds", &st.rounds_total, DataType::kInt64, 1);
-  state.add(o.name + ".rounds_late", &st.rounds_late, DataType::kInt64, 1);
-  State* self = &st;  // stable: the PartialLocalSgd holds it by pointer, also when moved
-  state.on_failure([self](const RankFailedError&) {
-    // The store is over the old world: its calls fail on every member.
-    self->drop_store();
+  // Stable: each PartialLocalSgd holds its State by pointer, also when moved.
+  std::vector<State*> parts;
+  for (auto& p : st.parts) parts.push_back(p->state_.get());
+  if (parts.empty()) parts.push_back(&st);
+  for (State* ps : parts) {
+    state.add(ps->options.name + ".rounds", &ps->rounds_total, DataType::kInt64, 1);
+    state.add(ps->options.name + ".rounds_late", &ps->rounds_late, DataType::kInt64, 1);
+  }
+  state.on_failure([parts](const RankFailedError&) {
+    // The stores are over the old world: their calls fail on every member.
+    // A fragment's round in flight goes with its store.
+    for (State* ps : parts) ps->drop_store();
   });
-  state.on_sync([self] {
+  state.on_sync([parts] {
     // After a recovery's sync (and a replacement's first): the parameters
-    // and counters are the sync root's commit; a store over the ranks now
-    // holds that model, its rounds counted on from there. The outer
+    // and counters are the sync root's commit; a store per fragment over the
+    // ranks now holds that model, its rounds counted on from there (in
+    // fragment order on every rank: each opening is collective). The outer
     // optimizer's momentum was the old aggregator's alone: it restarts.
-    // run()'s first sync on the other ranks finds the store open.
-    if (self->store) return;
-    self->rounds_before = self->rounds_total;
-    self->open_store();
+    // run()'s first sync on the other ranks finds the stores open.
+    for (State* ps : parts) {
+      if (ps->store) continue;
+      ps->rounds_before = ps->rounds_total;
+      ps->open_store();
+    }
   });
 }
 
