@@ -285,11 +285,56 @@ def test_streaming_refusals():
         hvd.PartialLocalSGD(sgd, model, period=2, late_after_s=1.0, sync_delay=2)
 
 
-@pytest.mark.parametrize("fragments,sync_delay", [(2, 0), (1, 1)])
-def test_streaming_is_refused_under_a_torch_state(fragments, sync_delay):
+@pytest.mark.parametrize("fragments,sync_delay", [(2, 0), (2, 1), (1, 1)])
+def test_streaming_under_a_torch_state_restores_its_commit_and_reopens(rank, size, fragments,
+                                                                       sync_delay):
+    # A recovery without a death: restore() (the store dropped with the
+    # rounds in flight, the parameters, steps and rounds back to the last
+    # commit, taken inside a sync delay), then sync() (a new store holding
+    # rank 0's parameters), then training on to one final model.
     model = _net()
-    opt = hvd.PartialLocalSGD(torch.optim.SGD(model.parameters(), lr=0.1), model, period=2,
-                              late_after_s=30.0, fragments=fragments, sync_delay=sync_delay)
-    with pytest.raises(gyre.InvalidArgumentError, match="not elastic"):
-        hvd.elastic.TorchState(model, opt, step=0)
+    opt = hvd.PartialLocalSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, period=2,
+                              late_after_s=30.0, timeout_s=30.0, fragments=fragments,
+                              sync_delay=sync_delay)
+    state = hvd.elastic.TorchState(model, opt, step=0)
+    committed = None
+    for step in range(5):
+        _inner_step(opt, model, rank, step)
+        opt.step()
+        state.step = step + 1
+        if opt.completed_round:
+            state.commit()
+            committed = (state.step, opt.local_step, opt.version, _flat(model).clone())
+    assert committed is not None and committed[2] > 0
+    for step in range(5, 7):  # a round or two past the commit, undone below
+        _inner_step(opt, model, rank, step)
+        opt.step()
+        state.step = step + 1
+    assert opt.version > committed[2]
+    # A failure breaks every rank's store at once, and the calls to it fail
+    # at once; here each rank drops its own, whose shards the others (and
+    # the aggregators, polling) would wait on until their timeout: the
+    # aggregators stop and every rank finishes its steps first.
+    for part in opt._parts:
+        if part.aggregator is not None:
+            part.aggregator.stop.set()
+            part.aggregator.join()
+    gyre.barrier()
+    state.restore()
+    assert (state.step, opt.local_step, opt.version) == committed[:3]
+    assert torch.equal(_flat(model), committed[3])
+    assert opt.fragment_versions() == [0] * fragments
+    state.sync()
+    assert opt.version == committed[2] and opt.fragment_versions() == [0] * fragments
+    assert len(set(gyre.allgather_object(_digest(model)))) == 1  # rank 0's commit
+    rounds = 0
+    for step in range(state.step, state.step + 4):
+        _inner_step(opt, model, rank, step)
+        opt.step()
+        rounds += opt.completed_round
+        if opt.completed_round:
+            state.commit()
     opt.close()
+    assert len(set(gyre.allgather_object(_digest(model)))) == 1
+    assert opt.version == committed[2] + sum(opt.fragment_versions())
+    assert sum(opt.fragment_versions()) >= rounds >= 2

@@ -176,9 +176,6 @@ class TorchState(ObjectState):
             # A DistributedOptimizer commits a step per optimizer.step(), a
             # LocalSGD one per outer round; here commit() does, so that every
             # committed step has a saved state.
-            check = getattr(optimizer, "_gyre_elastic_check", None)
-            if check is not None:
-                check()  # refuses what a recovery could not restore
             optimizer._gyre_auto_commit = False
         self._samplers = {k: v for k, v in kwargs.items() if isinstance(v, ElasticSampler)}
         for k, v in self._samplers.items():

@@ -189,6 +189,14 @@ class PartialLocalSGD(OptimizerWrapper):
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["inner"])
         self.local_step = state["local_step"]
+        if self.store is None and "version" in state:
+            # A TorchState's restore, after the store was dropped
+            # (_gyre_elastic_reset): the rounds go back to the commit's too
+            # (a step that failed after adopting a fragment's round had
+            # counted it), and the next store counts on from there.
+            self._rounds_before = int(state["version"])
+            for part in self._parts:
+                part.store_round = 0
 
     def step(self, closure: Any = None) -> Any:
         self.completed_round = False
@@ -345,9 +353,12 @@ class PartialLocalSGD(OptimizerWrapper):
     def _gyre_elastic_reset(self) -> None:
         """After a rank's death and the rebuild: the store was over the old
         world (its calls now raise RankFailedError) and its aggregator may
-        have been on the dead rank. Stops this rank's aggregator, if any,
-        and drops the store without a collective; _gyre_elastic_sync opens
-        a new one."""
+        have been on the dead rank. Stops this rank's aggregators, if any,
+        and drops the store without a collective, with the fragments' rounds
+        in flight; _gyre_elastic_sync opens a new one, whose model is the
+        sync root's parameters (so the root's inner steps since a fragment's
+        last merged round stay in the model, without an outer step, and the
+        other ranks' are replaced by the root's)."""
         self.completed_round = False
         for part in self._parts:
             if part.aggregator is not None:
@@ -358,16 +369,6 @@ class PartialLocalSGD(OptimizerWrapper):
         if self.store is not None:
             self.store.discard()
             self.store = None
-
-    def _gyre_elastic_check(self) -> None:
-        """TorchState's, at its construction: a streaming PartialLocalSGD is
-        refused (as C++'s add_to refuses it): a recovery drops the store
-        with the rounds in flight, and nothing restores them."""
-        if len(self._parts) > 1 or self.sync_delay:
-            raise InvalidArgumentError(
-                f"PartialLocalSGD: fragments={len(self._parts)}, sync_delay={self.sync_delay}: a "
-                f"streaming PartialLocalSGD is not elastic (a recovery would lose its rounds in "
-                f"flight with the store); use fragments=1, sync_delay=0 under a TorchState")
 
     def _gyre_elastic_sync(self, root_rank: int) -> None:
         """Every rank takes ``root_rank``'s inner optimizer state and
