@@ -91,6 +91,11 @@ if [ "$with_python" = 1 ]; then
   GYRE_ELASTIC_TIMEOUT_S=300 bash "$GYRE_ROOT/tests/elastic/run_elastic.sh" "$venv/bin/mpirun" 3 \
     -x GYRE_TEST_KILL_RANK=0 "$venv/bin/python" \
     "$GYRE_ROOT/tests/elastic/elastic_partial_local_sgd.py" || fail "elastic_partial_local_sgd.py, rank 0 killed"
+  echo "== Python: elastic streaming PartialLocalSGD (2 fragments, sync delay 1), 3 ranks, rank 0 killed between rounds"
+  GYRE_ELASTIC_TIMEOUT_S=300 bash "$GYRE_ROOT/tests/elastic/run_elastic.sh" "$venv/bin/mpirun" 3 \
+    -x GYRE_TEST_KILL_RANK=0 -x GYRE_TEST_STREAMING=1 "$venv/bin/python" \
+    "$GYRE_ROOT/tests/elastic/elastic_partial_local_sgd.py" ||
+    fail "elastic_partial_local_sgd.py streaming, rank 0 killed"
 fi
 # Growing back and min_np (docs/elastic.md, "Growing back"): the C++ tests
 # (label "respawn"), then the same from Python (numpy for min_np; torch and

@@ -21,6 +21,19 @@ TorchState's first sync, as the survivors open theirs in the recovery's, and
 the three finish on 3 ranks, equal to the reference on 3 ranks from the
 commit; the replacement's first step must be the one after that commit.
 
+With GYRE_TEST_STREAMING=1 (no respawn): streaming, 2 fragments with a sync
+delay of 1, so that rounds are posted at local steps 2, 4, 6, ... (fragment
+0 at 2 mod 4, fragment 1 at 0 mod 4) and merged a step later, and the
+commits (steps 3, 5, 7, ...) fall while the other fragment's next post is
+due. The rank dies before local step 7 with its contribution of step 6
+posted; that round may close (a survivor that merges it at step 7 commits
+there) or not, so the recovery goes back to step 5 or 7, from whichever
+survivor the rebuild chose as its root. The survivors differ between rounds
+(each keeps its own steps on top of a merged round), so they are compared
+after the sync and after close(); the result must equal a one-process
+reference with the same recovery (the root's model and inner state on every
+survivor, the rounds in flight dropped).
+
 Prints "elastic: rank N PASS ..." per survivor (and for the replacement)."""
 import copy
 import os
@@ -33,6 +46,7 @@ import torch
 import gyre.torch as hvd
 import local_sgd_task
 from local_sgd_task import checksum, flat, loss_of
+from gyre.torch.local_sgd import _fragment_bounds
 
 PERIOD, ROUNDS, KILL_STEP = 4, 5, 6
 STEPS = PERIOD * ROUNDS
@@ -44,6 +58,19 @@ KILL_RANK = int(os.environ.get("GYRE_TEST_KILL_RANK", "1"))
 # being one says so; RESPAWN and AFTER are set after init() below.)
 RESPAWN = os.environ.get("GYRE_ELASTIC_RESPAWN", "") == "1"
 HIDDEN, LR = 16, 0.05
+STREAMING = os.environ.get("GYRE_TEST_STREAMING", "") == "1"
+FRAGMENTS, DELAY = (2, 1) if STREAMING else (1, 0)
+OFFSETS = [((f + 1) * PERIOD // FRAGMENTS) % PERIOD for f in range(FRAGMENTS)]
+
+
+def merges_at(step):
+    """Whether local step ``step`` merges a fragment's round (posted DELAY
+    steps before; at once without a delay)."""
+    return any(step - DELAY >= 1 and (step - DELAY) % PERIOD == o for o in OFFSETS)
+
+
+def rounds_by(step):
+    return sum(merges_at(s) for s in range(1, step + 1))
 torch.set_num_threads(1)
 
 
@@ -85,6 +112,81 @@ def reference(root_old_rank):
     return flat(models[0].parameters())
 
 
+def reference_streaming(root_old, recovered):
+    """The streaming run in one process: 3 ranks to step KILL_STEP, the
+    survivors (old ranks and size) to step ``recovered`` if it is later,
+    whose commit
+    (``root_old``'s model and inner state, the rounds in flight dropped)
+    every survivor takes; then the survivors as ranks 0 and 1 of 2. Each
+    fragment's round (plain averaging: the mean of the posted parameters)
+    merges DELAY steps after its post: the round's model plus each rank's
+    steps since. close(): the rounds in flight merged, then every fragment
+    at its model. Returns the parameters and the rounds adopted."""
+    models = [new_model() for _ in range(3)]
+    inners = [new_inner(m.parameters()) for m in models]
+    plist = [list(m.parameters()) for m in models]
+    cuts = _fragment_bounds([p.numel() for p in plist[0]], FRAGMENTS)
+    survivors = [r for r in range(3) if r != KILL_RANK]
+
+    def get(r, f):
+        return flat(plist[r][cuts[f]:cuts[f + 1]]).clone()
+
+    def put(r, f, v):
+        at = 0
+        with torch.no_grad():
+            for p in plist[r][cuts[f]:cuts[f + 1]]:
+                p.copy_(v[at:at + p.numel()].view_as(p))
+                at += p.numel()
+
+    synced = [get(0, f) for f in range(FRAGMENTS)]
+    pending = [None] * FRAGMENTS  # (due, the round's model, {rank: parameters at the post})
+    adopted = 0
+
+    def merge(f, alive):
+        nonlocal adopted
+        _, model, at_post = pending[f]
+        for r in alive:
+            put(r, f, model + (get(r, f) - at_post[r]))
+        synced[f] = model
+        pending[f] = None
+        adopted += 1
+
+    for t in range(1, STEPS + 1):
+        if t > recovered:
+            ranks = [(r, i, len(survivors)) for i, r in enumerate(survivors)]
+        elif t <= KILL_STEP:
+            ranks = [(r, r, 3) for r in range(3)]
+        else:  # before the failure was seen, in the old world
+            ranks = [(r, r, 3) for r in survivors]
+        alive = [r for r, _, _ in ranks]
+        for r, data_rank, size in ranks:
+            inners[r].zero_grad()
+            loss_of(models[r], data_rank, size, t - 1).backward()
+            inners[r].step()
+        for f in range(FRAGMENTS):
+            if pending[f] is not None and pending[f][0] <= t:
+                merge(f, alive)
+        if t == recovered:
+            keep_model = copy.deepcopy(models[root_old].state_dict())
+            keep_inner = copy.deepcopy(inners[root_old].state_dict())
+            for r in survivors:
+                models[r].load_state_dict(keep_model)
+                inners[r].load_state_dict(copy.deepcopy(keep_inner))
+            synced = [get(root_old, f) for f in range(FRAGMENTS)]
+            pending = [None] * FRAGMENTS
+            continue
+        for f in range(FRAGMENTS):
+            if t % PERIOD == OFFSETS[f]:
+                at_post = {r: get(r, f) for r in alive}
+                pending[f] = (t + DELAY, torch.stack(list(at_post.values())).mean(dim=0), at_post)
+    for f in range(FRAGMENTS):
+        if pending[f] is not None:
+            merge(f, survivors)
+        for r in survivors:
+            put(r, f, synced[f])
+    return flat(models[survivors[0]].parameters()), adopted
+
+
 def fail(msg):
     print(f"elastic: rank {start_rank} FAIL: {msg}", file=sys.stderr, flush=True)
     sys.exit(1)
@@ -98,8 +200,11 @@ AFTER = 3 if RESPAWN else 2  # ranks after the recovery
 if not hvd.elastic_enabled():
     fail("needs a ULFM build run with mpirun --with-ft ulfm")
 model = new_model()
+if STREAMING and RESPAWN:
+    fail("GYRE_TEST_STREAMING=1 is tested without respawn")
 opt = hvd.PartialLocalSGD(new_inner(model.parameters()), model, period=PERIOD, late_after_s=60.0,
-                          max_staleness=1, timeout_s=120.0)
+                          max_staleness=1, timeout_s=120.0, fragments=FRAGMENTS,
+                          sync_delay=DELAY)
 state = hvd.elastic.TorchState(model, opt, step=0)
 held = {}        # state.step -> parameters right after its commit
 agreed = []      # per round adopted: (step, ranks, did every rank's checksum agree)
@@ -109,6 +214,18 @@ step_done_at = []
 
 def check_restored():
     resets.append(hvd.size())
+    if STREAMING:
+        # This rank's own last commit (the sync that follows may take an
+        # earlier one from the root); the ranks differ until that sync.
+        if state.step not in (KILL_STEP - 1, KILL_STEP + 1) or state.step not in held:
+            fail(f"restored to step {state.step}, expected a commit of step "
+                 f"{KILL_STEP - 1} or {KILL_STEP + 1}")
+        if opt.local_step != state.step or opt.version != rounds_by(state.step):
+            fail(f"PartialLocalSGD restored to local step {opt.local_step}, round {opt.version}")
+        if not torch.equal(flat(model.parameters()), held[state.step]):
+            fail("the restored parameters differ from what this rank held at the commit")
+        check_after_sync.append(True)
+        return
     if state.step != PERIOD:
         fail(f"restored to step {state.step}, expected the commit of the first round ({PERIOD})")
     if opt.local_step != PERIOD or opt.version != 1:
@@ -131,6 +248,7 @@ def compare_parameters(who):
 
 
 check_after_sync = [True] if replacement else []
+recovered = []  # streaming: the step the survivors went on from
 
 
 state.register_reset_callbacks([check_restored])
@@ -138,7 +256,15 @@ state.register_reset_callbacks([check_restored])
 
 @hvd.elastic.run
 def train(state):
-    if check_after_sync:
+    if check_after_sync and STREAMING:
+        # Every survivor holds the sync root's commit now.
+        check_after_sync.clear()
+        recovered.append(state.step)
+        if opt.local_step != state.step or opt.version != rounds_by(state.step):
+            fail(f"at step {state.step}, local step {opt.local_step}, round {opt.version} after "
+                 f"the sync")
+        compare_parameters("the survivors")
+    elif check_after_sync:
         # Respawn: every rank holds the sync root's commit now, the
         # replacement (its first entry) included.
         check_after_sync.clear()
@@ -154,14 +280,18 @@ def train(state):
         loss_of(model, hvd.rank(), hvd.size(), step).backward()
         opt.step()
         state.step = step + 1
-        if opt.completed_round != (state.step % PERIOD == 0):
+        if opt.completed_round != merges_at(state.step):
             fail(f"completed_round is {opt.completed_round} after local step {state.step}")
         if opt.completed_round:
             state.commit()
             held[state.step] = flat(model.parameters()).clone()
-            sums = hvd.allgather(checksum(model).unsqueeze(0), name=f"check.round.{state.step}")
-            agreed.append((state.step, hvd.size(),
-                           all(torch.equal(sums[0], sums[i]) for i in range(sums.shape[0]))))
+            if STREAMING:  # the ranks' own steps are on top of the rounds
+                agreed.append((state.step, hvd.size(), True))
+            else:
+                sums = hvd.allgather(checksum(model).unsqueeze(0),
+                                     name=f"check.round.{state.step}")
+                agreed.append((state.step, hvd.size(),
+                               all(torch.equal(sums[0], sums[i]) for i in range(sums.shape[0]))))
         step_done_at.append((state.step, time.monotonic()))
     return state.step
 
@@ -173,21 +303,35 @@ if resets != ([] if replacement else [AFTER]):
     fail(f"reset callbacks saw sizes {resets}, expected one reset to {AFTER} ranks")
 if hvd.size() != AFTER:
     fail(f"{hvd.size()} ranks at the end, expected {AFTER}")
-if steps != STEPS or opt.version != ROUNDS:
-    fail(f"finished at step {steps} at round {opt.version}, expected {STEPS} and {ROUNDS}")
-after = [(s, n, ok) for s, n, ok in agreed if s > PERIOD]
-if [s for s, _, _ in after] != list(range(2 * PERIOD, STEPS + 1, PERIOD)) or \
-        not all(ok and n == AFTER for _, n, ok in after):
-    fail(f"rounds after the recovery (step, ranks, checksums agree): {after}")
-if hvd.committed_steps() != ROUNDS:
-    fail(f"committed {hvd.committed_steps()} steps, expected {ROUNDS}")
 # The sync root's rank at the start (a replacement's is its own rank now,
 # not in the old world: rank 0, a survivor, says which it was).
 old_ranks = [int(r) for r in hvd.allgather(torch.tensor([start_rank]), name="check.old_ranks")]
 root_old = hvd.broadcast_object(
     None if replacement else old_ranks[int(state._last_rebuild["root"])], root_rank=0,
     name="check.root_old")
-want = reference(root_old)
+if STREAMING:
+    if len(recovered) != 1:
+        fail(f"the survivors went on from steps {recovered}, expected one recovery")
+    back_to = recovered[0]
+    want, rounds = reference_streaming(root_old, back_to)
+    # The commits: one per step that merged a round (the rolled-back ones
+    # undone); close() merges the last round in flight without one.
+    commits = rounds_by(STEPS)
+    after = [(s, n, ok) for s, n, ok in agreed if s > back_to]
+    expected_after = [s for s in range(back_to + 1, STEPS + 1) if merges_at(s)]
+    if len(set(hvd.allgather_object(tuple(checksum(model).tolist())))) != 1:
+        fail("the survivors' parameters differ after close()")
+else:
+    back_to, rounds, commits = PERIOD, ROUNDS, ROUNDS
+    want = reference(root_old)
+    after = [(s, n, ok) for s, n, ok in agreed if s > PERIOD]
+    expected_after = list(range(2 * PERIOD, STEPS + 1, PERIOD))
+if steps != STEPS or opt.version != rounds:
+    fail(f"finished at step {steps} at round {opt.version}, expected {STEPS} and {rounds}")
+if [s for s, _, _ in after] != expected_after or not all(ok and n == AFTER for _, n, ok in after):
+    fail(f"rounds after the recovery (step, ranks, checksums agree): {after}")
+if hvd.committed_steps() != commits:
+    fail(f"committed {hvd.committed_steps()} steps, expected {commits}")
 mine = flat(model.parameters())
 if not torch.allclose(mine, want, rtol=1e-5, atol=1e-6):
     fail(f"the parameters differ from the reference by {(mine - want).abs().max():.3g}")
@@ -199,6 +343,8 @@ if replacement:
           f"{steps} local steps, round {opt.version}, rank {hvd.rank()} of {hvd.size()}",
           flush=True)
 else:
-    local_sgd_task.survivor_pass(start_rank, f"{steps} local steps, round {opt.version}", PERIOD,
-                                 state, step_done_at, fail, hvd)
+    what = f"{steps} local steps, round {opt.version}"
+    if STREAMING:
+        what += f" (streaming: 2 fragments, sync delay 1; the sync root was rank {root_old})"
+    local_sgd_task.survivor_pass(start_rank, what, back_to, state, step_done_at, fail, hvd)
 hvd.shutdown()
