@@ -34,6 +34,11 @@ The synchronous run goes first for --steps steps; its final evaluation loss is
 the target. Every other mode runs until its evaluation loss is at or below the
 target or until --max-factor x --steps steps.
 
+--pretrain N: every mode starts from one model pre-trained for N steps (one
+worker's AdamW training on a stream of its own, run alike on every rank
+without communication; untimed), each with a fresh optimizer: DiLoCo's
+setting, where the outer hyperparameters come from.
+
 Timing: each rank times its training steps (batch lookup, forward, backward,
 optimizer step with its communication); evaluation is not timed. Every
 --eval-every steps each rank evaluates its current model (for local SGD the
@@ -149,10 +154,39 @@ def payload_bytes(tensors):
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def run_mode(mode, args, succ, probs, evalset, target):
+def pretrain(args, succ, probs, evalset):
+    """--pretrain N: N steps of one worker's AdamW training (batch --batch
+    from a stream no mode trains on), run identically on every rank without
+    communication, so that every rank holds the same model (one thread,
+    same operations, same data). Returns its state dict and its evaluation
+    loss; every mode starts from it, with a fresh optimizer."""
+    torch.manual_seed(args.seed)
+    model = LM(args.vocab, args.d_model, args.layers, args.heads, args.ff, args.seq)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    stream = sequences(succ, probs, args.train_seqs, args.seq + 1, args.seed * 1000 + 997, args.order)
+    picker = torch.Generator().manual_seed(args.seed * 1000 + 991)
+    for _ in range(args.pretrain):
+        batch = stream[torch.randint(0, stream.shape[0], (args.batch,), generator=picker)]
+        opt.zero_grad()
+        _loss(model, batch, args.vocab).backward()
+        opt.step()
+    with torch.no_grad():
+        loss = float(model.loss(evalset))
+    # Every rank must hold the same bits.
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    lo = gyre.allreduce(flat.view(torch.int32).clone(), op=gyre.Min, name="bench.pretrain.min")
+    hi = gyre.allreduce(flat.view(torch.int32).clone(), op=gyre.Max, name="bench.pretrain.max")
+    if not torch.equal(lo, hi):
+        raise SystemExit("local_sgd: the ranks' pretrained models differ")
+    return {k: v.clone() for k, v in model.state_dict().items()}, loss
+
+
+def run_mode(mode, args, succ, probs, evalset, target, start_state=None):
     rank, world = gyre.rank(), gyre.size()
     torch.manual_seed(args.seed)
     model = LM(args.vocab, args.d_model, args.layers, args.heads, args.ff, args.seq)
+    if start_state is not None:
+        model.load_state_dict(start_state)
     params = [p for p in model.parameters() if p.requires_grad]
     param_bytes = payload_bytes(params)
     buffer_bytes = payload_bytes([b for b in model.buffers() if b.dtype.is_floating_point])
@@ -313,6 +347,9 @@ def main():
                         help="dilocoH: the outer SGD's learning rate (default DiLoCo's 0.7)")
     parser.add_argument("--outer-momentum", type=float, default=None,
                         help="dilocoH: the outer SGD's Nesterov momentum (default DiLoCo's 0.9)")
+    parser.add_argument("--pretrain", type=int, default=0,
+                        help="start every mode from a model pre-trained for this many steps "
+                             "(one worker's, computed on every rank alike; untimed)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--netdev", default="", help="interface whose tx bytes to count (eth0 in hosts.sh)")
     parser.add_argument("--out", default="")
@@ -335,10 +372,17 @@ def main():
         print(f"# local SGD benchmark: {world} ranks on {len(set(hosts))} host(s), {nparams} parameters "
               f"({nparams * 4 / 2**20:.1f} MiB float32), batch {args.batch}x{args.seq} tokens per rank, "
               f"chain entropy ~{floor:.3f} nats, load {os.getloadavg()[0]:.2f}", flush=True)
+    start_state = None
+    if args.pretrain:
+        start = time.time()
+        start_state, pre_loss = pretrain(args, succ, probs, evalset)
+        if rank == 0:
+            print(f"# pre-trained {args.pretrain} steps (one worker, untimed) in "
+                  f"{time.time() - start:.1f} s: evaluation loss {pre_loss:.4f}", flush=True)
     results, target = [], None
     for mode in modes:
         start = time.time()
-        res = run_mode(mode, args, succ, probs, evalset, target)
+        res = run_mode(mode, args, succ, probs, evalset, target, start_state)
         res["job_wall_s"] = time.time() - start
         if mode == "sync":
             target = res["curve"][-1]["loss"]
