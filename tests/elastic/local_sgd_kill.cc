@@ -18,6 +18,17 @@
 //    momentum only after a round's allreduce succeeded), so here their
 //    restore is a no-op; it is tested, with a round to undo, by
 //    tests/training/test_local_sgd_mpi.cc ("an elastic State's restore").
+// With GYRE_TEST_STREAMING=1, streaming: 2 fragments (2 tensors of 512),
+// fragment 0's rounds at odd steps and fragment 1's at even ones, each
+// completed one step after it starts (sync_delay 1), so that every commit
+// falls while the other fragment's round is in flight: the commit holds
+// θ_synced and the momentum from before it. The survivors' round of step 7
+// cannot complete; whether fragment 1's round of step 6 completed on a
+// survivor before the death decides whether it goes back to step 6 or 7
+// (and the other with it), so the reference takes the step and the root of
+// the recovery the survivors made; the rounds in flight are dropped, and
+// each fragment's next round carries the steps since its last. At the end
+// sync() completes the round in flight and runs one more of each fragment.
 // Prints "elastic: rank P PASS ..." per survivor (run_elastic.sh counts them).
 #include <algorithm>
 #include <cmath>
@@ -26,7 +37,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -70,15 +84,30 @@ int main() {
   if (gyre::size() != kRanks) fail(me, fmt::format("needs {} ranks", kRanks));
   const gyre::OuterOptimizer outer = gyre::OuterOptimizer::diloco();
 
+  const char* streaming_env = std::getenv("GYRE_TEST_STREAMING");
+  const bool streaming = streaming_env != nullptr && std::string(streaming_env) == "1";
   std::vector<double> w(kCount, 0.0);
-  gyre::LocalSgd sgd({.period = kPeriod, .outer = outer, .name = "kill.lsgd", .commit = false},
-                     {gyre::view(w)});
+  std::vector<gyre::TensorView> params{gyre::view(w)};
+  if (streaming) {
+    const std::span<double> all(w);
+    params = {gyre::view(all.first(kCount / 2)), gyre::view(all.subspan(kCount / 2))};
+  }
+  gyre::LocalSgd sgd({.period = kPeriod, .outer = outer, .name = "kill.lsgd", .commit = false,
+                      .fragments = streaming ? kFragments : 1,
+                      .sync_delay = streaming ? kDelay : 0},
+                     std::move(params));
   gyre::elastic::State state;
   state.add("w", w);
   sgd.add_to(state);
   int recoveries = 0;
-  state.on_reset([&](const gyre::elastic::Recovery&) { ++recoveries; });
+  int root_old = 0;  // the sync root of the recovery, by its rank at the start
+  std::int64_t recovered_at = -1;  // the local step the recovery restored
+  state.on_reset([&](const gyre::elastic::Recovery& r) {
+    ++recoveries;
+    root_old = r.info.previous_ranks.at(static_cast<std::size_t>(r.info.root));
+  });
   gyre::elastic::run(state, [&](gyre::elastic::State& s) {
+    if (recoveries > 0 && recovered_at < 0) recovered_at = sgd.local_steps();
     while (sgd.local_steps() < kSteps) {
       const int t = static_cast<int>(sgd.local_steps()) + 1;
       inner_step(w, me, t);
@@ -93,17 +122,33 @@ int main() {
   if (me == kDead) fail(me, "was not killed");
   if (recoveries != 1) fail(me, fmt::format("{} recoveries, expected 1", recoveries));
   if (gyre::size() != kRanks - 1) fail(me, fmt::format("{} ranks after the recovery", gyre::size()));
-  if (sgd.rounds() != kSteps / kPeriod || sgd.local_steps() != kSteps) {
+  std::vector<double> want;
+  int rounds = kSteps / kPeriod;
+  if (streaming) {
+    if (recovered_at != kKillStep - 1 && recovered_at != kKillStep) {
+      fail(me, fmt::format("the recovery restored local step {}, expected {} or {}",
+                           recovered_at, kKillStep - 1, kKillStep));
+    }
+    sgd.sync();  // the round in flight, then one more of each fragment
+    std::tie(want, rounds) =
+        reference_streaming(outer, kDead, false, static_cast<int>(recovered_at), root_old,
+                            /*new_stores=*/false, /*final_round=*/true);
+  } else {
+    want = reference(outer);
+  }
+  if (sgd.rounds() != rounds || sgd.local_steps() != kSteps) {
     fail(me, fmt::format("rounds {} and local steps {}, expected {} and {}", sgd.rounds(),
-                         sgd.local_steps(), kSteps / kPeriod, kSteps));
+                         sgd.local_steps(), rounds, kSteps));
   }
 
-  const std::vector<double> want = reference(outer);
   // Every rank holds the same bits, equal to the reference.
   const double worst = check_final(me, "kill.lsgd", w, want);
   gyre::shutdown();
-  std::printf("elastic: rank %d PASS: %d rounds on 3 then 2 ranks, equal to the reference within "
-              "%.3g\n", me, kSteps / kPeriod, worst);
+  std::printf("elastic: rank %d PASS:%s %d rounds on 3 then 2 ranks, equal to the reference "
+              "within %.3g\n", me,
+              streaming ? fmt::format(" streaming (2 fragments, sync delay 1, back to step {} "
+                                      "from rank {}):", recovered_at, root_old).c_str() : "",
+              rounds, worst);
   std::fflush(stdout);
   return 0;
 }

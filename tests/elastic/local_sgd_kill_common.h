@@ -1,7 +1,7 @@
 // What the elastic local-SGD tests in C++ share (local_sgd_kill.cc,
 // partial_local_sgd_kill.cc): the failure report, each rank's inner step,
-// the one-process reference's outer round, and the final checks (the
-// ranks hold the same bits; they equal the reference).
+// the one-process reference's outer round, its streaming run, and the final
+// checks (the ranks hold the same bits; they equal the reference).
 #pragma once
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -84,6 +85,142 @@ inline double check_final(int me, const std::string& name, const std::vector<dou
     }
   }
   return worst;
+}
+
+// Streaming (GYRE_TEST_STREAMING=1): 2 fragments, sync delay 1.
+constexpr int kFragments = 2;
+constexpr int kDelay = 1;
+
+struct Fragment {
+  std::size_t lo = 0, hi = 0;
+  int offset = 0;
+  std::vector<double> synced, buf, result;
+  bool pending = false;
+  int due = 0;
+  std::vector<int> posters;
+  std::vector<std::vector<double>> at_post;
+};
+
+// A fragment's round in flight merged into its posters' parameters: the
+// round's model plus each one's steps since the post.
+inline void merge(Fragment& f, std::vector<std::vector<double>>& w) {
+  for (int p : f.posters) {
+    auto& wp = w[static_cast<std::size_t>(p)];
+    const auto& at = f.at_post[static_cast<std::size_t>(p)];
+    for (std::size_t i = f.lo; i < f.hi; ++i) wp[i] = f.result[i - f.lo] + (wp[i] - at[i - f.lo]);
+  }
+  f.synced = f.result;
+  f.pending = false;
+}
+
+// A streaming run in one process with every rank on time (PartialLocalSgd's
+// aggregators and LocalSgd's allreduces then agree): each fragment's round
+// posted at its steps, DiLoCo's outer step per fragment, the merge a step
+// later; the recovery at the commit of step `recovered`: the parameters of
+// `root` (the sync root, by its rank at the start) everywhere, the rounds in
+// flight dropped, and with `new_stores` (PartialLocalSgd) each fragment's
+// model the root's parameters and its momentum restarting (LocalSgd keeps
+// the committed θ_synced and momentum, the same on every rank). At the end
+// the rounds in flight merge, then with `final_round` (LocalSgd::sync()) one
+// more round of every fragment, else (PartialLocalSgd::close()) every
+// fragment takes its model. Returns the final parameters and the fragment
+// rounds merged over the whole run.
+inline std::pair<std::vector<double>, int> reference_streaming(const gyre::OuterOptimizer& o,
+                                                                int dead, bool respawn,
+                                                                int recovered, int root,
+                                                                bool new_stores,
+                                                                bool final_round) {
+  std::vector<int> target;
+  for (int p = 0; p < kRanks; ++p) target.push_back(p);
+  std::vector<std::vector<double>> w(kRanks, std::vector<double>(kCount, 0.0));
+  std::vector<Fragment> frags(kFragments);
+  for (int f = 0; f < kFragments; ++f) {
+    Fragment& fr = frags[static_cast<std::size_t>(f)];
+    fr.lo = kCount * static_cast<std::size_t>(f) / kFragments;
+    fr.hi = kCount * static_cast<std::size_t>(f + 1) / kFragments;
+    fr.offset = (f + 1) * kPeriod / kFragments % kPeriod;
+    fr.synced.assign(fr.hi - fr.lo, 0.0);
+    fr.buf.assign(fr.hi - fr.lo, 0.0);
+    fr.at_post.assign(kRanks, {});
+  }
+  int adopted = 0;
+  // A round of `fr` posted at step t by `posters`: its model, and each
+  // poster's parameters at the post.
+  auto post = [&](Fragment& fr, const std::vector<int>& posters, int t) {
+    std::vector<double> g(fr.hi - fr.lo, 0.0);
+    for (int p : posters) {
+      const auto& wp = w[static_cast<std::size_t>(p)];
+      for (std::size_t i = fr.lo; i < fr.hi; ++i) g[i - fr.lo] += fr.synced[i - fr.lo] - wp[i];
+      fr.at_post[static_cast<std::size_t>(p)].assign(
+          wp.begin() + static_cast<std::ptrdiff_t>(fr.lo),
+          wp.begin() + static_cast<std::ptrdiff_t>(fr.hi));
+    }
+    fr.result = fr.synced;
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      g[i] /= static_cast<double>(posters.size());
+      fr.buf[i] = o.momentum * fr.buf[i] + g[i];
+      fr.result[i] -= o.lr * (o.nesterov ? g[i] + o.momentum * fr.buf[i] : fr.buf[i]);
+    }
+    fr.posters = posters;
+    fr.pending = true;
+    fr.due = t + kDelay;
+  };
+  for (int t = 1; t <= kSteps; ++t) {
+    std::vector<int> alive;
+    for (int p = 0; p < kRanks; ++p) {
+      if (p != dead || t < kKillStep || (respawn && t > recovered)) alive.push_back(p);
+    }
+    for (int p : alive) {
+      inner_step(w[static_cast<std::size_t>(p)], target[static_cast<std::size_t>(p)], t);
+    }
+    for (Fragment& fr : frags) {
+      if (fr.pending && fr.due <= t) {
+        merge(fr, w);
+        ++adopted;
+      }
+    }
+    if (t == recovered) {
+      // The commit of this step, then the failure: every rank of the new
+      // world from the root's commit, no round in flight.
+      const std::vector<double> commit = w[static_cast<std::size_t>(root)];
+      if (respawn) target[static_cast<std::size_t>(dead)] = kRanks - 1;
+      for (auto& wp : w) wp = commit;
+      for (Fragment& fr : frags) {
+        if (new_stores) {
+          fr.synced.assign(commit.begin() + static_cast<std::ptrdiff_t>(fr.lo),
+                           commit.begin() + static_cast<std::ptrdiff_t>(fr.hi));
+          std::fill(fr.buf.begin(), fr.buf.end(), 0.0);
+        }
+        fr.pending = false;
+      }
+      continue;
+    }
+    for (Fragment& fr : frags) {
+      if (t % kPeriod == fr.offset) post(fr, alive, t);
+    }
+  }
+  std::vector<int> survivors;
+  for (int p = 0; p < kRanks; ++p) {
+    if (p != dead || respawn) survivors.push_back(p);
+  }
+  for (Fragment& fr : frags) {
+    if (fr.pending) {
+      merge(fr, w);
+      ++adopted;
+    }
+  }
+  if (final_round) {
+    for (Fragment& fr : frags) {
+      post(fr, survivors, kSteps);
+      merge(fr, w);  // no steps since: every survivor takes the round's model
+      ++adopted;
+    }
+  }
+  std::vector<double> out = w[static_cast<std::size_t>(root)];
+  for (const Fragment& fr : frags) {
+    std::copy(fr.synced.begin(), fr.synced.end(), out.begin() + static_cast<std::ptrdiff_t>(fr.lo));
+  }
+  return {out, adopted};
 }
 
 }  // namespace gyre_test_lsgd_kill

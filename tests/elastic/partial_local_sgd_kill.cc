@@ -110,117 +110,6 @@ std::vector<double> reference(const gyre::OuterOptimizer& o, int dead, bool resp
 }
 
 
-// Streaming (GYRE_TEST_STREAMING=1): 2 fragments, sync delay 1.
-constexpr int kFragments = 2;
-constexpr int kDelay = 1;
-
-struct Fragment {
-  std::size_t lo = 0, hi = 0;
-  int offset = 0;
-  std::vector<double> synced, buf, result;
-  bool pending = false;
-  int due = 0;
-  std::vector<int> posters;
-  std::vector<std::vector<double>> at_post;
-};
-
-// A fragment's round in flight merged into its posters' parameters: the
-// round's model plus each one's steps since the post.
-void merge(Fragment& f, std::vector<std::vector<double>>& w) {
-  for (int p : f.posters) {
-    auto& wp = w[static_cast<std::size_t>(p)];
-    const auto& at = f.at_post[static_cast<std::size_t>(p)];
-    for (std::size_t i = f.lo; i < f.hi; ++i) wp[i] = f.result[i - f.lo] + (wp[i] - at[i - f.lo]);
-  }
-  f.synced = f.result;
-  f.pending = false;
-}
-
-// The streaming run in one process, as the aggregators close it with every
-// rank on time: the rounds' posters, DiLoCo's outer step per fragment, the
-// merge a step later; the recovery at the commit of step `recovered` (the
-// parameters of `root`, the sync root, everywhere, the rounds in flight dropped, the
-// momentum restarting); close(): the rounds in flight merged, then every
-// fragment's model. Returns the final parameters and the fragment rounds
-// adopted (over the whole run).
-std::pair<std::vector<double>, int> reference_streaming(const gyre::OuterOptimizer& o, int dead,
-                                                         bool respawn, int recovered, int root) {
-  std::vector<int> target;
-  for (int p = 0; p < kRanks; ++p) target.push_back(p);
-  std::vector<std::vector<double>> w(kRanks, std::vector<double>(kCount, 0.0));
-  std::vector<Fragment> frags(kFragments);
-  for (int f = 0; f < kFragments; ++f) {
-    Fragment& fr = frags[static_cast<std::size_t>(f)];
-    fr.lo = kCount * static_cast<std::size_t>(f) / kFragments;
-    fr.hi = kCount * static_cast<std::size_t>(f + 1) / kFragments;
-    fr.offset = (f + 1) * kPeriod / kFragments % kPeriod;
-    fr.synced.assign(fr.hi - fr.lo, 0.0);
-    fr.buf.assign(fr.hi - fr.lo, 0.0);
-    fr.at_post.assign(kRanks, {});
-  }
-  int adopted = 0;
-  for (int t = 1; t <= kSteps; ++t) {
-    std::vector<int> alive;
-    for (int p = 0; p < kRanks; ++p) {
-      if (p != dead || t < kKillStep || (respawn && t > recovered)) alive.push_back(p);
-    }
-    for (int p : alive) {
-      inner_step(w[static_cast<std::size_t>(p)], target[static_cast<std::size_t>(p)], t);
-    }
-    for (Fragment& fr : frags) {
-      if (fr.pending && fr.due <= t) {
-        merge(fr, w);
-        ++adopted;
-      }
-    }
-    if (t == recovered) {
-      // The commit of this step, then the failure: every rank of the new
-      // world from the root's commit, new stores, no round in flight.
-      const std::vector<double> commit = w[static_cast<std::size_t>(root)];
-      if (respawn) target[static_cast<std::size_t>(dead)] = kRanks - 1;
-      for (auto& wp : w) wp = commit;
-      for (Fragment& fr : frags) {
-        fr.synced.assign(commit.begin() + static_cast<std::ptrdiff_t>(fr.lo),
-                         commit.begin() + static_cast<std::ptrdiff_t>(fr.hi));
-        std::fill(fr.buf.begin(), fr.buf.end(), 0.0);
-        fr.pending = false;
-      }
-      continue;
-    }
-    for (Fragment& fr : frags) {
-      if (t % kPeriod != fr.offset) continue;
-      std::vector<double> g(fr.hi - fr.lo, 0.0);
-      for (int p : alive) {
-        const auto& wp = w[static_cast<std::size_t>(p)];
-        for (std::size_t i = fr.lo; i < fr.hi; ++i) g[i - fr.lo] += fr.synced[i - fr.lo] - wp[i];
-        fr.at_post[static_cast<std::size_t>(p)].assign(
-            wp.begin() + static_cast<std::ptrdiff_t>(fr.lo),
-            wp.begin() + static_cast<std::ptrdiff_t>(fr.hi));
-      }
-      fr.result = fr.synced;
-      for (std::size_t i = 0; i < g.size(); ++i) {
-        g[i] /= static_cast<double>(alive.size());
-        fr.buf[i] = o.momentum * fr.buf[i] + g[i];
-        fr.result[i] -= o.lr * (o.nesterov ? g[i] + o.momentum * fr.buf[i] : fr.buf[i]);
-      }
-      fr.posters = alive;
-      fr.pending = true;
-      fr.due = t + kDelay;
-    }
-  }
-  for (Fragment& fr : frags) {
-    if (fr.pending) {
-      merge(fr, w);
-      ++adopted;
-    }
-  }
-  std::vector<double> out = w[static_cast<std::size_t>(root)];
-  for (const Fragment& fr : frags) {
-    std::copy(fr.synced.begin(), fr.synced.end(), out.begin() + static_cast<std::ptrdiff_t>(fr.lo));
-  }
-  return {out, adopted};
-}
-
 }  // namespace
 
 int main() {
@@ -316,7 +205,8 @@ int main() {
                            recovered_at, kKillStep - 1, kKillStep));
     }
     std::tie(want, rounds) =
-        reference_streaming(outer, dead, respawn, static_cast<int>(recovered_at), root_old);
+        reference_streaming(outer, dead, respawn, static_cast<int>(recovered_at), root_old,
+                            /*new_stores=*/true, /*final_round=*/false);
   } else {
     want = reference(outer, dead, respawn);
   }

@@ -253,8 +253,12 @@ def test_staggered_delayed_rounds_match_a_single_process_reference(rank, size, m
     # Rounds of fragment 0 started at 2, 6, 10 (done at 4, 8, 12); of fragment 1
     # at 4, 8, 12 (done at 6, 10; the last one in flight).
     assert opt.fragment_rounds() == [3, 2]
+    # With a round in flight, the state from before it; loading one waits
+    # for none to be in flight.
+    before = opt.state_dict()
+    assert before["fragment_rounds"] == [3, 2]
     with pytest.raises(gyre.StateError, match="in flight"):
-        opt.state_dict()
+        opt.load_state_dict(before)
     opt.sync()  # completes it, then one round of each fragment
     assert opt.fragment_rounds() == [4, 4]
     assert _all_equal(_flat(model))
@@ -299,6 +303,50 @@ def test_streaming_refusals():
         hvd.LocalSGD(sgd, model, period=4, sync_delay=4)
     with pytest.raises(gyre.InvalidArgumentError, match="mixing"):
         hvd.LocalSGD(sgd, model, period=4, mixing=1.5)
+
+
+def test_under_a_torch_state_a_commit_inside_a_sync_delay(rank, size):
+    """Streaming with a sync delay under a TorchState: each commit falls
+    while the other fragment's round is in flight and holds the state from
+    before it (that fragment's synchronised parameters and round count);
+    restore() comes back to it (the round in flight dropped, as after a
+    failure: here it has completed first, so that no allreduce is left in
+    the runtime), and after sync() training goes on to one model."""
+    model = _net()
+    opt = hvd.LocalSGD(torch.optim.SGD(model.parameters(), lr=0.05), model, period=2,
+                       outer_optimizer=hvd.LocalSGD.diloco_outer, fragments=2, sync_delay=1)
+    state = hvd.elastic.TorchState(model, opt, step=0)
+    held = None
+    for step in range(3):  # fragment 0 starts at 1, merges at 2 (commit); 1 starts at 2
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        state.step = step + 1
+        if opt.completed_round:
+            assert any(f.handle is not None for f in opt._fragments)  # one in flight
+            state.commit()
+            held = (state.step, opt.fragment_rounds(), _flat(model).clone(),
+                    [s.detach().clone() for s in opt._synced])
+    assert held is not None and held[0] == 3 and opt.fragment_rounds() == [1, 1]
+    for frag in opt._fragments:  # complete the allreduce in flight (a failure would drop it)
+        if frag.handle is not None:
+            gyre.synchronize(frag.handle)
+    state.restore()
+    assert all(f.handle is None for f in opt._fragments)
+    assert (state.step, opt.fragment_rounds()) == held[:2]
+    assert torch.equal(_flat(model), held[2])
+    assert all(torch.equal(a, b) for a, b in zip(opt._synced, held[3]))
+    state.sync()
+    for step in range(3, 7):
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        if opt.completed_round:
+            state.commit()
+    opt.sync()
+    assert _all_equal(_flat(model))
 
 
 def test_under_a_torch_state_commits_restores_and_syncs(rank, size):

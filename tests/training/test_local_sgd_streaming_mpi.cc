@@ -156,7 +156,32 @@ TEST_CASE("local SGD streaming: bad arguments are refused, naming the problem", 
   refused({.period = 4, .sync_delay = -1}, "sync_delay must be >= 0 and < period (4), got -1");
   refused({.period = 4, .mixing = 1.5}, "mixing must be in [0, 1] or negative, got 1.5");
 
-  LocalSgd delayed({.period = 4, .commit = false, .sync_delay = 1}, m.views());
+}
+
+TEST_CASE("local SGD streaming: an elastic State takes a LocalSgd with a sync delay", "[mpi]") {
+  // A commit then falls while the other fragment's round is in flight: it
+  // holds the counters from before that round (the kill test,
+  // tests/elastic/local_sgd_kill.cc under GYRE_TEST_STREAMING=1, checks a
+  // recovery from such a commit against a reference).
+  Session s;
+  Model m(rank());
+  LocalSgd delayed({.period = 2, .name = "test.lsgd.delayed", .commit = false, .fragments = 2,
+                    .sync_delay = 1},
+                   m.views());
   elastic::State state;
-  CHECK_THROWS_WITH(delayed.add_to(state), Catch::Contains("needs sync_delay 0"));
+  REQUIRE_NOTHROW(delayed.add_to(state));
+  for (int t = 1; t <= 2; ++t) {  // fragment 0 starts at step 1, merged at 2; fragment 1 starts
+    inner_step(m, t);
+    if (delayed.step()) state.commit();
+  }
+  CHECK(delayed.fragment_rounds() == std::vector<std::int64_t>{1, 0});
+  CHECK(delayed.rounds() == 1);
+  for (int t = 3; t <= 4; ++t) {
+    inner_step(m, t);
+    if (delayed.step()) state.commit();
+  }
+  CHECK(delayed.rounds() == 3);
+  delayed.sync();
+  CHECK(identical(m, 0));
+  CHECK(identical(m, 1));
 }

@@ -163,8 +163,11 @@ class LocalSgd {
   // `.commit = false` on the global process set (InvalidArgument otherwise,
   // as two commit_step() per round would break the State's count). The
   // LocalSgd must outlive the State's use of these buffers (a move keeps
-  // them where they are). Only without a sync delay (InvalidArgument
-  // otherwise): a commit must not fall while a round is in flight. The
+  // them where they are). With a sync delay a commit may fall while a
+  // fragment's round is in flight: the commit holds θ_synced and the
+  // momentum from before that round, and a failure drops it (elastic::run's
+  // failure callback), so that the fragment's next round carries the steps
+  // since its last completed one. The
   // fragments' round and version counters are registered too
   // ("<name>.fragment_rounds", "<name>.fragment_versions"). Under int8
   // compression every round counts the process set's ranks afresh, so

@@ -306,12 +306,6 @@ void LocalSgd::add_to(elastic::State& state) {
         "elastic State the State's commit() is the round's commit: construct it with "
         ".commit = false and call state.commit() after each step() that ran a round");
   }
-  if (o.sync_delay > 0) {
-    throw InvalidArgument(fmt::format(
-        "LocalSgd::add_to: sync_delay is {}; an elastic State's commit must not fall while a "
-        "round is in flight, so elastic LocalSgd needs sync_delay 0",
-        o.sync_delay));
-  }
   for (std::size_t i = 0; i < st.slots.size(); ++i) {
     Slot& s = st.slots[i];
     // The State writes these buffers back on a recovery: LocalSgd owns them
@@ -325,6 +319,12 @@ void LocalSgd::add_to(elastic::State& state) {
   }
   state.add(o.name + ".local_steps", &st.local_steps, DataType::kInt64, 1);
   state.add(o.name + ".rounds", &st.rounds, DataType::kInt64, 1);
+  // A round in flight (a sync delay: a commit may fall inside it) is not in
+  // the commit: θ_synced and the momentum change only when it completes. On
+  // a failure it goes with the old world; its fragment's next round carries
+  // the steps since that fragment's last completed round.
+  State* self = &st;  // stable: the LocalSgd holds it by pointer, also when moved
+  state.on_failure([self](const RankFailedError&) { self->drop_in_flight(); });
   if (st.fragments.size() > 1) {
     for (std::size_t f = 0; f < st.fragments.size(); ++f) {
       state.add(fmt::format("{}.fragment_rounds.{}", o.name, f), &st.fragments[f].rounds,

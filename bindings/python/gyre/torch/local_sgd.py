@@ -49,8 +49,10 @@ fragments' versions are those of the commits made after their rounds), saves
 the synchronised parameters and the outer optimizer's state with the inner
 optimizer's, and after a rank's death every survivor goes back to the last
 such commit, synchronised from one rank. Only with the global process set
-(the rebuild drops the others), and commits only when no round is in flight
-(``sync_delay=0``, or after ``sync()``).
+(the rebuild drops the others). With a sync delay a commit may fall while a
+fragment's round is in flight: it holds the state from before that round,
+and a recovery drops the round (its fragment's next round carries the steps
+since the last one completed).
 """
 
 from __future__ import annotations
@@ -207,7 +209,11 @@ class LocalSGD(OptimizerWrapper):
     # -- the optimizer's interface (and OptimizerWrapper's) --------------------
 
     def state_dict(self) -> dict:
-        self._require_idle("state_dict")
+        # With a round in flight (a sync delay) the state is the one before
+        # it: the synchronised parameters and the outer optimizer change only
+        # when it completes. Loaded (or restored after a failure, which drops
+        # the round), its fragment's next round carries the steps since that
+        # fragment's last completed round.
         return {"inner": self.optimizer.state_dict(), "outer": self.outer_optimizer.state_dict(),
                 "synced": [s.detach().clone() for s in self._synced],
                 "local_step": self.local_step, "rounds": self.rounds,
