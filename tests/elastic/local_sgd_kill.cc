@@ -125,10 +125,7 @@ int main() {
   std::vector<double> want;
   int rounds = kSteps / kPeriod;
   if (streaming) {
-    if (recovered_at != kKillStep - 1 && recovered_at != kKillStep) {
-      fail(me, fmt::format("the recovery restored local step {}, expected {} or {}",
-                           recovered_at, kKillStep - 1, kKillStep));
-    }
+    check_recovered_step(me, recovered_at);
     sgd.sync();  // the round in flight, then one more of each fragment
     std::tie(want, rounds) =
         reference_streaming(outer, kDead, false, static_cast<int>(recovered_at), root_old,

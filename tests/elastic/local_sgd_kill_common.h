@@ -87,6 +87,16 @@ inline double check_final(int me, const std::string& name, const std::vector<dou
   return worst;
 }
 
+// Streaming: the recovery goes back to the commit of step kKillStep - 1 or
+// kKillStep (whether a survivor completed the round of kKillStep - 1 before
+// it saw the death); fails on any other.
+inline void check_recovered_step(int me, std::int64_t recovered_at) {
+  if (recovered_at != kKillStep - 1 && recovered_at != kKillStep) {
+    fail(me, fmt::format("the recovery restored local step {}, expected {} or {}", recovered_at,
+                         kKillStep - 1, kKillStep));
+  }
+}
+
 // Streaming (GYRE_TEST_STREAMING=1): 2 fragments, sync delay 1.
 constexpr int kFragments = 2;
 constexpr int kDelay = 1;
