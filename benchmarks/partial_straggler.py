@@ -93,8 +93,10 @@ def run(mode, slowed, a):
             time.sleep((a.slow - 1.0) * compute)
         opt.step()
     elapsed = time.perf_counter() - start
-    counters = opt.counters() if mode != "local" else {}
-    opt.close() if mode != "local" else None
+    counters = {}
+    if mode != "local":
+        counters = opt.counters()
+        opt.close()
     with torch.no_grad():
         loss = float(torch.nn.functional.mse_loss(model(xs[0]), ys[0]))
     return {"rank": rank, "steps_per_s": a.steps / elapsed, "elapsed_s": elapsed,

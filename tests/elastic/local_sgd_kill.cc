@@ -37,7 +37,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <span>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -84,18 +83,12 @@ int main() {
   if (gyre::size() != kRanks) fail(me, fmt::format("needs {} ranks", kRanks));
   const gyre::OuterOptimizer outer = gyre::OuterOptimizer::diloco();
 
-  const char* streaming_env = std::getenv("GYRE_TEST_STREAMING");
-  const bool streaming = streaming_env != nullptr && std::string(streaming_env) == "1";
+  const bool streaming = streaming_from_env();
   std::vector<double> w(kCount, 0.0);
-  std::vector<gyre::TensorView> params{gyre::view(w)};
-  if (streaming) {
-    const std::span<double> all(w);
-    params = {gyre::view(all.first(kCount / 2)), gyre::view(all.subspan(kCount / 2))};
-  }
   gyre::LocalSgd sgd({.period = kPeriod, .outer = outer, .name = "kill.lsgd", .commit = false,
                       .fragments = streaming ? kFragments : 1,
                       .sync_delay = streaming ? kDelay : 0},
-                     std::move(params));
+                     params_of(w, streaming));
   gyre::elastic::State state;
   state.add("w", w);
   sgd.add_to(state);

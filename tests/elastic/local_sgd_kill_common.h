@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -100,6 +101,20 @@ inline void check_recovered_step(int me, std::int64_t recovered_at) {
 // Streaming (GYRE_TEST_STREAMING=1): 2 fragments, sync delay 1.
 constexpr int kFragments = 2;
 constexpr int kDelay = 1;
+
+// Whether this run is the streaming form (GYRE_TEST_STREAMING=1).
+inline bool streaming_from_env() {
+  const char* v = std::getenv("GYRE_TEST_STREAMING");
+  return v != nullptr && std::string(v) == "1";
+}
+
+// The parameters as the test hands them over: `w` whole, or streaming as two
+// tensors of kCount / 2 (a fragment each).
+inline std::vector<gyre::TensorView> params_of(std::vector<double>& w, bool streaming) {
+  if (!streaming) return {gyre::view(w)};
+  const std::span<double> all(w);
+  return {gyre::view(all.first(kCount / 2)), gyre::view(all.subspan(kCount / 2))};
+}
 
 struct Fragment {
   std::size_t lo = 0, hi = 0;

@@ -49,7 +49,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <span>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -128,19 +127,13 @@ int main() {
   if (gyre::size() != kRanks) fail(me, fmt::format("needs {} ranks", kRanks));
   const gyre::OuterOptimizer outer = gyre::OuterOptimizer::diloco();
 
-  const char* streaming_env = std::getenv("GYRE_TEST_STREAMING");
-  const bool streaming = streaming_env != nullptr && std::string(streaming_env) == "1";
+  const bool streaming = streaming_from_env();
   std::vector<double> w(kCount, 0.0);
-  std::vector<gyre::TensorView> params{gyre::view(w)};
-  if (streaming) {
-    const std::span<double> all(w);
-    params = {gyre::view(all.first(kCount / 2)), gyre::view(all.subspan(kCount / 2))};
-  }
   gyre::PartialLocalSgd sgd({.period = kPeriod, .late_after_s = 60, .outer = outer,
                              .timeout_s = 60, .name = "kill.plsgd", .commit = false,
                              .fragments = streaming ? kFragments : 1,
                              .sync_delay = streaming ? kDelay : 0},
-                            std::move(params));
+                            params_of(w, streaming));
   gyre::elastic::State state;
   state.add("w", w);
   sgd.add_to(state);
