@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,5 +84,15 @@ std::vector<int> failed_ranks(MPI_Comm comm);
 // with fault tolerance off at run time; RankFailedError when a member of
 // `comm` has died (the result would be smaller). See MpiWorld::make_transport.
 bool ft_duplicate(MPI_Comm comm, MPI_Comm* out);
+
+// How many times a failure was noticed in this process
+// (MpiWorld::retire_communicators, which process_failure calls): read when a
+// communicator is made, handed to free_comm when it goes.
+std::uint64_t failure_epoch();
+
+// Frees `comm` (made when failure_epoch() was `made_at`) unless a failure
+// was noticed since: then it is kept, unused, until MPI ends
+// (MpiWorld::retire_communicators says why). Sets `comm` to MPI_COMM_NULL.
+void free_comm(MPI_Comm& comm, std::uint64_t made_at);
 
 }  // namespace gyre::transport::detail

@@ -7,6 +7,7 @@
 // Threads: rebuild() is called under gyre's API lock, with no transport of
 // the old world in use (the runtime that owned one has stopped).
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -29,6 +30,11 @@ namespace {
 // rank failed during the recovery itself.
 constexpr int kMaxShrinks = 8;
 
+// MpiWorld::retire_communicators() bumps it; communicators made before the
+// bump are kept, not freed (detail::free_comm).
+std::atomic<std::uint64_t> g_failure_epoch{0};
+std::atomic<std::size_t> g_kept{0};  // communicators free_comm kept
+
 bool ft_switched_on() {
   // Open MPI's `mpirun --with-ft ulfm` sets the MCA parameter mpi_ft_enable
   // in every rank's environment.
@@ -50,6 +56,10 @@ bool MpiWorld::ulfm_built() {
 
 bool MpiWorld::fault_tolerant() { return ulfm_built() && ft_switched_on(); }
 
+void MpiWorld::retire_communicators() { g_failure_epoch.fetch_add(1); }
+
+std::size_t MpiWorld::kept_communicators() { return g_kept.load(); }
+
 namespace detail {
 
 bool process_failure(int code, MPI_Comm comm) {
@@ -64,6 +74,7 @@ bool process_failure(int code, MPI_Comm comm) {
   // Ranks whose transfers do not involve the dead rank would otherwise wait
   // for peers that have stopped: the revocation reaches them in MPI itself.
   MPIX_Comm_revoke(comm);
+  MpiWorld::retire_communicators();
   return true;
 #else
   (void)code;
@@ -102,6 +113,18 @@ std::vector<int> failed_ranks(MPI_Comm comm) {
   (void)comm;
 #endif
   return ranks;
+}
+
+std::uint64_t failure_epoch() { return g_failure_epoch.load(); }
+
+void free_comm(MPI_Comm& comm, std::uint64_t made_at) {
+  if (comm == MPI_COMM_NULL) return;
+  if (failure_epoch() != made_at) {
+    comm = MPI_COMM_NULL;  // kept: its context id must not be given again
+    g_kept.fetch_add(1);
+    return;
+  }
+  MPI_Comm_free(&comm);
 }
 
 bool ft_duplicate(MPI_Comm comm, MPI_Comm* out) {

@@ -17,6 +17,7 @@ namespace gyre::transport {
 
 struct MpiP2pChannel::Impl {
   MPI_Comm comm = MPI_COMM_NULL;
+  std::uint64_t made_at = 0;  // detail::failure_epoch() when comm was made
   // quiesce() gave up on its barrier: the request stays posted and the
   // communicator is never freed (see quiesce()).
   bool barrier_pending = false;
@@ -68,6 +69,7 @@ std::unique_ptr<MpiP2pChannel> MpiP2pChannel::create() {
         "beside the runtime's); this MPI offers less");
   }
   auto impl = std::make_unique<Impl>();
+  impl->made_at = detail::failure_epoch();
   detail::check_mpi(MPI_Comm_dup(detail::world_comm(), &impl->comm), "MPI_Comm_dup");
   detail::check_mpi(MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN),
                     "MPI_Comm_set_errhandler");
@@ -90,7 +92,7 @@ MpiP2pChannel::~MpiP2pChannel() {
     if (!s.is_send) MPI_Cancel(&s.req);
     MPI_Request_free(&s.req);
   }
-  if (!impl_->barrier_pending) MPI_Comm_free(&impl_->comm);
+  if (!impl_->barrier_pending) detail::free_comm(impl_->comm, impl_->made_at);
 }
 
 MpiP2pChannel::Request MpiP2pChannel::isend(int peer, int tag, std::span<const std::byte> data) {

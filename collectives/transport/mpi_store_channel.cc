@@ -63,6 +63,7 @@ bool poll_until(MPI_Request& req, MPI_Comm comm, int peer, MPI_Status* st,
 
 struct MpiStoreChannel::Impl {
   MPI_Comm comm = MPI_COMM_NULL;
+  std::uint64_t made_at = 0;  // detail::failure_epoch() when comm was made
   // Gathered messages whose send was given up at its deadline: MPI may
   // still read them, so they live as long as the channel.
   std::mutex abandoned_mu;  // guards abandoned
@@ -106,6 +107,7 @@ std::unique_ptr<MpiStoreChannel> MpiStoreChannel::create(const std::vector<int>&
         "beside the runtime's); this MPI offers less");
   }
   auto impl = std::make_unique<Impl>();
+  impl->made_at = detail::failure_epoch();
   impl->comm = detail::comm_of_ranks(detail::world_comm(), world_ranks, tag);
   detail::check_mpi(MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN),
                     "MPI_Comm_set_errhandler");
@@ -132,7 +134,7 @@ MpiStoreChannel::~MpiStoreChannel() {
     (void)impl_.release();  // deliberately leaked: MPI may still read the buffers
     return;
   }
-  MPI_Comm_free(&impl_->comm);
+  detail::free_comm(impl_->comm, impl_->made_at);  // kept after a failure
 }
 
 std::unique_ptr<MpiStoreChannel::Receive> MpiStoreChannel::post_receive(int peer, int tag,

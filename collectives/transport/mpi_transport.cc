@@ -97,7 +97,8 @@ class MpiTransport final : public Transport {
   // yielding rank can lose its core to any other process for a time slice).
   MpiTransport(MPI_Comm comm, bool yield_when_idle, std::size_t max_piece_bytes,
                std::vector<char> same_host)
-      : comm_(comm), yield_(yield_when_idle), max_piece_(max_piece_bytes),
+      : comm_(comm), made_at_(detail::failure_epoch()), yield_(yield_when_idle),
+        max_piece_(max_piece_bytes),
         same_host_(std::move(same_host)) {
     check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
@@ -134,7 +135,7 @@ class MpiTransport final : public Transport {
         }
       }
     }
-    MPI_Comm_free(&comm_);
+    detail::free_comm(comm_, made_at_);  // kept after a failure
   }
 
   int rank() const override { return rank_; }
@@ -386,6 +387,7 @@ class MpiTransport final : public Transport {
   }
 
   MPI_Comm comm_;
+  std::uint64_t made_at_;  // detail::failure_epoch() when made
   const bool yield_;
   const std::size_t max_piece_;  // largest single MPI message
   const std::vector<char> same_host_;  // per rank of comm_; empty: all on this host

@@ -21,8 +21,10 @@
 //    request cut short by the death was applied in full or not at all;
 //  - have check_members() raise RankFailedError within 10 s (reads of its
 //    own shard go on; this is how a loop reading only those learns of it).
-// Then the survivors drop the store, rebuild the world and shut gyre down
-// (an exit without a crash), and print "elastic: rank N PASS".
+// Then the survivors drop the store, rebuild the world (the old runtime's
+// communicators kept, not freed; MpiWorld::retire_communicators) and shut
+// gyre down (an exit without a crash, the new communicators freed), and
+// print "elastic: rank N PASS".
 #include <chrono>
 #include <csignal>
 #include <cstdint>
@@ -35,6 +37,7 @@
 
 #include <fmt/format.h>
 
+#include "gyre/collectives/mpi_transport.h"
 #include "gyre/gyre.h"
 #include "gyre/store.h"
 
@@ -190,7 +193,18 @@ int main() {
   store.reset();  // not collective: its communicator stays until MPI ends
   const gyre::RebuildInfo info = gyre::rebuild();
   if (info.size != 2 || info.lost != std::vector<int>{dead}) fail(me, "rebuild lost other ranks");
+  // The old runtime's communicators were kept, not freed: a new one taking
+  // a freed one's context id could be handed that one's late messages (the
+  // rebuild's MPI_Allreduce was seen waiting for ever; MpiWorld::
+  // retire_communicators). Those made after the rebuild are freed.
+  using gyre::transport::MpiWorld;
+  const std::size_t kept = MpiWorld::kept_communicators();
+  if (kept == 0) fail(me, "the old runtime's communicators were freed after the failure");
   gyre::shutdown();
+  if (MpiWorld::kept_communicators() != kept) {
+    fail(me, fmt::format("shutdown kept {} communicator(s) made after the rebuild",
+                         MpiWorld::kept_communicators() - kept));
+  }
   std::printf("elastic: rank %d PASS: %s whole at version %lld after rank %d died in a push\n", me,
               names[me].c_str(), static_cast<long long>(version[0]), dead);
   std::fflush(stdout);

@@ -176,6 +176,10 @@ RebuildInfo rebuild() {
   RecoveryDeadline deadline(
       (g_runtime ? g_runtime->options() : g_rebuild->options).elastic_recovery_timeout_s,
       world.rank());
+  // The old runtime's communicators may still have messages on their way
+  // (the failure cut their traffic short): they are kept, not freed, when it
+  // stops, so that no new communicator takes their context ids.
+  transport::MpiWorld::retire_communicators();
   if (g_runtime) {
     g_rebuild = PendingRebuild{g_runtime->options(), g_runtime->versions().own()};
     std::shared_ptr<core::Runtime> old;

@@ -151,6 +151,21 @@ class MpiWorld {
   // Transports made afterwards span the survivors; those made before must
   // be destroyed. Throws StateError without fault tolerance.
   RebuildOutcome rebuild(std::uint64_t own_step);
+  // A failure is known (ULFM on): every communicator gyre made before this
+  // call is kept, not freed, when its transport, store channel or
+  // point-to-point channel is destroyed. Open MPI gives a freed
+  // communicator's context id to the next communicator made, and a message a
+  // peer sent on the freed one that arrives afterwards is delivered to the
+  // new one, where it takes the place of a message in the peer's order: the
+  // real one is then never matched. After a failure the old communicators'
+  // traffic is cut off mid-flight, so their messages may still arrive (seen:
+  // a survivor's MPI_Allreduce on the shrunk world waiting for ever, its peer
+  // already past it). The failure paths call it themselves (any error that
+  // says a peer failed); rebuild() calls it before the old runtime stops.
+  // Any time, any thread.
+  static void retire_communicators();
+  // How many communicators were kept instead of freed so far (tests, logs).
+  static std::size_t kept_communicators();
 
   // Growing back (collectives/transport/mpi_grow.cc). Collective over the
   // world after rebuild(): the new rank 0 chooses hosts (the discovery
