@@ -86,6 +86,10 @@ if [ "$with_python" = 1 ]; then
       -x GYRE_TEST_KILL_RANK=$kill_rank "$venv/bin/python" \
       "$GYRE_ROOT/tests/elastic/elastic_local_sgd.py" || fail "elastic_local_sgd.py, rank $kill_rank killed"
   done
+  echo "== Python: elastic streaming LocalSGD (2 fragments, sync delay 1, DiLoCo), 3 ranks, rank 1 killed between rounds"
+  GYRE_ELASTIC_TIMEOUT_S=300 bash "$GYRE_ROOT/tests/elastic/run_elastic.sh" "$venv/bin/mpirun" 3 \
+    -x GYRE_TEST_STREAMING=1 "$venv/bin/python" "$GYRE_ROOT/tests/elastic/elastic_local_sgd.py" ||
+    fail "elastic_local_sgd.py streaming, rank 1 killed"
   # Rank 0 runs the aggregator: the survivors must also start a new one.
   echo "== Python: elastic PartialLocalSGD (period 4), 3 ranks, rank 0 (the aggregator's) killed between rounds"
   GYRE_ELASTIC_TIMEOUT_S=300 bash "$GYRE_ROOT/tests/elastic/run_elastic.sh" "$venv/bin/mpirun" 3 \

@@ -15,6 +15,19 @@ step counters of that commit), train on to 5 rounds on 2 ranks, hold
 identical parameters after every round (allgather of a checksum) and end
 equal to a reference computed here in one process without gyre.
 
+With GYRE_TEST_STREAMING=1: streaming, 2 fragments with a sync delay of 1
+(fragment 0's rounds start at local steps 2, 6, 10, ..., fragment 1's at 4,
+8, ...; each completes, with its outer step and a commit, a step later). The
+rank dies before local step 7, fragment 0's round of step 6 started: a
+survivor that completes it commits at step 7, and the recovery goes back to
+step 5 or 7 (the rebuild's root: the survivor with the earlier commit). A
+commit falls while the other fragment's round is in flight, and holds the
+state from before that round. The survivors must come back to their own
+commit (parameters, θ_synced, the outer momentum), then hold the root's
+after the sync, and end (after sync(): the round in flight, then one more
+round of every fragment) identical and equal to a one-process reference
+with the same recovery (local_sgd_task.reference_streaming).
+
 Prints "elastic: rank N PASS ..." per survivor."""
 import copy
 import os
@@ -38,7 +51,19 @@ if KILL_IN_SEND:
     # ~40 KiB of pseudo-gradients in the round's fused allreduce, its ring
     # chunks far above the negotiation's messages (GYRE_ALLREDUCE_SMALL_BYTES=0).
     HIDDEN, LR = 1024, 0.002
+STREAMING = os.environ.get("GYRE_TEST_STREAMING", "") == "1"
+FRAGMENTS, DELAY = (2, 1) if STREAMING else (1, 0)
+if STREAMING and KILL_IN_SEND:
+    raise SystemExit("GYRE_TEST_STREAMING=1 is tested without GYRE_TEST_KILL_IN_SEND")
 torch.set_num_threads(1)
+
+
+def merges_at(step):
+    return local_sgd_task.merges_at(step, PERIOD, FRAGMENTS, DELAY)
+
+
+def rounds_by(step):
+    return local_sgd_task.rounds_by(step, PERIOD, FRAGMENTS, DELAY)
 
 
 def new_model():
@@ -81,6 +106,16 @@ def reference(root_old_rank):
     return flat(models[0].parameters())
 
 
+def reference_streaming(root_old, recovered):
+    """The streaming run in one process (local_sgd_task.reference_streaming,
+    DiLoCo's outer step): the parameters after sync() and the rounds."""
+    models = [new_model() for _ in range(3)]
+    inners = [new_inner(m.parameters()) for m in models]
+    return local_sgd_task.reference_streaming(models, inners, loss_of, KILL_RANK, KILL_STEP,
+                                              recovered, root_old, PERIOD, STEPS, FRAGMENTS,
+                                              DELAY, outer=hvd.LocalSGD.diloco_outer)
+
+
 def fail(msg):
     print(f"elastic: rank {start_rank} FAIL: {msg}", file=sys.stderr, flush=True)
     sys.exit(1)
@@ -92,7 +127,8 @@ if not hvd.elastic_enabled():
     fail("needs a ULFM build run with mpirun --with-ft ulfm")
 model = new_model()
 opt = hvd.LocalSGD(new_inner(model.parameters()), model, period=PERIOD,
-                   outer_optimizer=hvd.LocalSGD.diloco_outer)
+                   outer_optimizer=hvd.LocalSGD.diloco_outer, fragments=FRAGMENTS,
+                   sync_delay=DELAY)
 state = hvd.elastic.TorchState(model, opt, step=0)
 held = {}        # state.step -> (parameters, synced, outer momentum) right after its commit
 agreed = []      # per round committed: did every rank's checksum agree
@@ -108,10 +144,26 @@ def outer_momentum():
 
 def check_restored():
     resets.append(hvd.size())
+    if STREAMING:
+        # This rank's own last commit (the sync that follows may take an
+        # earlier one from the root); the ranks differ until that sync.
+        if state.step not in (KILL_STEP - 1, KILL_STEP + 1) or state.step not in held:
+            fail(f"restored to step {state.step}, expected a commit of step "
+                 f"{KILL_STEP - 1} or {KILL_STEP + 1}")
+        if opt.local_step != state.step or opt.rounds != rounds_by(state.step):
+            fail(f"LocalSGD restored to local step {opt.local_step}, round {opt.rounds}")
+        check_own_commit()
+        check_after_sync.append(True)
+        return
     if state.step != PERIOD:
         fail(f"restored to step {state.step}, expected the commit of the first round ({PERIOD})")
     if opt.local_step != PERIOD or opt.rounds != 1:
         fail(f"LocalSGD restored to local step {opt.local_step}, round {opt.rounds}")
+    check_own_commit()
+    compare_parameters("the survivors")
+
+
+def check_own_commit():
     params, synced, momentum = held[state.step]
     if not torch.equal(flat(model.parameters()), params):
         fail("the restored parameters differ from what this rank held at the commit")
@@ -120,16 +172,31 @@ def check_restored():
     now = outer_momentum()
     if len(now) != len(momentum) or not all(torch.equal(a, b) for a, b in zip(now, momentum)):
         fail("the restored outer (DiLoCo) momentum differs from the commit's")
+
+
+def compare_parameters(who):
     sums = hvd.allgather(checksum(model).unsqueeze(0), name="check.restored")
     if not all(torch.equal(sums[0], sums[i]) for i in range(sums.shape[0])):
-        fail(f"the restored parameters differ across the survivors: {sums.tolist()}")
+        fail(f"the restored parameters differ across {who}: {sums.tolist()}")
 
 
+check_after_sync = []
+recovered = []  # streaming: the step the survivors went on from
 state.register_reset_callbacks([check_restored])
 
 
 @hvd.elastic.run
 def train(state):
+    if check_after_sync:
+        # Every survivor holds the sync root's commit now.
+        check_after_sync.clear()
+        recovered.append(state.step)
+        # Commits this rank made past the root's were rolled back.
+        agreed[:] = [a for a in agreed if a[0] <= state.step]
+        if opt.local_step != state.step or opt.rounds != rounds_by(state.step):
+            fail(f"at step {state.step}, local step {opt.local_step}, round {opt.rounds} after "
+                 f"the sync")
+        compare_parameters("the survivors after the sync")
     while state.step < STEPS:
         step = state.step
         if start_rank == KILL_RANK and KILL_IN_SEND:
@@ -147,15 +214,19 @@ def train(state):
         if start_rank == KILL_RANK and KILL_IN_SEND and step == PERIOD - 1:
             sends_per_round[0] = kill_in_send.sends()
         state.step = step + 1
-        if opt.completed_round != (state.step % PERIOD == 0):
+        if opt.completed_round != merges_at(state.step):
             fail(f"completed_round is {opt.completed_round} after local step {state.step}")
         if opt.completed_round:
             state.commit()
             held[state.step] = (flat(model.parameters()).clone(), flat(opt._synced).clone(),
                                 outer_momentum())
-            sums = hvd.allgather(checksum(model).unsqueeze(0), name=f"check.round.{state.step}")
-            agreed.append((state.step, hvd.size(),
-                           all(torch.equal(sums[0], sums[i]) for i in range(sums.shape[0]))))
+            if STREAMING:  # the ranks' own steps are on top of the rounds
+                agreed.append((state.step, hvd.size(), True))
+            else:
+                sums = hvd.allgather(checksum(model).unsqueeze(0),
+                                     name=f"check.round.{state.step}")
+                agreed.append((state.step, hvd.size(),
+                               all(torch.equal(sums[0], sums[i]) for i in range(sums.shape[0]))))
         step_done_at.append((state.step, time.monotonic()))
     return state.step
 
@@ -163,22 +234,41 @@ def train(state):
 steps = train(state)
 if resets != [2]:
     fail(f"reset callbacks saw sizes {resets}, expected one reset to 2 ranks")
-if steps != STEPS or opt.rounds != ROUNDS:
-    fail(f"finished at step {steps} after {opt.rounds} rounds, expected {STEPS} and {ROUNDS}")
-# Every round committed after the recovery agreed, on 2 ranks.
-after = [(s, n, ok) for s, n, ok in agreed if n == 2]
-if [s for s, _, _ in after] != list(range(2 * PERIOD, STEPS + 1, PERIOD)) or \
-        not all(ok for _, _, ok in after):
-    fail(f"rounds after the recovery (step, ranks, checksums agree): {after}")
-if hvd.committed_steps() != ROUNDS or opt.fragment_versions() != [ROUNDS]:
-    fail(f"committed {hvd.committed_steps()}, fragment versions {opt.fragment_versions()}")
 # The reference: the survivors' inner momentum is the sync root's at the commit.
 old_ranks = [int(r) for r in hvd.allgather(torch.tensor([start_rank]), name="check.old_ranks")]
 root_old = old_ranks[int(state._last_rebuild["root"])]
-want = reference(root_old)
+if STREAMING:
+    if len(recovered) != 1:
+        fail(f"the survivors went on from steps {recovered}, expected one recovery")
+    back_to = recovered[0]
+    opt.sync()  # the round in flight, then one more round of every fragment
+    want, rounds = reference_streaming(root_old, back_to)
+    # One commit per step that merged a round (the rolled-back ones undone);
+    # sync() merges without one.
+    commits = rounds_by(STEPS)
+    after = [(s, n, ok) for s, n, ok in agreed if s > back_to]
+    expected_after = [s for s in range(back_to + 1, STEPS + 1) if merges_at(s)]
+    if len(set(hvd.allgather_object(tuple(checksum(model).tolist())))) != 1:
+        fail("the survivors' parameters differ after sync()")
+else:
+    back_to, rounds, commits = PERIOD, ROUNDS, ROUNDS
+    want = reference(root_old)
+    after = [(s, n, ok) for s, n, ok in agreed if s > PERIOD]
+    expected_after = list(range(2 * PERIOD, STEPS + 1, PERIOD))
+    if opt.fragment_versions() != [ROUNDS]:
+        fail(f"fragment versions {opt.fragment_versions()}, expected [{ROUNDS}]")
+if steps != STEPS or opt.rounds != rounds:
+    fail(f"finished at step {steps} after {opt.rounds} rounds, expected {STEPS} and {rounds}")
+# Every round committed after the recovery agreed, on 2 ranks.
+if [s for s, _, _ in after] != expected_after or not all(ok and n == 2 for _, n, ok in after):
+    fail(f"rounds after the recovery (step, ranks, checksums agree): {after}")
+if hvd.committed_steps() != commits:
+    fail(f"committed {hvd.committed_steps()} steps, expected {commits}")
 mine = flat(model.parameters())
 if not torch.allclose(mine, want, rtol=1e-5, atol=1e-6):
     fail(f"the parameters differ from the reference by {(mine - want).abs().max():.3g}")
-local_sgd_task.survivor_pass(start_rank, f"{steps} local steps, {opt.rounds} rounds", PERIOD,
-                             state, step_done_at, fail, hvd)
+what = f"{steps} local steps, {opt.rounds} rounds"
+if STREAMING:
+    what += f" (streaming: 2 fragments, sync delay 1; the sync root was rank {root_old})"
+local_sgd_task.survivor_pass(start_rank, what, back_to, state, step_done_at, fail, hvd)
 hvd.shutdown()

@@ -46,7 +46,6 @@ import torch
 import gyre.torch as hvd
 import local_sgd_task
 from local_sgd_task import checksum, flat, loss_of
-from gyre.torch.local_sgd import _fragment_bounds
 
 PERIOD, ROUNDS, KILL_STEP = 4, 5, 6
 STEPS = PERIOD * ROUNDS
@@ -60,17 +59,16 @@ RESPAWN = os.environ.get("GYRE_ELASTIC_RESPAWN", "") == "1"
 HIDDEN, LR = 16, 0.05
 STREAMING = os.environ.get("GYRE_TEST_STREAMING", "") == "1"
 FRAGMENTS, DELAY = (2, 1) if STREAMING else (1, 0)
-OFFSETS = [((f + 1) * PERIOD // FRAGMENTS) % PERIOD for f in range(FRAGMENTS)]
 
 
 def merges_at(step):
-    """Whether local step ``step`` merges a fragment's round (posted DELAY
-    steps before; at once without a delay)."""
-    return any(step - DELAY >= 1 and (step - DELAY) % PERIOD == o for o in OFFSETS)
+    return local_sgd_task.merges_at(step, PERIOD, FRAGMENTS, DELAY)
 
 
 def rounds_by(step):
-    return sum(merges_at(s) for s in range(1, step + 1))
+    return local_sgd_task.rounds_by(step, PERIOD, FRAGMENTS, DELAY)
+
+
 torch.set_num_threads(1)
 
 
@@ -113,78 +111,13 @@ def reference(root_old_rank):
 
 
 def reference_streaming(root_old, recovered):
-    """The streaming run in one process: 3 ranks to step KILL_STEP, the
-    survivors (old ranks and size) to step ``recovered`` if it is later,
-    whose commit
-    (``root_old``'s model and inner state, the rounds in flight dropped)
-    every survivor takes; then the survivors as ranks 0 and 1 of 2. Each
-    fragment's round (plain averaging: the mean of the posted parameters)
-    merges DELAY steps after its post: the round's model plus each rank's
-    steps since. close(): the rounds in flight merged, then every fragment
-    at its model. Returns the parameters and the rounds adopted."""
+    """The streaming run in one process (local_sgd_task.reference_streaming,
+    plain averaging): the parameters after close() and the rounds adopted."""
     models = [new_model() for _ in range(3)]
     inners = [new_inner(m.parameters()) for m in models]
-    plist = [list(m.parameters()) for m in models]
-    cuts = _fragment_bounds([p.numel() for p in plist[0]], FRAGMENTS)
-    survivors = [r for r in range(3) if r != KILL_RANK]
-
-    def get(r, f):
-        return flat(plist[r][cuts[f]:cuts[f + 1]]).clone()
-
-    def put(r, f, v):
-        at = 0
-        with torch.no_grad():
-            for p in plist[r][cuts[f]:cuts[f + 1]]:
-                p.copy_(v[at:at + p.numel()].view_as(p))
-                at += p.numel()
-
-    synced = [get(0, f) for f in range(FRAGMENTS)]
-    pending = [None] * FRAGMENTS  # (due, the round's model, {rank: parameters at the post})
-    adopted = 0
-
-    def merge(f, alive):
-        nonlocal adopted
-        _, model, at_post = pending[f]
-        for r in alive:
-            put(r, f, model + (get(r, f) - at_post[r]))
-        synced[f] = model
-        pending[f] = None
-        adopted += 1
-
-    for t in range(1, STEPS + 1):
-        if t > recovered:
-            ranks = [(r, i, len(survivors)) for i, r in enumerate(survivors)]
-        elif t <= KILL_STEP:
-            ranks = [(r, r, 3) for r in range(3)]
-        else:  # before the failure was seen, in the old world
-            ranks = [(r, r, 3) for r in survivors]
-        alive = [r for r, _, _ in ranks]
-        for r, data_rank, size in ranks:
-            inners[r].zero_grad()
-            loss_of(models[r], data_rank, size, t - 1).backward()
-            inners[r].step()
-        for f in range(FRAGMENTS):
-            if pending[f] is not None and pending[f][0] <= t:
-                merge(f, alive)
-        if t == recovered:
-            keep_model = copy.deepcopy(models[root_old].state_dict())
-            keep_inner = copy.deepcopy(inners[root_old].state_dict())
-            for r in survivors:
-                models[r].load_state_dict(keep_model)
-                inners[r].load_state_dict(copy.deepcopy(keep_inner))
-            synced = [get(root_old, f) for f in range(FRAGMENTS)]
-            pending = [None] * FRAGMENTS
-            continue
-        for f in range(FRAGMENTS):
-            if t % PERIOD == OFFSETS[f]:
-                at_post = {r: get(r, f) for r in alive}
-                pending[f] = (t + DELAY, torch.stack(list(at_post.values())).mean(dim=0), at_post)
-    for f in range(FRAGMENTS):
-        if pending[f] is not None:
-            merge(f, survivors)
-        for r in survivors:
-            put(r, f, synced[f])
-    return flat(models[survivors[0]].parameters()), adopted
+    return local_sgd_task.reference_streaming(models, inners, loss_of, KILL_RANK, KILL_STEP,
+                                              recovered, root_old, PERIOD, STEPS, FRAGMENTS,
+                                              DELAY)
 
 
 def fail(msg):

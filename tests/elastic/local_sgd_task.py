@@ -1,6 +1,9 @@
 """The small task of the elastic local-SGD tests (elastic_local_sgd.py,
 elastic_partial_local_sgd.py): a 2-layer model, its inner optimizer, each
-rank's deterministic batches, and the checks' flat views and checksums."""
+rank's deterministic batches, the checks' flat views and checksums, and the
+one-process reference of a streaming run with a death."""
+import copy
+
 import torch
 
 BS = 8
@@ -52,3 +55,124 @@ def survivor_pass(start_rank, done, back_to, state, step_done_at, fail, hvd):
           f"back to step {back_to} after the failure, rebuild "
           f"{state._last_rebuild['seconds']:.3f} s, recovery {later[0] - failed_at:.3f} s",
           flush=True)
+
+
+def offsets(period, fragments):
+    """The step (mod ``period``) at which each fragment's rounds start."""
+    return [((f + 1) * period // fragments) % period for f in range(fragments)]
+
+
+def merges_at(step, period, fragments, delay):
+    """Whether local step ``step`` merges a fragment's round (started
+    ``delay`` steps before; at once without a delay)."""
+    return any(step - delay >= 1 and (step - delay) % period == o
+               for o in offsets(period, fragments))
+
+
+def rounds_by(step, period, fragments, delay):
+    """The fragment rounds merged by local step ``step``."""
+    return sum(merges_at(s, period, fragments, delay) for s in range(1, step + 1))
+
+def reference_streaming(models, inners, loss, kill_rank, kill_step, recovered, root_old,
+                        period, steps, fragments, delay, outer=None):
+    """A streaming run (``fragments`` fragments, sync delay ``delay``) with
+    a death, in one process: ``models``/``inners`` the 3 ranks' (changed in
+    place), ``loss(model, rank, size, step)`` each inner step's loss. All 3
+    ranks to step ``kill_step``, the survivors (old ranks and size) to step
+    ``recovered`` if it is later, whose commit (``root_old``'s model and
+    inner state, the rounds in flight dropped) every survivor takes; then
+    the survivors as ranks 0 and 1 of 2. Fragment f's rounds start at the
+    steps ``t % period == (f + 1) * period // fragments % period`` and merge
+    ``delay`` steps later: the round's model plus each rank's steps since
+    its start.
+
+    ``outer`` None: PartialLocalSGD's plain averaging (the round's model is
+    the mean of the posted parameters); the recovery opens new stores, each
+    fragment's model the root's parameters; at the end (close()) the rounds
+    in flight merge, then every fragment takes its model. ``outer`` a
+    factory of the outer optimizer over a list of tensors: LocalSGD (the
+    model is θ_synced after the outer step on the mean pseudo-gradient
+    θ_synced − θ_local; θ_synced and the outer state of the commit kept at
+    the recovery, the same on every rank); at the end (sync()) the rounds in
+    flight merge, then one more round of every fragment.
+
+    Returns the first survivor's parameters and the fragment rounds merged."""
+    from gyre.torch.local_sgd import _fragment_bounds
+    plist = [list(m.parameters()) for m in models]
+    cuts = _fragment_bounds([p.numel() for p in plist[0]], fragments)
+    starts = offsets(period, fragments)
+    survivors = [r for r in range(len(models)) if r != kill_rank]
+
+    def get(r, f):
+        return flat(plist[r][cuts[f]:cuts[f + 1]]).clone()
+
+    def put(r, f, v):
+        at = 0
+        with torch.no_grad():
+            for p in plist[r][cuts[f]:cuts[f + 1]]:
+                p.copy_(v[at:at + p.numel()].view_as(p))
+                at += p.numel()
+
+    synced = [torch.nn.Parameter(get(0, f)) for f in range(fragments)]
+    outers = [outer([s]) for s in synced] if outer is not None else None  # per fragment
+    pending = [None] * fragments  # (due, the round's model, {rank: parameters at the start})
+    adopted = 0
+
+    def start(f, ranks, t):
+        at_post = {r: get(r, f) for r in ranks}
+        pending[f] = (t + delay, torch.stack(list(at_post.values())).mean(dim=0), at_post)
+
+    def merge(f, ranks):
+        nonlocal adopted
+        _, mean, at_post = pending[f]
+        if outer is None:
+            model = synced[f] = mean
+        else:  # the outer step on the mean pseudo-gradient, when the round completes
+            with torch.no_grad():
+                synced[f].grad = synced[f].detach() - mean
+                outers[f].step()
+                synced[f].grad = None
+            model = synced[f].detach().clone()
+        for r in ranks:
+            put(r, f, model + (get(r, f) - at_post[r]))
+        pending[f] = None
+        adopted += 1
+
+    for t in range(1, steps + 1):
+        if t > recovered:
+            ranks = [(r, i, len(survivors)) for i, r in enumerate(survivors)]
+        elif t <= kill_step:
+            ranks = [(r, r, 3) for r in range(3)]
+        else:  # before the failure was seen, in the old world
+            ranks = [(r, r, 3) for r in survivors]
+        alive = [r for r, _, _ in ranks]
+        for r, data_rank, size in ranks:
+            inners[r].zero_grad()
+            loss(models[r], data_rank, size, t - 1).backward()
+            inners[r].step()
+        for f in range(fragments):
+            if pending[f] is not None and pending[f][0] <= t:
+                merge(f, alive)
+        if t == recovered:
+            keep_model = copy.deepcopy(models[root_old].state_dict())
+            keep_inner = copy.deepcopy(inners[root_old].state_dict())
+            for r in survivors:
+                models[r].load_state_dict(keep_model)
+                inners[r].load_state_dict(copy.deepcopy(keep_inner))
+            if outer is None:
+                synced = [get(root_old, f) for f in range(fragments)]
+            pending = [None] * fragments
+            continue
+        for f in range(fragments):
+            if t % period == starts[f]:
+                start(f, alive, t)
+    for f in range(fragments):
+        if pending[f] is not None:
+            merge(f, survivors)
+        if outer is None:
+            for r in survivors:
+                put(r, f, synced[f])
+        else:
+            start(f, survivors, 0)
+            merge(f, survivors)
+    return flat(models[survivors[0]].parameters()), adopted
