@@ -145,13 +145,9 @@ def outer_momentum():
 def check_restored():
     resets.append(hvd.size())
     if STREAMING:
-        # This rank's own last commit (the sync that follows may take an
-        # earlier one from the root); the ranks differ until that sync.
-        if state.step not in (KILL_STEP - 1, KILL_STEP + 1) or state.step not in held:
-            fail(f"restored to step {state.step}, expected a commit of step "
-                 f"{KILL_STEP - 1} or {KILL_STEP + 1}")
-        if opt.local_step != state.step or opt.rounds != rounds_by(state.step):
-            fail(f"LocalSGD restored to local step {opt.local_step}, round {opt.rounds}")
+        local_sgd_task.check_streaming_restore(state.step, held, KILL_STEP, opt.local_step,
+                                               opt.rounds, rounds_by(state.step), "LocalSGD",
+                                               fail)
         check_own_commit()
         check_after_sync.append(True)
         return
@@ -220,13 +216,7 @@ def train(state):
             state.commit()
             held[state.step] = (flat(model.parameters()).clone(), flat(opt._synced).clone(),
                                 outer_momentum())
-            if STREAMING:  # the ranks' own steps are on top of the rounds
-                agreed.append((state.step, hvd.size(), True))
-            else:
-                sums = hvd.allgather(checksum(model).unsqueeze(0),
-                                     name=f"check.round.{state.step}")
-                agreed.append((state.step, hvd.size(),
-                               all(torch.equal(sums[0], sums[i]) for i in range(sums.shape[0]))))
+            agreed.append(local_sgd_task.round_agreed(model, hvd, state.step, STREAMING))
         step_done_at.append((state.step, time.monotonic()))
     return state.step
 
@@ -237,24 +227,14 @@ if resets != [2]:
 # The reference: the survivors' inner momentum is the sync root's at the commit.
 old_ranks = [int(r) for r in hvd.allgather(torch.tensor([start_rank]), name="check.old_ranks")]
 root_old = old_ranks[int(state._last_rebuild["root"])]
+back_to, commits, after, expected_after = local_sgd_task.expected_rounds(
+    STREAMING, recovered, agreed, PERIOD, STEPS, FRAGMENTS, DELAY, fail)
 if STREAMING:
-    if len(recovered) != 1:
-        fail(f"the survivors went on from steps {recovered}, expected one recovery")
-    back_to = recovered[0]
-    opt.sync()  # the round in flight, then one more round of every fragment
+    opt.sync()  # the round in flight, then one more round of every fragment (no commit)
     want, rounds = reference_streaming(root_old, back_to)
-    # One commit per step that merged a round (the rolled-back ones undone);
-    # sync() merges without one.
-    commits = rounds_by(STEPS)
-    after = [(s, n, ok) for s, n, ok in agreed if s > back_to]
-    expected_after = [s for s in range(back_to + 1, STEPS + 1) if merges_at(s)]
-    if len(set(hvd.allgather_object(tuple(checksum(model).tolist())))) != 1:
-        fail("the survivors' parameters differ after sync()")
+    local_sgd_task.check_identical(model, hvd, fail, "after sync()")
 else:
-    back_to, rounds, commits = PERIOD, ROUNDS, ROUNDS
-    want = reference(root_old)
-    after = [(s, n, ok) for s, n, ok in agreed if s > PERIOD]
-    expected_after = list(range(2 * PERIOD, STEPS + 1, PERIOD))
+    rounds, want = ROUNDS, reference(root_old)
     if opt.fragment_versions() != [ROUNDS]:
         fail(f"fragment versions {opt.fragment_versions()}, expected [{ROUNDS}]")
 if steps != STEPS or opt.rounds != rounds:

@@ -148,13 +148,9 @@ step_done_at = []
 def check_restored():
     resets.append(hvd.size())
     if STREAMING:
-        # This rank's own last commit (the sync that follows may take an
-        # earlier one from the root); the ranks differ until that sync.
-        if state.step not in (KILL_STEP - 1, KILL_STEP + 1) or state.step not in held:
-            fail(f"restored to step {state.step}, expected a commit of step "
-                 f"{KILL_STEP - 1} or {KILL_STEP + 1}")
-        if opt.local_step != state.step or opt.version != rounds_by(state.step):
-            fail(f"PartialLocalSGD restored to local step {opt.local_step}, round {opt.version}")
+        local_sgd_task.check_streaming_restore(state.step, held, KILL_STEP, opt.local_step,
+                                               opt.version, rounds_by(state.step),
+                                               "PartialLocalSGD", fail)
         if not torch.equal(flat(model.parameters()), held[state.step]):
             fail("the restored parameters differ from what this rank held at the commit")
         check_after_sync.append(True)
@@ -218,13 +214,7 @@ def train(state):
         if opt.completed_round:
             state.commit()
             held[state.step] = flat(model.parameters()).clone()
-            if STREAMING:  # the ranks' own steps are on top of the rounds
-                agreed.append((state.step, hvd.size(), True))
-            else:
-                sums = hvd.allgather(checksum(model).unsqueeze(0),
-                                     name=f"check.round.{state.step}")
-                agreed.append((state.step, hvd.size(),
-                               all(torch.equal(sums[0], sums[i]) for i in range(sums.shape[0]))))
+            agreed.append(local_sgd_task.round_agreed(model, hvd, state.step, STREAMING))
         step_done_at.append((state.step, time.monotonic()))
     return state.step
 
@@ -242,23 +232,13 @@ old_ranks = [int(r) for r in hvd.allgather(torch.tensor([start_rank]), name="che
 root_old = hvd.broadcast_object(
     None if replacement else old_ranks[int(state._last_rebuild["root"])], root_rank=0,
     name="check.root_old")
-if STREAMING:
-    if len(recovered) != 1:
-        fail(f"the survivors went on from steps {recovered}, expected one recovery")
-    back_to = recovered[0]
+back_to, commits, after, expected_after = local_sgd_task.expected_rounds(
+    STREAMING, recovered, agreed, PERIOD, STEPS, FRAGMENTS, DELAY, fail)
+if STREAMING:  # close() merged the last round in flight, without a commit
     want, rounds = reference_streaming(root_old, back_to)
-    # The commits: one per step that merged a round (the rolled-back ones
-    # undone); close() merges the last round in flight without one.
-    commits = rounds_by(STEPS)
-    after = [(s, n, ok) for s, n, ok in agreed if s > back_to]
-    expected_after = [s for s in range(back_to + 1, STEPS + 1) if merges_at(s)]
-    if len(set(hvd.allgather_object(tuple(checksum(model).tolist())))) != 1:
-        fail("the survivors' parameters differ after close()")
+    local_sgd_task.check_identical(model, hvd, fail, "after close()")
 else:
-    back_to, rounds, commits = PERIOD, ROUNDS, ROUNDS
-    want = reference(root_old)
-    after = [(s, n, ok) for s, n, ok in agreed if s > PERIOD]
-    expected_after = list(range(2 * PERIOD, STEPS + 1, PERIOD))
+    rounds, want = ROUNDS, reference(root_old)
 if steps != STEPS or opt.version != rounds:
     fail(f"finished at step {steps} at round {opt.version}, expected {STEPS} and {rounds}")
 if [s for s, _, _ in after] != expected_after or not all(ok and n == AFTER for _, n, ok in after):

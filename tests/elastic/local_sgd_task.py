@@ -73,6 +73,51 @@ def rounds_by(step, period, fragments, delay):
     """The fragment rounds merged by local step ``step``."""
     return sum(merges_at(s, period, fragments, delay) for s in range(1, step + 1))
 
+def check_streaming_restore(step, held, kill_step, local_step, rounds, want_rounds, who, fail):
+    """Streaming: a survivor's restore is its own last commit (the sync that
+    follows may take an earlier one from the root; the ranks differ until
+    then), of step ``kill_step`` - 1 or + 1, with ``who``'s local step and
+    round count (``rounds``) those of that commit (``want_rounds``)."""
+    if step not in (kill_step - 1, kill_step + 1) or step not in held:
+        fail(f"restored to step {step}, expected a commit of step {kill_step - 1} or "
+             f"{kill_step + 1}")
+    if local_step != step or rounds != want_rounds:
+        fail(f"{who} restored to local step {local_step}, round {rounds}")
+
+def round_agreed(model, hvd, step, streaming):
+    """(step, ranks, whether every rank holds the same parameters) for a
+    round committed at ``step``; streaming, the ranks' own steps are on top
+    of the rounds, so they are not compared (True)."""
+    if streaming:
+        return (step, hvd.size(), True)
+    sums = hvd.allgather(checksum(model).unsqueeze(0), name=f"check.round.{step}")
+    return (step, hvd.size(), all(torch.equal(sums[0], sums[i]) for i in range(sums.shape[0])))
+
+def expected_rounds(streaming, recovered, agreed, period, steps, fragments, delay, fail):
+    """What the end of a run with one recovery must show: the step the
+    survivors went back to (streaming: the one ``recovered`` holds; else the
+    first round's commit), the commits made, the rounds committed after the
+    recovery (``agreed``'s (step, ranks, checksums agreed) past that step)
+    and the steps they must have been at."""
+    if streaming:
+        if len(recovered) != 1:
+            fail(f"the survivors went on from steps {recovered}, expected one recovery")
+        back_to = recovered[0]
+        # One commit per step that merged a round (the rolled-back ones undone).
+        commits = rounds_by(steps, period, fragments, delay)
+        expected = [s for s in range(back_to + 1, steps + 1)
+                    if merges_at(s, period, fragments, delay)]
+    else:
+        back_to, commits = period, steps // period
+        expected = list(range(2 * period, steps + 1, period))
+    return back_to, commits, [a for a in agreed if a[0] > back_to], expected
+
+
+def check_identical(model, hvd, fail, when):
+    """Fails unless every rank holds the same parameters (their checksums)."""
+    if len(set(hvd.allgather_object(tuple(checksum(model).tolist())))) != 1:
+        fail(f"the survivors' parameters differ {when}")
+
 def reference_streaming(models, inners, loss, kill_rank, kill_step, recovered, root_old,
                         period, steps, fragments, delay, outer=None):
     """A streaming run (``fragments`` fragments, sync delay ``delay``) with
