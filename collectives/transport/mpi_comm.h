@@ -91,8 +91,9 @@ bool ft_duplicate(MPI_Comm comm, MPI_Comm* out);
 std::uint64_t failure_epoch();
 
 // Frees `comm` (made when failure_epoch() was `made_at`) unless a failure
-// was noticed since: then it is kept, unused, until MPI ends
+// was noticed since or its owner's traffic was `cut_short` (peers may still
+// send on it): then it is kept, unused, until MPI ends
 // (MpiWorld::retire_communicators says why). Sets `comm` to MPI_COMM_NULL.
-void free_comm(MPI_Comm& comm, std::uint64_t made_at);
+void free_comm(MPI_Comm& comm, std::uint64_t made_at, bool cut_short = false);
 
 }  // namespace gyre::transport::detail

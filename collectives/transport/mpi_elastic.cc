@@ -117,9 +117,9 @@ std::vector<int> failed_ranks(MPI_Comm comm) {
 
 std::uint64_t failure_epoch() { return g_failure_epoch.load(); }
 
-void free_comm(MPI_Comm& comm, std::uint64_t made_at) {
+void free_comm(MPI_Comm& comm, std::uint64_t made_at, bool cut_short) {
   if (comm == MPI_COMM_NULL) return;
-  if (failure_epoch() != made_at) {
+  if (cut_short || failure_epoch() != made_at) {
     comm = MPI_COMM_NULL;  // kept: its context id must not be given again
     g_kept.fetch_add(1);
     return;

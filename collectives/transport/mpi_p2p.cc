@@ -85,14 +85,16 @@ MpiP2pChannel::~MpiP2pChannel() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
+  bool cut_short = false;  // transfers still posted: peers may still send
   for (auto& s : impl_->slots) {
     if (!s.in_use) continue;
+    cut_short = true;
     // A receive is cancelled; a send (which MPI cannot reliably cancel) is
     // left to complete on its own.
     if (!s.is_send) MPI_Cancel(&s.req);
     MPI_Request_free(&s.req);
   }
-  if (!impl_->barrier_pending) detail::free_comm(impl_->comm, impl_->made_at);
+  if (!impl_->barrier_pending) detail::free_comm(impl_->comm, impl_->made_at, cut_short);
 }
 
 MpiP2pChannel::Request MpiP2pChannel::isend(int peer, int tag, std::span<const std::byte> data) {

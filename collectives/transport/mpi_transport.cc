@@ -121,9 +121,11 @@ class MpiTransport final : public Transport {
     // for ever, and MPI_Finalize waits for active requests (measured: the
     // job hung at exit). On a revoked communicator the wait returns at once.
     for (Op& op : abandoned_) op.in_use = true;
+    bool cut_short = peer_failed_;
     for (auto* ops : {&ops_, &abandoned_}) {
       for (Op& op : *ops) {
         if (!op.in_use) continue;
+        cut_short = true;
         for (MPI_Request& r : op.reqs) {
           if (r == MPI_REQUEST_NULL) continue;
           if (!op.is_send) MPI_Cancel(&r);
@@ -135,7 +137,10 @@ class MpiTransport final : public Transport {
         }
       }
     }
-    detail::free_comm(comm_, made_at_);  // kept after a failure
+    // Transfers cut short (an error, a timeout, an interrupt) leave the
+    // peers' side of them on their way: the communicator is kept, as after
+    // a failure (MpiWorld::retire_communicators says why).
+    detail::free_comm(comm_, made_at_, cut_short);
   }
 
   int rank() const override { return rank_; }

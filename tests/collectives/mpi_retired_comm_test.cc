@@ -16,6 +16,10 @@
 // (a silent wrong value) or, depending on the sequence numbers, never
 // matches the real message or B's own duplication (a hang; seen as such in
 // the parameter store's kill tests, docs/elastic.md).
+//
+// Then, without a failure: a transport destroyed with a transfer still
+// posted (a receive that timed out) keeps its communicator; the others free
+// theirs.
 #include <mpi.h>
 
 #include <chrono>
@@ -27,6 +31,7 @@
 #include <string>
 
 #include "gyre/collectives/mpi_transport.h"
+#include "gyre/error.h"
 
 using gyre::transport::MpiWorld;
 
@@ -82,6 +87,30 @@ int main() {
                   " on transport B, not the 42 rank 1 sent there (13 is the late message it "
                   "sent on transport A)";
       }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    // No failure now: a transport destroyed with a transfer still posted
+    // (rank 0's receive that timed out) keeps its communicator too; one
+    // whose transfers all completed (the other ranks') frees it.
+    auto c = world.make_transport(kDeadline, {});
+    const std::size_t kept_before_c = MpiWorld::kept_communicators();
+    if (rank == 0) {
+      std::int64_t never = 0;
+      c->set_timeout(std::chrono::milliseconds(100));
+      auto t = c->irecv(1, kTag, {reinterpret_cast<std::byte*>(&never), sizeof never});
+      bool timed_out = false;
+      try {
+        c->wait(t);
+      } catch (const gyre::TimeoutError&) {
+        timed_out = true;
+      }
+      if (!timed_out) failure = "a receive nobody sends to completed";
+    }
+    c.reset();
+    const std::size_t kept_c = MpiWorld::kept_communicators() - kept_before_c;
+    if (kept_c != (rank == 0 ? 1u : 0u)) {
+      failure = "transport C: " + std::to_string(kept_c) + " communicator(s) kept, expected " +
+                (rank == 0 ? "1 (a receive was still posted)" : "0 (all transfers completed)");
     }
     MPI_Barrier(MPI_COMM_WORLD);
   } catch (const std::exception& e) {

@@ -162,7 +162,9 @@ class MpiWorld {
   // a survivor's MPI_Allreduce on the shrunk world waiting for ever, its peer
   // already past it). The failure paths call it themselves (any error that
   // says a peer failed); rebuild() calls it before the old runtime stops.
-  // Any time, any thread.
+  // Without a failure, a transport or point-to-point channel destroyed with
+  // transfers still posted (a timeout, an interrupt) keeps its communicator
+  // for the same reason. Any time, any thread.
   static void retire_communicators();
   // How many communicators were kept instead of freed so far (tests, logs).
   static std::size_t kept_communicators();
