@@ -73,6 +73,7 @@ def rounds_by(step, period, fragments, delay):
     """The fragment rounds merged by local step ``step``."""
     return sum(merges_at(s, period, fragments, delay) for s in range(1, step + 1))
 
+
 def check_streaming_restore(step, held, kill_step, local_step, rounds, want_rounds, who, fail):
     """Streaming: a survivor's restore is its own last commit (the sync that
     follows may take an earlier one from the root; the ranks differ until
@@ -83,6 +84,7 @@ def check_streaming_restore(step, held, kill_step, local_step, rounds, want_roun
              f"{kill_step + 1}")
     if local_step != step or rounds != want_rounds:
         fail(f"{who} restored to local step {local_step}, round {rounds}")
+
 
 def round_agreed(model, hvd, step, streaming):
     """(step, ranks, whether every rank holds the same parameters) for a
@@ -117,6 +119,7 @@ def check_identical(model, hvd, fail, when):
     """Fails unless every rank holds the same parameters (their checksums)."""
     if len(set(hvd.allgather_object(tuple(checksum(model).tolist())))) != 1:
         fail(f"the survivors' parameters differ {when}")
+
 
 def reference_streaming(models, inners, loss, kill_rank, kill_step, recovered, root_old,
                         period, steps, fragments, delay, outer=None):
@@ -187,9 +190,9 @@ def reference_streaming(models, inners, loss, kill_rank, kill_step, recovered, r
         if t > recovered:
             ranks = [(r, i, len(survivors)) for i, r in enumerate(survivors)]
         elif t <= kill_step:
-            ranks = [(r, r, 3) for r in range(3)]
+            ranks = [(r, r, len(models)) for r in range(len(models))]
         else:  # before the failure was seen, in the old world
-            ranks = [(r, r, 3) for r in survivors]
+            ranks = [(r, r, len(models)) for r in survivors]
         alive = [r for r, _, _ in ranks]
         for r, data_rank, size in ranks:
             inners[r].zero_grad()
