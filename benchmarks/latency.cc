@@ -97,6 +97,10 @@ int run_latency(const PerfOptions& o) {
     }
     json += " ]}\n";
     fmt::print("# Wrong elements in total: {} {}\n", total_wrong, total_wrong == 0 ? "OK" : "FAILED");
+    const RuntimeStats st = runtime_stats();
+    fmt::print("# rank 0's runtime: {} rounds, {} run by waiting callers, {} operations handed to "
+               "the background thread, {} of its wake-ups left the rounds to the callers\n",
+               st.rounds, st.caller_rounds, st.caller_handoffs, st.rounds_left_to_callers);
     if (!o.json_path.empty()) write_file(o.json_path, json);
   }
   return total_wrong == 0 ? 0 : 1;

@@ -221,6 +221,8 @@ void bind_divergence(py::module_& m) {
     d["negotiation_messages"] = st.negotiation_messages;
     d["negotiation_tier_hosts"] = st.negotiation_tier_hosts;
     d["caller_rounds"] = st.caller_rounds;
+    d["rounds_left_to_callers"] = st.rounds_left_to_callers;
+    d["caller_handoffs"] = st.caller_handoffs;
     d["transport_messages"] = st.transport_messages;
     d["transport_bytes"] = st.transport_bytes;
     d["versions"] = st.versions;

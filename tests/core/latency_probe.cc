@@ -5,7 +5,8 @@
 // allreduces reduced within the round itself (GYRE_SPECULATE_BYTES) with
 // all the runtime's messages per call. A second argument "async" times
 // allreduce_async(...).wait() instead of the blocking gyre::allreduce (no
-// gyre::WaitFollows: the enqueue wakes the background thread).
+// gyre::WaitFollows: the enqueue wakes the background thread); "barrier"
+// puts a barrier before each call, as gyre-allreduce-perf --latency does.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +19,7 @@
 int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 2000;
   const bool async = argc > 2 && std::string(argv[2]) == "async";
+  const bool barrier = argc > 2 && std::string(argv[2]) == "barrier";
   gyre::init(gyre::Options::from_env());
   const int n = gyre::size();
   double x = 0;
@@ -28,6 +30,7 @@ int main(int argc, char** argv) {
   const gyre::RuntimeStats before = gyre::runtime_stats();
   for (int i = 0; i < iters; ++i) {
     x = gyre::rank() + i;
+    if (barrier) gyre::barrier();
     auto t0 = std::chrono::steady_clock::now();
     if (async) {
       gyre::allreduce_async("latency", v, v, gyre::ReduceOp::kSum).wait();
@@ -59,6 +62,12 @@ int main(int argc, char** argv) {
                                                 before.speculated_allreduces),
                 iters,
                 static_cast<double>(after.transport_messages - before.transport_messages) / iters);
+    std::printf("rounds run by waiting callers %llu, operations they handed to the background "
+                "thread %llu, its wake-ups that left the rounds to them %llu\n",
+                static_cast<unsigned long long>(after.caller_rounds - before.caller_rounds),
+                static_cast<unsigned long long>(after.caller_handoffs - before.caller_handoffs),
+                static_cast<unsigned long long>(after.rounds_left_to_callers -
+                                                before.rounds_left_to_callers));
   }
   gyre::shutdown();
   return wrong == 0 ? 0 : 1;

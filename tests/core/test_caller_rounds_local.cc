@@ -167,3 +167,58 @@ TEST_CASE("local: an operation started under WaitFollows and never waited for st
     }
   });
 }
+
+TEST_CASE("local: while waiting callers drive the rounds the background thread runs none of "
+          "its own", "[runtime][caller-rounds]") {
+  // Blocking calls with some work between them, each gap shorter than the
+  // loop's cycle, for many cycles. The callers run every round; the
+  // background thread, waking each cycle (0.5 ms here) to find the rounds
+  // run and nothing left to it, sleeps on instead of running a round that
+  // every rank would have to answer (before: a round of its own at about
+  // every other wake-up, which a caller arriving meanwhile then had to hand
+  // its operation over to). Afterwards an operation that nobody waits for
+  // is still taken by the background thread's own round.
+  constexpr int kRanks = 2;
+  LocalJob::run(kRanks, fast_options(), [&](int r, core::Runtime& rt) {
+    using Clock = std::chrono::steady_clock;
+    const std::uint64_t rounds0 = rt.rounds(), callers0 = rt.caller_rounds();
+    const std::uint64_t left0 = rt.rounds_left_to_callers();
+    // 400 calls, the same on every rank, over at least 80 cycles (the gaps
+    // alone take 40 ms): a background thread that ran a round at each
+    // wake-up would run dozens.
+    constexpr int kCalls = 400;
+    int calls = 0;
+    while (calls < kCalls) {
+      std::vector<float> g = {static_cast<float>(r + calls)};
+      TensorView v{g.data(), DataType::kFloat32, {1}};
+      {
+        WaitFollows wait_follows;
+        core::allreduce_async(rt, "driven", v, v, ReduceOp::kSum).wait();
+      }
+      GYRE_EXPECT(r, g[0] == static_cast<float>(kRanks * calls + kRanks * (kRanks - 1) / 2));
+      ++calls;
+      // The gap: work of about 100 us (not a wait for any result).
+      const auto until = Clock::now() + std::chrono::microseconds(100);
+      while (Clock::now() < until) {
+      }
+    }
+    const std::uint64_t own = (rt.rounds() - rounds0) - (rt.caller_rounds() - callers0);
+    const std::string counts = fmt::format(
+        "{} calls, {} rounds, {} of them the background thread's, {} wake-ups left to the "
+        "callers", calls, rt.rounds() - rounds0, own, rt.rounds_left_to_callers() - left0);
+    // A caller descheduled for a whole cycle lets one through; far fewer
+    // than one per cycle.
+    gyre::test::expect(own * 10 <= static_cast<std::uint64_t>(calls), r,
+                       "at most a tenth of the rounds the background thread's: " + counts);
+    gyre::test::expect(rt.rounds_left_to_callers() > left0, r,
+                       "wake-ups that left the rounds to the callers: " + counts);
+    // An operation nobody waits for: the background thread takes it.
+    std::vector<float> g = {static_cast<float>(r)};
+    TensorView v{g.data(), DataType::kFloat32, {1}};
+    Handle h = core::allreduce_async(rt, "unwaited", v, v, ReduceOp::kSum);
+    const auto deadline = Clock::now() + std::chrono::seconds(20);
+    while (!h.poll() && Clock::now() < deadline) std::this_thread::yield();
+    GYRE_EXPECT(r, h.poll());
+    GYRE_EXPECT(r, g[0] == 1.0f);
+  });
+}

@@ -122,7 +122,9 @@ def runtime_stats() -> dict:
     0 when rounds are not tiered; of the rounds, those a caller waiting for
     its operation ran itself, ``caller_rounds``: GYRE_CALLER_ROUNDS, C++'s
     Handle::wait() and every blocking wait of this package except with
-    fault tolerance on), and the messages and bytes it sent over
+    fault tolerance on; the operations such callers handed over to the
+    background thread, ``caller_handoffs``, and that thread's wake-ups that
+    left the rounds to them, ``rounds_left_to_callers``), and the messages and bytes it sent over
     its transports, negotiation and collectives' data (``transport_*``;
     shared memory within a host is not counted); the version vector (``versions``) and how many
     committed steps each rank is behind the most advanced one (``behind``);

@@ -162,6 +162,8 @@ RuntimeStats runtime_stats() {
   st.negotiation_messages = nc.messages;
   st.negotiation_tier_hosts = rt->negotiation_tier_hosts();
   st.caller_rounds = rt->caller_rounds();
+  st.rounds_left_to_callers = rt->rounds_left_to_callers();
+  st.caller_handoffs = rt->caller_handoffs();
   st.transport_messages = rt->transport_messages();
   st.transport_bytes = rt->transport_bytes();
   st.versions = rt->versions().snapshot();

@@ -171,6 +171,10 @@ class Negotiator {
   std::uint64_t log_depth_rounds() const { return log_depth_rounds_.load(); }
   // Allreduces completed by a round's speculation (see above). Any thread.
   std::uint64_t speculated() const { return speculated_.load(); }
+  // Whether this rank holds no cache hit for a later round and the
+  // Coordinator has no request pending: nothing of this rank's waits for
+  // another round. Between rounds, on the thread that runs them.
+  bool holds_nothing() const { return held_.empty() && coord_.pending().empty(); }
   std::uint64_t messages_sent() const {
     return counted_.messages() + (leaders_ ? leaders_->messages() : 0);
   }

@@ -111,6 +111,10 @@ class CallerRounds final : public RoundDriver {
   // for a round.
   std::mutex wake_mu;
   TensorQueue* queue;  // guarded by wake_mu
+  // Callers that could not complete their operation and left it to the
+  // background thread (each nudges the queue): the loop must then run a
+  // round even if callers ran rounds while it slept.
+  std::atomic<std::uint64_t> handoffs{0};
 };
 
 class Runtime {
@@ -168,6 +172,13 @@ class Runtime {
   // Times the background thread held back from a round to leave it to a
   // caller about to wait (the grace in Runtime::loop).
   std::uint64_t caller_graces() const { return caller_graces_.load(); }
+  // Times the background thread woke to find that callers were running
+  // the rounds (one running now, or some run meanwhile that left it
+  // nothing) and went back to sleep without a round of its own
+  // (Runtime::loop).
+  std::uint64_t rounds_left_to_callers() const { return rounds_left_to_callers_.load(); }
+  // Operations waiting callers handed over to the background thread.
+  std::uint64_t caller_handoffs() const { return callers_->handoffs.load(); }
   // Whether this rank reduces small cached allreduces within the
   // negotiation round (GYRE_SPECULATE_BYTES and the layout: runtime.cc).
   bool speculation() const { return speculation_; }
@@ -266,6 +277,9 @@ class Runtime {
   std::string phase() const;
   bool last_round_idle_ = false;             // background thread: see loop()
   bool last_round_ran_ = false;              // background thread: it ran responses
+  // After the last round (by either thread): nothing enqueued, held or
+  // pending on this rank. Under callers_->mu.
+  bool last_round_settled_ = false;
   std::atomic<bool> stopped_{false};         // the background loop has ended
   std::atomic<std::uint64_t> rounds_{0};
   mutable std::mutex counters_mu_;  // guards counters_
@@ -283,6 +297,7 @@ class Runtime {
   std::atomic<std::uint64_t> caller_rounds_run_{0};  // rounds run by waiting callers
   std::chrono::microseconds caller_grace_{0};        // background thread only
   std::atomic<std::uint64_t> caller_graces_{0};      // graces given (loop)
+  std::atomic<std::uint64_t> rounds_left_to_callers_{0};  // see rounds_left_to_callers()
   std::thread thread_;
 };
 
