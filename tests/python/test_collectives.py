@@ -309,7 +309,12 @@ def test_blocking_calls_run_rounds_on_the_callers_thread(size, rank):
         t.fill_(rank + i)
         gyre.allreduce_(t, name="stats.caller", op=gyre.Sum)
         assert t.tolist() == [float(size * i + size * (size - 1) // 2)] * 2
-    assert gyre.runtime_stats()["caller_rounds"] > before
+    after = gyre.runtime_stats()
+    assert after["caller_rounds"] > before
+    # The hand-overs to the background thread and its wake-ups that left the
+    # rounds to the callers are counted too (never negative, never missing).
+    assert isinstance(after["caller_handoffs"], int) and after["caller_handoffs"] >= 0
+    assert isinstance(after["rounds_left_to_callers"], int)
 
 
 def test_int16_and_bool_allreduce(size, rank):
