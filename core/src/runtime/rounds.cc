@@ -158,11 +158,11 @@ void Runtime::loop() {
     // round (theirs or this thread's) left nothing enqueued, held or
     // pending on this rank, so no operation handed over to this thread is
     // still open: the callers drive the rounds, as in a loop of blocking
-    // calls. A round of
-    // this thread's own would only be one more every rank has to answer,
-    // and its wake-ups, every cycle, take a core from ranks that poll
-    // (measured across 4 simulated hosts on 2 cores: an 8-byte allreduce
-    // 1.7-2.0x slower than with a 50 ms cycle). So it sleeps on, backing
+    // calls. A round of this thread's own would only be one more that every
+    // rank has to answer, meeting the callers' rounds at random, and its
+    // wake-ups, every cycle, take a core from ranks that poll (across 8
+    // simulated hosts on 2 cores an 8-byte allreduce between other work
+    // took 1.5-1.8x as long; docs/architecture.md). So it sleeps on, backing
     // off as after an idle round; work, a hand-over or a flag ends the
     // sleep, and once callers stop running rounds it runs them again.
     if (!first && last_round_settled_ && !queue_.has_work() &&
