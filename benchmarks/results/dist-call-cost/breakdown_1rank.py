@@ -41,8 +41,12 @@ def timeit(f, n=20000):
     return best
 
 
-def done():  # the extension's call and its wait, no Work
-    p = _gyre.allreduce(f"s.{next(seq)}", t, None, gop, pre, 1.0, "", be._ps)
+def start():  # the extension's call
+    return _gyre.allreduce(f"s.{next(seq)}", t, None, gop, pre, 1.0, "", be._ps)
+
+
+def done():  # and its wait, no Work
+    p = start()
     p.wait()
     return p
 
@@ -51,7 +55,7 @@ rows = [
     ("dist.all_reduce", lambda: dist.all_reduce(t)),
     ("the process group's allreduce + Work.wait (no c10d)", lambda: be.allreduce([t]).wait()),
     ("the extension's allreduce + wait", done),
-    ("  the same + GyreWork + its wait", lambda: GyreWork([done()], lambda: [t]).wait()),
+    ("  the same waited through a GyreWork", lambda: GyreWork([start()], lambda: [t]).wait()),
     ("gyre.torch.allreduce_", lambda: gt.allreduce_(t, op=gt.Sum, name="x")),
     ("_tensor_refusal", lambda: _tensor_refusal([t], "allreduce")),
     ("_reduce_op", lambda: _reduce_op(dist.ReduceOp.SUM)),
