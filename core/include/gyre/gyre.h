@@ -392,10 +392,11 @@ struct RuntimeStats {
   // Of `rounds`, those run by a thread waiting in Handle::wait() instead of
   // the background thread (GYRE_CALLER_ROUNDS).
   std::uint64_t caller_rounds = 0;
-  // Of the rest, the background thread's: times it woke and, finding that
-  // callers had run the rounds meanwhile and left it nothing, slept on
-  // without a round of its own; and the operations callers handed over to
-  // it (a caller that could not complete its operation in its rounds).
+  // The background thread's wake-ups that found callers running the rounds
+  // (one running now, or some run meanwhile that left nothing open on this
+  // rank) and slept on without a round of its own; and the operations
+  // waiting callers handed over to it (a caller that could not complete
+  // its operation in its own rounds).
   std::uint64_t rounds_left_to_callers = 0;
   std::uint64_t caller_handoffs = 0;
   // Across hosts of several ranks each (GYRE_HOST_NEGOTIATION=1): the
