@@ -60,7 +60,7 @@ void CallerRounds::drive(const OpState& op) noexcept {
   // The caller now waits for the background thread (or for another thread
   // running a round now): an operation pushed without waking the loop
   // (WaitFollows, tensor_queue.h) must not wait for its idle timeout.
-  handoffs.fetch_add(1, std::memory_order_release);
+  handoffs.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(wake_mu);
   if (queue != nullptr) queue->nudge();
 }
@@ -112,6 +112,12 @@ void Runtime::loop() {
   const auto idle_max = std::max(cycle, kIdleCycleMax);
   auto next_spin = std::chrono::microseconds(0);
   bool first = true;
+  // A wake-up that finds the callers running the rounds (below): no round
+  // of this thread's own, and the sleep backs off as after an idle round.
+  auto leave_to_callers = [&] {
+    rounds_left_to_callers_.fetch_add(1, std::memory_order_relaxed);
+    idle_sleep = std::min(2 * idle_sleep, idle_max);
+  };
   // The first round doubles as the start-up barrier: ranks may reach init()
   // seconds apart, so it gets at least kStartupTimeoutS; a rank whose init()
   // failed after creating its transport still ends the job then.
@@ -144,20 +150,17 @@ void Runtime::loop() {
       // A waiting caller runs a round: it takes what was enqueued, and
       // hands its operation over (a nudge) if it cannot complete it; until
       // then this thread sleeps on, backing off (see below).
-      if (!queue_.has_work()) {
-        rounds_left_to_callers_.fetch_add(1, std::memory_order_relaxed);
-        idle_sleep = std::min(2 * idle_sleep, idle_max);
-      }
+      if (!queue_.has_work()) leave_to_callers();
       next_spin = std::chrono::microseconds(0);
       std::this_thread::yield();
       continue;
     }
     InRound in_round;
     if (rounds_finished_) break;
-    // Waiting callers ran rounds while this thread slept, and the last
-    // round (theirs or this thread's) left nothing enqueued, held or
+    // Waiting callers ran rounds while this thread slept, and the rounds
+    // so far (theirs or this thread's) left nothing enqueued, held or
     // pending on this rank, so no operation handed over to this thread is
-    // still open: the callers drive the rounds, as in a loop of blocking
+    // still open (read under the rounds' mutex, so no round is running): the callers drive the rounds, as in a loop of blocking
     // calls. A round of this thread's own would only be one more that every
     // rank has to answer, meeting the callers' rounds at random, and its
     // wake-ups, every cycle, take a core from ranks that poll (across 8
@@ -165,11 +168,10 @@ void Runtime::loop() {
     // took 1.5-1.8x as long; docs/architecture.md). So it sleeps on, backing
     // off as after an idle round; work, a hand-over or a flag ends the
     // sleep, and once callers stop running rounds it runs them again.
-    if (!first && last_round_settled_ && !queue_.has_work() &&
-        caller_rounds_run_.load(std::memory_order_acquire) != callers_before &&
-        !shutdown_requested_.load() && !join_requested_.load() && stall_failures_.empty()) {
-      rounds_left_to_callers_.fetch_add(1, std::memory_order_relaxed);
-      idle_sleep = std::min(2 * idle_sleep, idle_max);
+    if (!first && caller_rounds_run_.load(std::memory_order_acquire) != callers_before &&
+        !queue_.has_work() && !shutdown_requested_.load() && !join_requested_.load() &&
+        stall_failures_.empty() && queue_.size() == 0 && negotiator_.holds_nothing()) {
+      leave_to_callers();
       next_spin = std::chrono::microseconds(0);
       continue;
     }

@@ -465,8 +465,6 @@ bool Runtime::round() {
     }
   }
   stall_failures_ = stall_.inspect(negotiator_.coordinator(), Clock::now(), log_);
-  // After the responses ran: what they completed has left the queue.
-  last_round_settled_ = queue_.size() == 0 && negotiator_.holds_nothing();
 
   if (agreed.shutdown_rank >= 0) {
     std::string why;

@@ -112,8 +112,8 @@ class CallerRounds final : public RoundDriver {
   std::mutex wake_mu;
   TensorQueue* queue;  // guarded by wake_mu
   // Callers that could not complete their operation and left it to the
-  // background thread (each nudges the queue): the loop must then run a
-  // round even if callers ran rounds while it slept.
+  // background thread (each nudges the queue; while the operation is open
+  // the loop runs rounds even after callers ran some). A statistic.
   std::atomic<std::uint64_t> handoffs{0};
 };
 
@@ -277,9 +277,6 @@ class Runtime {
   std::string phase() const;
   bool last_round_idle_ = false;             // background thread: see loop()
   bool last_round_ran_ = false;              // background thread: it ran responses
-  // After the last round (by either thread): nothing enqueued, held or
-  // pending on this rank. Under callers_->mu.
-  bool last_round_settled_ = false;
   std::atomic<bool> stopped_{false};         // the background loop has ended
   std::atomic<std::uint64_t> rounds_{0};
   mutable std::mutex counters_mu_;  // guards counters_
