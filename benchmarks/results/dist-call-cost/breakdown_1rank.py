@@ -1,6 +1,8 @@
 """Where one dist.all_reduce on the gyre backend spends its time, at one rank
 (no peer to wait for): each layer timed alone, best of 5 loops of 20,000
-calls of an 8-byte float32 tensor.
+calls of an 8-byte float32 tensor; and the Work's floor: a GyreWork and its
+wait() over an operation that is already done, against a bare
+torch.distributed.Work subclass.
 
     mpirun --allow-run-as-root -np 1 python3 breakdown_1rank.py
 """
@@ -41,6 +43,20 @@ def timeit(f, n=20000):
     return best
 
 
+class Done:  # an operation that has completed
+    __slots__ = ()
+
+    def wait(self):
+        return None
+
+    def poll(self):
+        return True
+
+
+class Bare(dist.Work):
+    __slots__ = ()
+
+
 def start():  # the extension's call
     return _gyre.allreduce(f"s.{next(seq)}", t, None, gop, pre, 1.0, "", be._ps)
 
@@ -60,6 +76,8 @@ rows = [
     ("_tensor_refusal", lambda: _tensor_refusal([t], "allreduce")),
     ("_reduce_op", lambda: _reduce_op(dist.ReduceOp.SUM)),
     ("_name", lambda: be._name()),
+    ("GyreWork([done], finish).wait()", lambda: GyreWork([Done()], lambda: [t]).wait()),
+    ("a bare dist.Work subclass", Bare),
 ]
 for what, f in rows:
     print(f"{what:55s} {timeit(f):6.2f} us")
