@@ -7,15 +7,21 @@
 // within the deadline, another rank's shutdown ending the calls waiting on
 // it at once, calls of several tensors (one request per owner; a
 // request refused in part changes nothing), and pulls that land in the
-// output and nowhere else.
+// output and nowhere else, and a store stopped from two threads at once.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -24,6 +30,7 @@
 #include "gyre/store.h"
 
 #include "../core/mpi_session.h"
+#include "store/parameter_store.h"
 
 using namespace gyre;
 
@@ -438,4 +445,51 @@ TEST_CASE("another rank's shutdown stops this rank's store: a call waiting on it
          what.find("is closed") != std::string::npos));
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
   store.reset();
+}
+
+TEST_CASE("a store stopped from two threads at once returns on both") {
+  // A peer's shutdown stops this rank's stores on the runtime's background
+  // thread (core::store::stop_all_stores) while the owner may be closing or
+  // destroying the same store: each joins the store's server thread. Here
+  // the two stops start together, many times; a second join of one thread
+  // hung or ended the process. A stop that does not return within the
+  // watchdog's limit fails the job (it cannot be unwound).
+  Session s;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;
+  int iteration = 0;
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, std::chrono::seconds(30), [&] { return finished; })) {
+      std::fprintf(stderr, "rank %d: stopping a store from two threads at once did not return "
+                   "(iteration %d)\n", rank(), iteration);
+      std::abort();
+    }
+  });
+  constexpr int kIterations = 40;
+  for (int i = 0; i < kIterations; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      iteration = i;
+    }
+    auto store = store_a_and_b(60);
+    std::atomic<int> ready{0};
+    std::thread peer([&] {
+      ready.fetch_add(1);
+      while (ready.load() < 2) std::this_thread::yield();
+      core::store::stop_all_stores();
+    });
+    ready.fetch_add(1);
+    while (ready.load() < 2) std::this_thread::yield();
+    store.reset();
+    peer.join();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    finished = true;
+  }
+  cv.notify_one();
+  watchdog.join();
+  CHECK(iteration == kIterations - 1);
 }

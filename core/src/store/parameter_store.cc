@@ -41,7 +41,10 @@ std::atomic<int> g_stores_made{0};
 void stop_server(ParameterStore::Impl& impl) {
   impl.open = false;
   impl.stop_server = true;
-  if (impl.server.joinable()) impl.server.join();
+  {
+    std::lock_guard<std::mutex> join(impl.server_join_mu);
+    if (impl.server.joinable()) impl.server.join();
+  }
   // Calls on other threads leave within a poll of their waits (Impl::await);
   // a send to a member that stopped serving may take until its deadline.
   const auto limit = ParameterStore::Impl::Clock::now() + std::chrono::seconds(30);

@@ -141,6 +141,12 @@ struct ParameterStore::Impl {
   std::string server_failure;
   bool server_failure_rank = false;
   std::thread server;
+  // Held while the server thread is joined: a store is stopped from two
+  // threads at once when a peer's shutdown reaches this rank's runtime
+  // (stop_all_stores() on its background thread) while the owner closes or
+  // destroys the store; joining one std::thread from two threads is
+  // undefined (with glibc the second joiner was seen to wait forever).
+  std::mutex server_join_mu;
   std::atomic<int> next_reply_tag{0};
 
   std::atomic<std::int64_t> pulls{0}, pushes{0}, applied{0}, rejected{0}, scaled{0}, served{0},
