@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Training-step time: DDP on gloo, DDP on gyre and gyre.torch's
-DistributedOptimizer (Horovod's API), in one job:
+"""Training-step time: DDP on gloo, DDP on gyre (also with gyre's comm hook,
+"gyre-hook": gyre.torch.distributed.allreduce_hook, each bucket under a name of
+its own) and gyre.torch's DistributedOptimizer (Horovod's API), in one job:
 
     mpirun -np 2 python3 benchmarks/ddp_step.py [--models cnn,transformer,mlp] [--steps 20]
 
@@ -32,8 +33,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gyre.torch as hvd
 import gyre.torch.distributed  # noqa: F401
+from gyre.torch.distributed import BucketNames, allreduce_hook
 
-SYSTEMS = ("gloo", "gyre", "hvd", "local")
+SYSTEMS = ("gloo", "gyre", "gyre-hook", "hvd", "local")
 
 
 def block(cin, cout, stride):
@@ -82,8 +84,10 @@ def build(system, name, gloo):
     torch.manual_seed(0)
     model, data = make(name)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    if system in ("gloo", "gyre"):
+    if system in ("gloo", "gyre", "gyre-hook"):
         model = DDP(model, process_group=gloo if system == "gloo" else None)
+        if system == "gyre-hook":
+            model.register_comm_hook(BucketNames(f"ddp_step.{name}"), allreduce_hook)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
     elif system == "hvd":
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -119,7 +123,7 @@ def main():
     if rank == 0:
         print(f"# training step, {world} ranks, torch {torch.__version__}; time in ms: median "
               "(min-max); samples/s over all ranks at the median; exposed comm = median - local's")
-        print(f"{'model':10} {'params':>10} {'system':6} {'step ms':>24} {'samples/s':>10} "
+        print(f"{'model':10} {'params':>10} {'system':9} {'step ms':>24} {'samples/s':>10} "
               f"{'exposed comm ms':>16} {'gloo/this':>10}")
     for name in args.models.split(","):
         systems = {system: build(system, name, gloo) for system in SYSTEMS}
@@ -143,7 +147,7 @@ def main():
                 rate = batch * world / median[system]
                 comm = "" if system == "local" else f"{1e3 * (median[system] - median['local']):.2f}"
                 ratio = "" if system == "local" else f"{median['gloo'] / median[system]:.2f}x"
-                print(f"{name:10} {params:>10} {system:6} {cell:>24} {rate:>10.1f} {comm:>16} "
+                print(f"{name:10} {params:>10} {system:9} {cell:>24} {rate:>10.1f} {comm:>16} "
                       f"{ratio:>10}", flush=True)
     dist.destroy_process_group()
 

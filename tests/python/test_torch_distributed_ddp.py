@@ -1,7 +1,9 @@
 """DistributedDataParallel on the gyre backend: a few training steps give the
 parameters of one process training on the union of every rank's batches, and
 those of DDP on gloo; with several gradient buckets, gradient-as-bucket-view,
-find_unused_parameters, static_graph, no_sync, and comm hooks."""
+find_unused_parameters, static_graph, no_sync, and comm hooks; gyre's own
+hook (gyre.torch.distributed.allreduce_hook) equal to DDP without it, bit
+for bit, with its buckets negotiated as response-cache hits in log depth."""
 
 import pytest
 import torch
@@ -10,7 +12,9 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import gyre
 import gyre.torch.distributed  # noqa: F401 (registers the backend)
+from gyre.torch.distributed import BucketNames, allreduce_hook
 
 LR = 0.1
 STEPS = 3
@@ -126,3 +130,71 @@ def test_ddp_matches_gloo(world):
     on_gloo = train_ddp(rank, process_group=gloo)
     on_gyre = train_ddp(rank)
     assert_close(on_gyre, on_gloo, atol=1e-6)
+
+
+def test_gyre_allreduce_hook_equals_ddp_without_it(world):
+    """Bit for bit on 2 ranks (a sum of two is the same in either order, and
+    halving is exact); on more, the sums may be added in another order."""
+    rank, size = world
+    plain = train_ddp(rank)
+    hooked = train_ddp(rank, hook=allreduce_hook)
+    for (name, p), (_, q) in zip(plain.named_parameters(), hooked.named_parameters()):
+        if size <= 2:
+            assert torch.equal(p, q), f"{name}: {(p - q).abs().max()}"
+        else:
+            assert torch.allclose(p, q, atol=1e-6, rtol=1e-5), f"{name}: {(p - q).abs().max()}"
+    assert_close(hooked, reference(size))
+
+
+def negotiation_per_steps(rank, hook=None, state=None, steps=4):
+    """The runtime's negotiation counters over `steps` DDP steps, after two
+    (DDP rebuilds its buckets after the first: new requests once more)."""
+    model = DDP(Net(seed=1 + rank), bucket_cap_mb=0.002)
+    if hook is not None:
+        model.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+
+    def step(i):
+        opt.zero_grad()
+        x, y = batch(rank, i)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    step(0)
+    step(1)
+    dist.barrier()
+    before = gyre.runtime_stats()
+    for i in range(2, 2 + steps):
+        step(i)
+    after = gyre.runtime_stats()
+    return {k: after[k] - before[k]
+            for k in ("requests_sent", "cache_hits_sent", "log_depth_rounds", "rounds")}
+
+
+def test_gyre_allreduce_hook_buckets_are_cache_hits_in_log_depth(world):
+    """Under the process group's names every bucket is a full request in a
+    full exchange; under the hook's, after the first two steps, every bucket
+    is a cache bit and, across ranks, every round is decided in log depth."""
+    rank, size = world
+    steps = 4
+    plain = negotiation_per_steps(rank, steps=steps)
+    hooked = negotiation_per_steps(rank, allreduce_hook, BucketNames("hits"), steps=steps)
+    assert plain["requests_sent"] >= 2 * steps, plain  # several buckets per step
+    assert plain["cache_hits_sent"] == 0, plain
+    assert hooked["requests_sent"] == 0, hooked
+    assert hooked["cache_hits_sent"] == plain["requests_sent"], (hooked, plain)
+    if size > 1:
+        # A round that carries a new request is a full exchange (an idle
+        # round may still be decided in log depth).
+        assert plain["rounds"] - plain["log_depth_rounds"] >= 1, plain
+        assert hooked["log_depth_rounds"] == hooked["rounds"] > 0, hooked
+
+
+def test_gyre_allreduce_hook_refuses_another_backend(world):
+    rank, size = world
+    gloo = dist.new_group(backend="gloo")
+    model = DDP(Net(seed=1 + rank), process_group=gloo)
+    model.register_comm_hook(BucketNames(process_group=gloo), allreduce_hook)
+    x, y = batch(rank, 0)
+    with pytest.raises(Exception, match="not one of the gyre backend"):
+        nn.functional.mse_loss(model(x), y).backward()

@@ -31,6 +31,7 @@ from gyre import _gyre
 from gyre.torch.consistency import check_consistency
 
 from . import _launch
+from ._ddp_hooks import BucketNames, allreduce_hook
 from ._process_group import GyreProcessGroup
 from ._work import GyreWork
 
@@ -156,4 +157,5 @@ def _register() -> None:
 
 _register()
 
-__all__: List[str] = ["GyreProcessGroup", "GyreWork", "check_consistency"]
+__all__: List[str] = ["BucketNames", "GyreProcessGroup", "GyreWork", "allreduce_hook",
+                      "check_consistency"]
