@@ -8,7 +8,8 @@ but a name used once is never a hit of gyre's response cache: every DDP
 bucket then travels as a full request and its round is the full exchange
 (2(N-1) messages per rank at N ranks). Under this hook bucket k of every
 step is the operation "ddp.<group>.<prefix>.bucket.<k>", the same request
-each step: from the second step on it is a cache bit, the round is decided
+each step: from the third step on (DDP rebuilds its buckets after the
+first) it is a cache bit, the round is decided
 in ceil(log2 N) messages, and a small bucket travels inside the round
 (docs/architecture.md, "Rounds in log depth").
 
@@ -22,8 +23,8 @@ or more ranks may be added in another order, as any two reductions of
 different bucket layouts are). Every rank must register the hook (torch
 requires the same of any hook); a process that trains several DDP models at
 once gives each its own prefix: ``register_comm_hook(BucketNames("enc"),
-allreduce_hook)``. Ranks whose buckets differ (another model, other bucket
-sizes) fail with gyre's MismatchError naming the bucket, on every rank.
+allreduce_hook)``. A bucket is checked across the ranks as any gyre
+operation is: the same name with another size or dtype is a MismatchError.
 """
 
 from typing import Any, Optional
