@@ -6,7 +6,7 @@ The process group names every collective by its position in the group's
 call sequence ("torch.<group>.<seq>"), which is what pairs them across ranks,
 but a name used once is never a hit of gyre's response cache: every DDP
 bucket then travels as a full request and its round is the full exchange
-(2(N-1) messages per rank at N ranks). Under this hook bucket k of every
+(an allgather: N-1 messages per rank and part). Under this hook bucket k of every
 step is the operation "ddp.<group>.<prefix>.bucket.<k>", the same request
 each step: from the third step on (DDP rebuilds its buckets after the
 first) it is a cache bit, the round is decided
