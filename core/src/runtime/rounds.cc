@@ -160,7 +160,8 @@ void Runtime::loop() {
     // Waiting callers ran rounds while this thread slept, and the rounds
     // so far (theirs or this thread's) left nothing enqueued, held or
     // pending on this rank, so no operation handed over to this thread is
-    // still open (read under the rounds' mutex, so no round is running): the callers drive the rounds, as in a loop of blocking
+    // still open (read under the rounds' mutex, so no round is running):
+    // the callers drive the rounds, as in a loop of blocking
     // calls. A round of this thread's own would only be one more that every
     // rank has to answer, meeting the callers' rounds at random, and its
     // wake-ups, every cycle, take a core from ranks that poll (across 8
