@@ -125,6 +125,87 @@ TEST_CASE("response cache: find, replace, LRU eviction", "[cache]") {
   CHECK_FALSE(off.find(next(a)));
 }
 
+TEST_CASE("response cache: numbered names hit as their stream's next call", "[cache]") {
+  // "<stream>.<n>" submitted once each (sequence number 1), as the
+  // torch.distributed backend's "torch.<group>.<call>" names are.
+  auto call = [](std::uint64_t n, std::vector<std::int64_t> shape) {
+    Request r = make_req(fmt::format("torch.g0.{}", n), std::move(shape));
+    r.seq = 1;
+    return r;
+  };
+  ResponseCache cache(64);
+  CHECK_FALSE(cache.find(call(1, {4})));
+  cache.put(call(1, {4}));
+  CHECK(cache.size() == 2);  // the stream's entry and the name's own
+  // The stream's next call with the same signature: a hit that rebuilds
+  // exactly the sender's request on any copy of the cache.
+  const auto slot = cache.find(call(2, {4}));
+  REQUIRE(slot);
+  const Request rebuilt = cache.hit(*slot);
+  CHECK(rebuilt.name == "torch.g0.2");
+  CHECK(rebuilt.seq == 1);
+  CHECK(rebuilt.same_operation(call(2, {4})));
+  CHECK_FALSE(cache.find(call(3, {4})));  // not the next call: call 2 is not agreed yet
+  CHECK_FALSE(cache.find(call(2, {5})));  // another signature
+  Request other = call(2, {4});
+  other.op = ReduceOp::kMax;
+  CHECK_FALSE(cache.find(other));
+  Request again = call(2, {4});
+  again.seq = 2;  // the name's second submission: a reused name, not a stream's call
+  CHECK_FALSE(cache.find(again));
+  // Signatures in turn: each hits from its second occurrence, one entry each.
+  cache.put(call(2, {5}));
+  CHECK(cache.find(call(3, {4})) == slot);
+  cache.put(call(3, {4}));
+  CHECK(cache.find(call(4, {5})));
+  cache.put(call(4, {5}));
+  CHECK(cache.size() == 2 + 4);  // one per signature, and each name's own
+  CHECK(cache.hit(*slot).name == "torch.g0.5");
+  // Names that are not canonical numbers are reused names, never a stream's.
+  for (const char* name : {"torch.g0.05", "torch.g0.", ".5", "torch.g0.5x", "torch.g0.-5",
+                           "torch.g0.1234567890123456789"}) {
+    INFO(name);
+    CHECK_FALSE(ResponseCache::numbered(name));
+  }
+  CHECK(ResponseCache::numbered("a.0")->n == 0);
+  CHECK(ResponseCache::numbered("a.b.17")->stream == "a.b");
+  // Streams are apart: another group's calls do not hit on this one's.
+  Request g1 = call(5, {4});
+  g1.name = "torch.g1.5";
+  CHECK_FALSE(cache.find(g1));
+  // At most kPerStream signatures per stream, the least recently used
+  // one out; the stream keeps its place among the others.
+  ResponseCache small(64);
+  std::uint64_t n = 1;
+  for (std::int64_t len = 1; len <= static_cast<std::int64_t>(ResponseCache::kPerStream) + 1;
+       ++len) {
+    small.put(call(n++, {len}));
+  }
+  CHECK(small.size() == ResponseCache::kPerStream + ResponseCache::kPerStream + 1);
+  CHECK_FALSE(small.find(call(n, {1})));
+  CHECK(small.find(call(n, {2})));
+  // Eviction by capacity takes a stream's entry like any other.
+  ResponseCache three(3);
+  three.put(call(1, {4}));  // the stream's entry, then torch.g0.1's own
+  Request plain = make_req("w", {3});
+  three.put(plain);
+  three.put(make_req("v", {3}));  // evicts the stream's only entry
+  CHECK(three.size() == 3);
+  CHECK_FALSE(three.find(call(2, {4})));
+  three.put(call(2, {4}));  // evicts torch.g0.1 and w; the stream starts again
+  CHECK(three.find(call(3, {4})));
+  ++plain.seq;
+  CHECK_FALSE(three.find(plain));
+  // A numbered name the caller reuses hits as a reused name from its
+  // second submission, as any name does.
+  Request layer = make_req("layer.3", {2});
+  layer.seq = 1;
+  cache.put(layer);
+  ++layer.seq;
+  CHECK(cache.find(layer));
+  CHECK(cache.hit(*cache.find(layer)).name == "layer.3");
+}
+
 TEST_CASE("fusion planner groups same-kind allreduces up to the threshold", "[fusion]") {
   auto item = [](std::size_t bytes, DataType dt = DataType::kFloat32, bool fusable = true) {
     FusionItem i;

@@ -155,6 +155,60 @@ TEST_CASE("log-depth negotiation: a hit the other ranks have not submitted waits
   });
 }
 
+TEST_CASE("log-depth negotiation: numbered names (torch.<group>.<call>) are log-depth rounds",
+          "[negotiator][log-depth]") {
+  for (int n : {2, 3, 4, 7, 8, 16}) {
+    INFO("n = " << n);
+    on_ranks(n, NegotiatorOptions{}, [&](int r, Negotiator& neg, VersionVector&) {
+      auto call = [](std::uint64_t k, std::int64_t len) {
+        return named(fmt::format("torch.g0.{}", k), len, 1);
+      };
+      // Calls 1 and 2 are new signatures: full rounds.
+      Counted c = counted_round(neg, {call(1, 4)});
+      expect(!c.log_depth, r, "call 1 in full");
+      c = counted_round(neg, {call(2, 6)});
+      expect(!c.log_depth, r, "call 2 in full (another signature)");
+      // From then on every call repeats a signature of the stream: each
+      // round is ceil(log2 n) messages, and the response is the call every
+      // rank made, under its own name.
+      std::uint64_t k = 3;
+      for (std::int64_t len : {4, 6, 4, 4, 6}) {
+        c = counted_round(neg, {call(k, len)});
+        expect(c.log_depth && c.messages == ceil_log2(n), r,
+               fmt::format("call {}: a log-depth round of {} messages, not {}", k,
+                           ceil_log2(n), c.messages));
+        expect(names(c.agreed) == std::vector<std::string>{fmt::format("torch.g0.{}", k)} &&
+                   c.agreed.responses[0].ok() && c.agreed.responses[0].contributors == n &&
+                   c.agreed.responses[0].agreed.shape == std::vector<std::int64_t>{len},
+               r, fmt::format("call {} agreed from every rank", k));
+        ++k;
+      }
+      // One rank's call differs in shape: it travels in full, the round
+      // is a full one and the mismatch is named on every rank.
+      c = counted_round(neg, {call(k, r == 1 ? 5 : 4)});
+      expect(!c.log_depth && c.agreed.responses.size() == 1, r, "a full round");
+      expect(c.agreed.responses[0].error_kind == ErrorKind::kMismatch &&
+                 c.agreed.responses[0].error.find("torch.g0.8") != std::string::npos,
+             r, "a MismatchError naming torch.g0.8: " + c.agreed.responses[0].error);
+      // A rank one call ahead (it made call 9 and 10, the others call 9):
+      // call 10 waits for the others, held or in full, and runs once they
+      // make it.
+      ++k;
+      std::vector<Request> mine{call(k, 4)};
+      if (r == 0) mine.push_back(call(k + 1, 4));
+      c = counted_round(neg, mine);
+      expect(names(c.agreed) == std::vector<std::string>{fmt::format("torch.g0.{}", k)}, r,
+             "call 9 runs; call 10 waits");
+      mine.clear();
+      if (r != 0) mine.push_back(call(k + 1, 4));
+      c = counted_round(neg, mine);
+      expect(names(c.agreed) == std::vector<std::string>{fmt::format("torch.g0.{}", k + 1)} &&
+                 c.agreed.responses[0].contributors == n,
+             r, "call 10 from every rank");
+    });
+  }
+}
+
 TEST_CASE("log-depth negotiation: a hit held past the hold limit reaches the Coordinator",
           "[negotiator][log-depth]") {
   NegotiatorOptions opt;

@@ -480,8 +480,9 @@ RoundOutcome Coordinator::process_messages(
       resp.error = fmt::format("{} '{}': its grouped allreduce failed: {}",
                                collective_name(resp.collective), s.name, *g->second);
     }
-    if (resp.ok() && resp.collective != Collective::kBarrier &&
-        resp.collective != Collective::kFingerprint && resp.collective != Collective::kResync) {
+    // Fingerprints and resyncs carry digests that differ every call.
+    if (resp.ok() && resp.collective != Collective::kFingerprint &&
+        resp.collective != Collective::kResync) {
       cache.put(resp.agreed);
     }
     out.responses.push_back(std::move(resp));

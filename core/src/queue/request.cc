@@ -40,8 +40,10 @@ std::size_t Request::nbytes() const {
   return static_cast<std::size_t>(n) * dtype_size(dtype);
 }
 
-bool Request::same_operation(const Request& o) const {
-  return name == o.name && collective == o.collective && dtype == o.dtype && op == o.op &&
+bool Request::same_operation(const Request& o) const { return name == o.name && same_signature(o); }
+
+bool Request::same_signature(const Request& o) const {
+  return collective == o.collective && dtype == o.dtype && op == o.op &&
          device == o.device && root == o.root && prescale == o.prescale &&
          postscale == o.postscale && shape == o.shape && splits == o.splits &&
          digests == o.digests && resync_policy == o.resync_policy && group == o.group &&

@@ -83,6 +83,8 @@ struct Request {
   // Same operation, ignoring the step, sequence and error fields: what the
   // response cache compares.
   bool same_operation(const Request& o) const;
+  // same_operation without the name.
+  bool same_signature(const Request& o) const;
 };
 
 }  // namespace gyre::core
