@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "gyre/collectives/mpi_transport.h"
+#include "gyre/collectives/naps.h"
 #include "gyre/error.h"
 
 namespace gyre::transport {
@@ -40,6 +41,7 @@ bool poll_until(MPI_Request& req, MPI_Comm comm, int peer, MPI_Status* st,
   const auto spin_until = Clock::now() + std::chrono::microseconds(200);
   auto nap = std::chrono::microseconds(50);
   auto next_interrupt_check = Clock::now() + std::chrono::milliseconds(50);
+  collectives::PreciseNaps precise;  // naps.h
   for (;;) {
     int done = 0;
     check(MPI_Test(&req, &done, st), comm, "MPI_Test", peer);
@@ -53,6 +55,7 @@ bool poll_until(MPI_Request& req, MPI_Comm comm, int peer, MPI_Status* st,
     if (now < spin_until) {
       std::this_thread::yield();
     } else {
+      precise.begin();
       std::this_thread::sleep_for(nap);
       nap = std::min(nap * 2, std::chrono::microseconds(200));
     }

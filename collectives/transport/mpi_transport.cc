@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "gyre/collectives/naps.h"
 #include "gyre/error.h"
 
 namespace gyre::transport {
@@ -196,10 +197,12 @@ class MpiTransport final : public Transport {
     const bool may_nap = wait_policy_.max_nap.count() > 0;
     const auto nap_from = start + wait_policy_.spin;
     std::chrono::microseconds nap{0};
+    collectives::PreciseNaps precise;  // naps.h
     auto next_check = start + kInterruptCheckPeriod;
     for (unsigned spins = 1;; ++spins) {
       if (test(req)) return;
       if (nap.count() > 0) {
+        precise.begin();
         std::this_thread::sleep_for(nap);
         nap = std::min(2 * nap, wait_policy_.max_nap);
       } else if ((spins & 63) != 0) {

@@ -49,8 +49,9 @@ int main(int argc, char** argv) {
   mean /= static_cast<double>(us.size());
   if (gyre::rank() == 0) {
     std::printf("8-byte allreduce through the runtime, %d ranks, %d iterations: mean %.1f us, "
-                "median %.1f us, p90 %.1f us, #wrong %d\n",
-                n, iters, mean, us[us.size() / 2], us[us.size() * 9 / 10], wrong);
+                "median %.1f us, p90 %.1f us, p99 %.1f us, #wrong %d\n",
+                n, iters, mean, us[us.size() / 2], us[us.size() * 9 / 10],
+                us[us.size() * 99 / 100], wrong);
     std::printf("negotiation: %.0f rounds, %.2f messages per round from rank 0, %.0f%% of rounds "
                 "in log depth; %llu of %d calls reduced within the round; %.2f transport messages "
                 "per call from rank 0\n",

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <thread>
 
+#include "gyre/collectives/naps.h"
 #include "runtime/options_table.h"
 #include "runtime/runtime.h"
 
@@ -96,6 +97,7 @@ void Runtime::drive_for(const OpState& op) {
 }
 
 void Runtime::loop() {
+  collectives::precise_naps_for_this_thread();  // its transfers' naps (naps.h)
   // Floored (options_table.h): a cycle of 0 would run rounds back to back.
   const auto cycle = std::chrono::microseconds(
       static_cast<long>(std::max(opt_.cycle_time_ms, kMinCycleTimeMs) * 1000.0));

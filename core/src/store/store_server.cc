@@ -7,6 +7,7 @@
 #include <string>
 #include <thread>
 
+#include "gyre/collectives/naps.h"
 #include "store/store_impl.h"
 
 namespace gyre {
@@ -22,6 +23,7 @@ using core::store::RequestHeader;
 using core::store::RequestKind;
 
 void ParameterStore::Impl::serve() {
+  collectives::precise_naps_for_this_thread();  // its naps between requests (naps.h)
   std::vector<std::byte> message;
   // Requests for a tensor this member has not finished registering: the
   // registration's broadcast can complete on the requester before the
