@@ -280,6 +280,43 @@ def test_two_threads_waiting_for_one_work(world):
     assert torch.equal(t.double(), per_rank(size, 1 << 14).sum(0))
 
 
+def test_repeated_calls_are_cache_hits_in_log_depth_rounds(world):
+    """The group's calls are named by their number ("torch.<group>.<k>"),
+    never twice alike; the runtime's response cache takes a call as the
+    next of its group's numbered names, so a call that repeats an earlier
+    one's signature travels as one bit, and when every rank's does, the
+    round is decided in log depth. Calls of several signatures in turn hit
+    too; the results stay right; a mismatch after hits is still named on
+    every rank."""
+    rank, size = world
+    a, b = fill(rank, 5), fill(rank, 9, torch.float64)
+    dist.all_reduce(a.clone())  # each signature once, in full
+    dist.all_reduce(b.clone())
+    dist.broadcast(a.clone(), src=0)
+    dist.broadcast(b.clone(), src=0)
+    before = gyre.runtime_stats()
+    calls = 24
+    for i in range(calls):
+        x = (a if i % 3 != 2 else b).clone()
+        if i % 4 == 3:
+            dist.broadcast(x, src=0)
+            assert torch.equal(x, fill(0, x.numel(), x.dtype))
+        else:
+            dist.all_reduce(x)
+            assert torch.equal(x, per_rank(size, x.numel()).sum(0).to(x.dtype))
+    after = gyre.runtime_stats()
+    hits = after["cache_hits_sent"] - before["cache_hits_sent"]
+    full = after["requests_sent"] - before["requests_sent"]
+    assert hits == calls and full == 0, (hits, full)
+    if size > 1:
+        log_depth = after["log_depth_rounds"] - before["log_depth_rounds"]
+        assert log_depth >= calls, (log_depth, calls)
+        # One rank's call differs in shape from the cached one: a MismatchError on every rank.
+        with pytest.raises(gyre.MismatchError, match="torch"):
+            dist.all_reduce(fill(rank, 5 if rank else 6))
+    dist.barrier()  # the group is still usable
+
+
 def test_shape_mismatch_raises_on_every_rank(world):
     rank, size = world
     if size < 2:

@@ -172,21 +172,20 @@ def negotiation_per_steps(rank, hook=None, state=None, steps=4):
 
 
 def test_gyre_allreduce_hook_buckets_are_cache_hits_in_log_depth(world):
-    """Under the process group's names every bucket is a full request in a
-    full exchange; under the hook's, after the first two steps, every bucket
-    is a cache bit and, across ranks, every round is decided in log depth."""
+    """Under the process group's names a bucket is a cache hit only when the
+    bucket before it was agreed before it was enqueued (the group's numbered
+    names, docs/architecture.md), which depends on timing; under the hook's,
+    after the first two steps, every bucket is a cache bit and, across
+    ranks, every round is decided in log depth."""
     rank, size = world
     steps = 4
     plain = negotiation_per_steps(rank, steps=steps)
     hooked = negotiation_per_steps(rank, allreduce_hook, BucketNames("hits"), steps=steps)
-    assert plain["requests_sent"] >= 2 * steps, plain  # several buckets per step
-    assert plain["cache_hits_sent"] == 0, plain
+    buckets = plain["requests_sent"] + plain["cache_hits_sent"]
+    assert buckets >= 2 * steps, plain  # several buckets per step
     assert hooked["requests_sent"] == 0, hooked
-    assert hooked["cache_hits_sent"] == plain["requests_sent"], (hooked, plain)
+    assert hooked["cache_hits_sent"] == buckets, (hooked, plain)
     if size > 1:
-        # A round that carries a new request is a full exchange (an idle
-        # round may still be decided in log depth).
-        assert plain["rounds"] - plain["log_depth_rounds"] >= 1, plain
         assert hooked["log_depth_rounds"] == hooked["rounds"] > 0, hooked
 
 

@@ -3,13 +3,15 @@ under a name of its own (the bucket's index), instead of the process
 group's per-call name.
 
 The process group names every collective by its position in the group's
-call sequence ("torch.<group>.<seq>"), which is what pairs them across ranks,
-but a name used once is never a hit of gyre's response cache: every DDP
-bucket then travels as a full request and its round is the full exchange
-(an allgather: N-1 messages per rank and part). Under this hook bucket k of every
-step is the operation "ddp.<group>.<prefix>.bucket.<k>", the same request
-each step: from the third step on (DDP rebuilds its buckets after the
-first) it is a cache bit, the round is decided
+call sequence ("torch.<group>.<seq>"), which is what pairs them across ranks;
+gyre's response cache takes such a call as a hit only when the call before
+it was agreed before it was enqueued, which DDP's buckets, reduced while
+backward goes on, often are not: those travel as full requests and their
+round is the full exchange (an allgather: N-1 messages per rank and part).
+Under this hook bucket k of every step is the operation
+"ddp.<group>.<prefix>.bucket.<k>", the same request each step: from the
+third step on (DDP rebuilds its buckets after the first) it is a cache bit,
+the round is decided
 in ceil(log2 N) messages, and a small bucket travels inside the round
 (docs/architecture.md, "Rounds in log depth").
 
