@@ -474,6 +474,25 @@ TEST_CASE("mpi: steady-state negotiation rounds are log depth, ceil(log2 n) mess
   if (rounds == log_depth) CHECK(messages == log2n * rounds);
 }
 
+TEST_CASE("mpi: barriers back to back are cache hits in log-depth rounds (numbered names)",
+          "[mpi]") {
+  // Each barrier is a name used once ("__gyre.barrier.<k>"); the response
+  // cache takes it as its stream's next call.
+  Session s(test_options());
+  barrier();
+  barrier();
+  const RuntimeStats before = runtime_stats();
+  constexpr int kBarriers = 20;
+  for (int i = 0; i < kBarriers; ++i) barrier();
+  const RuntimeStats after = runtime_stats();
+  CHECK(after.cache_hits_sent - before.cache_hits_sent == static_cast<std::uint64_t>(kBarriers));
+  CHECK(after.requests_sent == before.requests_sent);
+  if (size() > 1 && test_options().log_negotiation != 0) {
+    CHECK(after.log_depth_rounds - before.log_depth_rounds >=
+          static_cast<std::uint64_t>(kBarriers));
+  }
+}
+
 TEST_CASE("mpi: a repeated small allreduce is reduced within the negotiation round where the "
           "round is recursive doubling (GYRE_SPECULATE_BYTES)",
           "[mpi]") {
