@@ -161,6 +161,11 @@ TEST_CASE("response cache: numbered names hit as their stream's next call", "[ca
   cache.put(call(4, {5}));
   CHECK(cache.size() == 2 + 4);  // one per signature, and each name's own
   CHECK(cache.hit(*slot).name == "torch.g0.5");
+  // A caller that numbers afresh (a group made again under its old name)
+  // is followed from its first call agreed.
+  cache.put(call(1, {4}));
+  CHECK(cache.find(call(2, {4})));
+  CHECK(cache.hit(*cache.find(call(2, {4}))).name == "torch.g0.2");
   // Names that are not canonical numbers are reused names, never a stream's.
   for (const char* name : {"torch.g0.05", "torch.g0.", ".5", "torch.g0.5x", "torch.g0.-5",
                            "torch.g0.1234567890123456789"}) {

@@ -114,7 +114,7 @@ void ResponseCache::put_numbered(const Request& r, const Numbered& num) {
   auto it = streams_.find(stream);
   if (it != streams_.end()) {
     Stream& s = it->second;
-    s.last = std::max(s.last, num.n);
+    s.last = num.n;
     for (auto pos = s.slots.begin(); pos != s.slots.end(); ++pos) {
       const std::uint32_t slot = *pos;
       if (!slots_[slot].request.same_signature(r)) continue;
@@ -134,7 +134,7 @@ void ResponseCache::put_numbered(const Request& r, const Numbered& num) {
   }
   const std::uint32_t slot = take_slot();  // may evict (and erase) this very stream
   Stream& s = streams_[stream];
-  s.last = std::max(s.last, num.n);
+  s.last = num.n;
   s.slots.push_back(slot);
   slots_[slot].stream = stream;
   fill(slot, r);

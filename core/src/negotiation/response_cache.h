@@ -23,8 +23,10 @@
 //   submission enters both kinds of entry, since whether the caller reuses
 //   it shows only later, as "layer.3" every step would): one entry per
 //   signature (collective, dtype, shape, op, ...; up to kPerStream, least
-//   recently used first out) and the stream's highest n agreed so far. A
-//   request of the stream hits when its n is that highest n plus one and an
+//   recently used first out) and the n of its call agreed last (not the
+//   highest: a caller that numbers afresh, a process group made again under
+//   its old name, is followed at once). A
+//   request of the stream hits when its n is that n plus one and an
 //   entry has its signature; a receiver rebuilds the name from the stream's
 //   n, which every copy holds alike, so the rebuilt request is exactly the
 //   sender's. A stream whose calls are several signatures in turn (a
@@ -88,7 +90,7 @@ class ResponseCache {
     std::string stream;  // empty: an entry of a reused name
   };
   struct Stream {
-    std::uint64_t last = 0;            // highest n agreed
+    std::uint64_t last = 0;            // n of the call agreed last
     std::vector<std::uint32_t> slots;  // most recently used last
   };
   // A slot for a new entry: a fresh one, or the least recently used one,
