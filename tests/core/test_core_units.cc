@@ -180,7 +180,7 @@ TEST_CASE("response cache: numbered names hit as their stream's next call", "[ca
   CHECK_FALSE(cache.find(g1));
   // At most kPerStream signatures per stream, the least recently used
   // one out; the stream keeps its place among the others.
-  ResponseCache small(64);
+  ResponseCache small(4 * ResponseCache::kPerStream);
   std::uint64_t n = 1;
   for (std::int64_t len = 1; len <= static_cast<std::int64_t>(ResponseCache::kPerStream) + 1;
        ++len) {
