@@ -9,12 +9,7 @@
 // tol = 1e-6 (float32), 1e-14 (float64); min and max must match exactly.
 #include <algorithm>
 #include <mpi.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <climits>
-#include <fstream>
-#include <thread>
+#include <sys/prctl.h>
 
 #include <cmath>
 #include <cstdint>
@@ -290,49 +285,37 @@ void timeout_check(transport::MpiWorld& world) {
 
 // A wait that naps (a wait policy with naps, a message that never comes)
 // sleeps with a timer slack of 1 us (naps.h: with the default 50 us a nap
-// of 5 us took 89) and gives the calling thread its own slack back. A
-// second thread reads the waiting thread's slack from /proc while it waits
-// (/proc/<pid>/timerslack_ns: the main thread's, which waits here).
+// of 5 us took 89) and gives the calling thread its own slack back. The
+// wait's interrupt check, which it calls on the waiting thread about every
+// 50 ms, reads the thread's slack while the wait naps.
 void naps_check(transport::MpiWorld& world) {
   auto t = world.make_transport();
-  t->set_timeout(std::chrono::milliseconds(200));
+  t->set_timeout(std::chrono::milliseconds(300));
   t->set_wait_policy({std::chrono::microseconds(0), std::chrono::microseconds(200)});
-  const long tid = getpid();
-  auto slack_of = [](long id) {
-    std::ifstream f("/proc/" + std::to_string(id) + "/timerslack_ns");
-    long ns = -1;
-    f >> ns;
-    return ns;
-  };
-  const long before = slack_of(tid);
-  std::atomic<bool> waiting{true};
-  std::atomic<long> lowest{LONG_MAX};
-  std::thread watcher([&] {
-    while (waiting.load()) {
-      const long ns = slack_of(tid);
-      if (ns >= 0 && ns < lowest.load()) lowest.store(ns);
-      std::this_thread::yield();
-    }
-  });
+  const int before = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+  std::vector<int> during;
+  t->set_interrupt_check([&] { during.push_back(prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0)); });
   std::vector<std::byte> buf(8);
   transport::Transfer r = t->irecv(transport::ring_prev(*t), 97, buf);
   try {
     t->wait(r);
   } catch (const TimeoutError&) {
   }
-  waiting.store(false);
-  watcher.join();
+  const int after = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
   g_checks += 2;
-  if (before < 0) {
-    fail("naps_check: /proc/<pid>/timerslack_ns unreadable");
+  if (during.empty()) {
+    fail("naps_check: the wait never called its interrupt check");
     return;
   }
-  if (before != static_cast<long>(kNapSlackNs) && lowest.load() != static_cast<long>(kNapSlackNs)) {
-    fail("naps_check: the naps ran with a slack of " + std::to_string(lowest.load()) +
-         " ns, not " + std::to_string(kNapSlackNs));
+  for (int ns : during) {
+    if (ns != static_cast<int>(kNapSlackNs)) {
+      fail("naps_check: the naps ran with a slack of " + std::to_string(ns) + " ns, not " +
+           std::to_string(kNapSlackNs));
+      break;
+    }
   }
-  if (slack_of(tid) != before) {
-    fail("naps_check: the thread's slack is " + std::to_string(slack_of(tid)) +
+  if (after != before) {
+    fail("naps_check: the thread's slack is " + std::to_string(after) +
          " ns after the wait, not its own " + std::to_string(before));
   }
 }
