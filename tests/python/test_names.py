@@ -55,3 +55,21 @@ def test_generated_names_of_refused_calls_are_consumed(size):
         gyre.allgather(torch.tensor(1.0))
     assert gyre.ops._name_counters.get("allgather", 0) == before + 1
     assert gyre.allgather(torch.full((1,), 7.0)).tolist() == [7.0] * size
+
+
+def test_unnamed_calls_in_turn_are_cache_hits(size, rank):
+    """Generated names never repeat; the response cache takes each as the
+    next call of its kind ("allreduce.noname.N"), so a call repeating an
+    earlier signature travels as one bit (docs/architecture.md, "Response
+    cache"), and the results are those of full requests."""
+    a, b = torch.full((3,), 1.0 + rank), torch.full((5,), 2.0 + rank, dtype=torch.float64)
+    gyre.allreduce(a, op=gyre.Sum)  # each signature once, in full
+    gyre.allreduce(b, op=gyre.Sum)
+    before = gyre.runtime_stats()
+    for i in range(10):
+        x = a if i % 2 == 0 else b
+        got = gyre.allreduce(x, op=gyre.Sum)
+        assert torch.equal(got, x * 0 + sum(x[0].item() - rank + r for r in range(size)))
+    after = gyre.runtime_stats()
+    assert after["cache_hits_sent"] - before["cache_hits_sent"] == 10
+    assert after["requests_sent"] == before["requests_sent"]
