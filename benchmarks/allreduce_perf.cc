@@ -54,6 +54,16 @@ System make_runtime_system(std::string tensor_name) {
           }};
 }
 
+System make_runtime_shared_system(std::string tensor_name, void* shared) {
+  return {"gyre runtime, shared buffer",
+          [name = std::move(tensor_name), shared](const void*, void*, std::size_t count,
+                                                  DataType dt, ReduceOp op) {
+            const std::vector<std::int64_t> shape{static_cast<std::int64_t>(count)};
+            const TensorView v{shared, dt, shape, {}};
+            allreduce(name, v, v, op);
+          }};
+}
+
 System make_mpi_system() {
   return {"MPI_Allreduce", [](const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) {
             mpi_allreduce(in, out, count, dt, op);
@@ -86,6 +96,9 @@ Sweep options (nccl-tests style):
                         min, max, prod
   --runtime             time gyre::allreduce (blocking) instead of the bare
                         collectives::allreduce (no runtime)
+  --shared-buffers      with --runtime: gyre's buffer from gyre::alloc_shared,
+                        reduced in place (set GYRE_SHM_POOL_BYTES to at least
+                        --maxbytes); MPI keeps its private buffers
   --shm                 time the shared-memory allreduce (ranks on one host;
                         slots of --chunk bytes) instead of the ring over MPI
   --bound               add the machine's single-copy bound per size: the data
@@ -136,6 +149,7 @@ PerfOptions parse_args(int argc, char** argv, bool* help) {
     else if (a == "-n" || a == "--iters") o.iters = parse_int(a, value(), 1);
     else if (a == "--blocks") o.blocks = parse_int(a, value(), 1);
     else if (a == "--runtime") o.runtime = true;
+    else if (a == "--shared-buffers") o.shared_buffers = true;
     else if (a == "--shm") o.shm = true;
     else if (a == "--bound") o.bound = true;
     else if (a == "--chunk") o.chunk_bytes = parse_size(a, value());

@@ -37,6 +37,9 @@ struct PerfOptions {
   long blocks = 5;
   // Sweep: time the runtime (gyre::allreduce, blocking) instead of the bare ring.
   bool runtime = false;
+  // Sweep, with runtime: gyre's buffer from gyre::alloc_shared (the host's
+  // pool, GYRE_SHM_POOL_BYTES), reduced in place.
+  bool shared_buffers = false;
   // Sweep: time the shared-memory allreduce (collectives/shm.h, slots of
   // chunk_bytes) as gyre's bare system instead of the ring over MPI.
   bool shm = false;
@@ -74,6 +77,9 @@ System make_bare_system(const PerfOptions& o);
 // have been called. Every call uses the tensor name `tensor_name`, so calls
 // of one system must not overlap (they do not: each waits).
 System make_runtime_system(std::string tensor_name);
+// The same in place on `shared` (a buffer of gyre::alloc_shared, large
+// enough for every size): `in` and `out` are not used.
+System make_runtime_shared_system(std::string tensor_name, void* shared);
 // MPI_Allreduce on MPI_COMM_WORLD (see mpi_allreduce()).
 System make_mpi_system();
 System make_shm_system(const PerfOptions& o);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -98,7 +99,19 @@ int run_sweep(const PerfOptions& o) {
   const std::size_t elem = dtype_size(o.dtype);
 
   if (o.runtime) init();
-  const System gyre_sys = o.runtime ? make_runtime_system("gyre-allreduce-perf")
+  void* shared = nullptr;
+  if (o.shared_buffers) {
+    if (!o.runtime) throw InvalidArgument("--shared-buffers needs --runtime");
+    shared = alloc_shared(o.max_bytes);
+    if (shared == nullptr) {
+      throw InvalidArgument(fmt::format(
+          "--shared-buffers: no {} buffer from gyre::alloc_shared (GYRE_SHM_POOL_BYTES too small, "
+          "or the ranks are not on one host)", format_size(o.max_bytes)));
+    }
+  }
+  const System gyre_sys = shared != nullptr
+                              ? make_runtime_shared_system("gyre-allreduce-perf", shared)
+                          : o.runtime ? make_runtime_system("gyre-allreduce-perf")
                           : o.shm   ? make_shm_system(o)
                                     : make_bare_system(o);
   // The bound: one slot per rank large enough for the largest size.
@@ -124,7 +137,10 @@ int run_sweep(const PerfOptions& o) {
     fmt::print("# gyre-allreduce-perf: {} ranks, {} {}, out-of-place, buffers on {}\n", world,
                dtype_name(o.dtype), op_name(o.op),
                o.huge_pages ? "transparent huge pages" : "4 KiB pages");
-    if (o.runtime) {
+    if (shared != nullptr) {
+      fmt::print("# gyre: runtime (gyre::allreduce, blocking), in place on a buffer from "
+                 "gyre::alloc_shared (the values grow while timed; checked from a fresh input)\n");
+    } else if (o.runtime) {
       fmt::print("# gyre: runtime (gyre::allreduce, blocking; options from GYRE_* environment)\n");
     } else if (o.shm) {
       fmt::print("# gyre: bare shm_allreduce over the host's shared-memory group, slots of {}\n",
@@ -191,6 +207,12 @@ int run_sweep(const PerfOptions& o) {
       for (long b = 0; b < o.blocks; ++b) t_bound.push_back(time_block(bound, nullptr, nullptr, count, o, iters));
       r.bound_time_s = median(max_across_ranks(t_bound));
     }
+    if (shared != nullptr && have_gyre) {
+      // Timed in place, the buffer holds repeated sums: once more from the input.
+      std::memcpy(shared, in.data(), count * elem);
+      gyre_sys.run(nullptr, nullptr, count, o.dtype, o.op);
+      std::memcpy(out.data(), shared, count * elem);
+    }
     r.wrong = have_gyre ? wrong_on_all_ranks(out.data(), count, o, world) : 0;
     r.mpi_wrong = have_mpi ? wrong_on_all_ranks(mpi_out.data(), count, o, world) : 0;
     total_wrong += r.wrong + r.mpi_wrong;
@@ -250,6 +272,7 @@ int run_sweep(const PerfOptions& o) {
       write_file(o.json_path, j);
     }
   }
+  free_shared(shared);
   return total_wrong == 0 ? 0 : 1;
 }
 

@@ -4,7 +4,8 @@
 // inputs), reduces its share into the pieces' outputs and into every other
 // slot, and copies the other shares out of its slot; shm_reduce_slots
 // reduces data already in the slots (the single-copy bound of the
-// benchmarks).
+// benchmarks); shm_allreduce_registered reduces buffers that lie in a pool
+// every rank maps straight from one another (shm_pool.h).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -14,6 +15,7 @@
 
 #include "gyre/collectives/reduce_kernels.h"
 #include "gyre/collectives/shm.h"
+#include "gyre/collectives/shm_pool.h"
 #include "gyre/error.h"
 
 namespace gyre::collectives {
@@ -267,6 +269,90 @@ void shm_reduce_slots(ShmGroup& g, std::size_t count, DataType dt, ReduceOp op) 
       reduce_share(g, lo * esize, (hi - lo) * esize, mine, mine, r);
     }
     g.barrier();
+  } catch (...) {
+    g.fail();
+    throw;
+  }
+}
+
+namespace {
+
+// What a rank publishes in its pool part's header: where its buffer lies in
+// its part (kNotInPool: it does not, or the call is not in place).
+struct Mailbox {
+  std::uint64_t offset;
+  std::uint64_t bytes;
+};
+static_assert(sizeof(Mailbox) <= kShmPoolHeader);
+constexpr std::uint64_t kNotInPool = ~std::uint64_t{0};
+
+}  // namespace
+
+bool shm_allreduce_registered(ShmGroup& g, const ShmPool& pool, const void* in, void* out,
+                              std::size_t count, DataType dt, ReduceOp op, double prescale,
+                              double postscale) {
+  check_scales(dt, prescale, postscale);
+  const int p = g.size(), me = g.rank();
+  // Alike on every rank: the pool is set up collectively, count is agreed.
+  if (pool.empty() || pool.size != p || count == 0) return false;
+  if (op == ReduceOp::kAverage) postscale /= p;
+  const std::size_t esize = dtype_size(dt), bytes = count * esize;
+  std::byte* const mine = pool.part(me);
+  auto* const buf = static_cast<std::byte*>(out);
+  Mailbox said{kNotInPool, bytes};
+  const auto at = reinterpret_cast<std::uintptr_t>(buf);
+  const auto from = reinterpret_cast<std::uintptr_t>(mine);
+  if (in == out && at >= from + kShmPoolHeader && bytes <= pool.part_bytes &&
+      at - from <= pool.part_bytes - bytes && at % kShmPoolAlign == 0) {
+    said.offset = at - from;
+  }
+  try {
+    std::memcpy(mine, &said, sizeof said);
+    // Every rank has its input in place and its mailbox written. A rank
+    // writes its mailbox again only in a later call, after the barriers of
+    // this one (or of the fallback's shm_allreduce), which every rank
+    // passes only once it has read the mailboxes here.
+    g.barrier();
+    std::vector<std::byte*> operand(static_cast<std::size_t>(p));
+    for (int q = 0; q < p; ++q) {
+      Mailbox m{};
+      std::memcpy(&m, pool.part(q), sizeof m);
+      if (m.offset == kNotInPool || m.bytes != bytes) return false;
+      operand[static_cast<std::size_t>(q)] = pool.part(q) + m.offset;
+    }
+    if (prescale != 1.0) {
+      scale(buf, count, dt, prescale);
+      g.barrier();  // every input scaled before any rank reads it
+    }
+    if (p == 1) {
+      if (postscale != 1.0) scale(buf, count, dt, postscale);
+      return true;
+    }
+    // My share of every buffer, reduced in rank order a piece at a time
+    // (small enough to stay in cache) into my own buffer, or into scratch
+    // when my buffer is an operand read after the first two (accumulating
+    // there would overwrite it before it is read), then copied into every
+    // other buffer. No other rank reads or writes this share of any buffer.
+    const CombineFn combine = combine_kernel(dt, op);
+    const ReduceFn reduce = reduce_kernel(dt, op);
+    const std::size_t line = line_elems(esize);
+    const Share sh = share_of(me, p, count, line);
+    const std::size_t piece = reduce_piece_elems(esize, line) * esize;
+    thread_local std::vector<std::byte> acc;
+    if (me >= 2) acc.resize(std::min(piece, (sh.hi - sh.lo) * esize));
+    auto at = [&](int q, std::size_t x) { return operand[static_cast<std::size_t>(q)] + x; };
+    for (std::size_t x = sh.lo * esize; x < sh.hi * esize; x += piece) {
+      const std::size_t bytes = std::min(piece, sh.hi * esize - x), n = bytes / esize;
+      std::byte* const target = me < 2 ? at(me, x) : acc.data();
+      combine(target, at(0, x), at(1, x), n);
+      for (int q = 2; q < p; ++q) reduce(target, at(q, x), n);
+      if (postscale != 1.0) scale(target, n, dt, postscale);
+      for (int q = 0; q < p; ++q) {
+        if (at(q, x) != target) std::memcpy(at(q, x), target, bytes);
+      }
+    }
+    g.barrier();  // every share written into every buffer
+    return true;
   } catch (...) {
     g.fail();
     throw;

@@ -22,6 +22,9 @@ namespace gyre::transport {
 namespace {
 
 constexpr int kNameBytes = 128;
+constexpr std::size_t kPage = 4096;
+
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 constexpr int kReasonBytes = 512;
 
 void check(int rc, const char* what) {
@@ -84,11 +87,12 @@ std::unique_ptr<ShmHost> ShmHost::set_up(const collectives::ShmOptions& opt, boo
   MPI_Comm_size(world, &world_size);
   // Every rank wants it, with the same slot size (a difference is reported
   // by the runtime's options check; here it only means "no").
-  long votes[2] = {wanted ? 1L : 0L, static_cast<long>(opt.slot_bytes)};
-  long lowest[2] = {0, 0}, highest[2] = {0, 0};
-  check(MPI_Allreduce(votes, lowest, 2, MPI_LONG, MPI_MIN, world), "MPI_Allreduce");
-  check(MPI_Allreduce(votes, highest, 2, MPI_LONG, MPI_MAX, world), "MPI_Allreduce");
-  if (lowest[0] == 0 || lowest[1] != highest[1]) return nullptr;
+  long votes[3] = {wanted ? 1L : 0L, static_cast<long>(opt.slot_bytes),
+                   static_cast<long>(opt.pool_bytes)};
+  long lowest[3] = {0, 0, 0}, highest[3] = {0, 0, 0};
+  check(MPI_Allreduce(votes, lowest, 3, MPI_LONG, MPI_MIN, world), "MPI_Allreduce");
+  check(MPI_Allreduce(votes, highest, 3, MPI_LONG, MPI_MAX, world), "MPI_Allreduce");
+  if (lowest[0] == 0 || lowest[1] != highest[1] || lowest[2] != highest[2]) return nullptr;
   MPI_Comm local;
   check(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL,
                             &local),
@@ -109,7 +113,12 @@ std::unique_ptr<ShmHost> ShmHost::set_up(const collectives::ShmOptions& opt, boo
   // Local rank 0 creates the segment; the others learn its name.
   std::array<char, kNameBytes> created{};
   std::string error;
-  const std::size_t region = collectives::ShmGroup::region_bytes(size, opt.slot_bytes);
+  // The group's region, then the pool's parts on page boundaries.
+  const std::size_t group_bytes =
+      round_up(collectives::ShmGroup::region_bytes(size, opt.slot_bytes), kPage);
+  const std::size_t part_bytes =
+      opt.pool_bytes > 0 ? round_up(opt.pool_bytes + collectives::kShmPoolHeader, kPage) : 0;
+  const std::size_t region = group_bytes + static_cast<std::size_t>(size) * part_bytes;
   if (rank == 0) {
     try {
       const std::string n = fresh_name();
@@ -134,13 +143,27 @@ std::unique_ptr<ShmHost> ShmHost::set_up(const collectives::ShmOptions& opt, boo
   agree(world, error);
   host->segment_.unlink();
   host->group_.emplace(host->segment_.data(), rank, size, opt);
+  if (part_bytes > 0) {
+    auto* const base = static_cast<std::byte*>(host->segment_.data()) + group_bytes;
+    host->pool_ = {base, part_bytes, size};
+    host->allocator_ = std::make_unique<collectives::ShmPoolAllocator>(
+        host->pool_.part(rank) + collectives::kShmPoolHeader,
+        part_bytes - collectives::kShmPoolHeader);
+  }
   return host;
 }
 
 std::unique_ptr<ShmHost> ShmHost::attach(void* region, int rank, int size,
-                                         const collectives::ShmOptions& opt) {
+                                         const collectives::ShmOptions& opt,
+                                         const collectives::ShmPool& pool) {
   std::unique_ptr<ShmHost> host(new ShmHost());
   host->group_.emplace(region, rank, size, opt);
+  if (!pool.empty()) {
+    host->pool_ = pool;
+    host->allocator_ = std::make_unique<collectives::ShmPoolAllocator>(
+        pool.part(rank) + collectives::kShmPoolHeader,
+        pool.part_bytes - collectives::kShmPoolHeader);
+  }
   return host;
 }
 

@@ -419,6 +419,9 @@ struct RuntimeStats {
   std::int64_t store_pushes_rejected = 0;
   std::int64_t store_pushes_scaled = 0;  // applied with a factor below 1
   std::int64_t store_max_lag = 0;        // largest lag among them
+  // Allreduces of buffers from alloc_shared reduced straight from one
+  // another (GYRE_SHM_POOL_BYTES), global set only.
+  std::uint64_t pool_allreduces = 0;
   // The parameters the cost model chooses the host allreduce's algorithm
   // with (docs/scaling.md), the same on every rank: "built-in", or, across
   // hosts of several ranks each or of one rank each with GYRE_LINK_PROBE=1
@@ -443,6 +446,20 @@ struct RuntimeStats {
   std::vector<TunedAllreduce> autotune;
 };
 RuntimeStats runtime_stats();
+
+// Host memory every rank of this host maps, from this rank's part of the
+// host's pool (GYRE_SHM_POOL_BYTES bytes per rank, set up by init() when all
+// ranks are on one host and share memory): `bytes` (rounded up to 64) at a
+// 64-byte boundary, or nullptr when the pool has no free range that large,
+// or there is no pool. Any thread, not collective. An allreduce in place of
+// a buffer from here, of 64 KiB or more, on every rank of the global set
+// (each its own buffer) reduces the buffers straight from one another: no
+// copy through the shared-memory slots (docs/architecture.md, "Shared
+// buffers"); any other use of the memory is ordinary host memory. Valid
+// until shutdown(); free_shared() gives it back (InvalidArgument for a
+// pointer alloc_shared did not return).
+void* alloc_shared(std::size_t bytes);
+void free_shared(void* p);
 
 // Version vectors: see docs/architecture.md.
 void commit_step();                        // this rank finished one training step

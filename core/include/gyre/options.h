@@ -61,6 +61,9 @@ struct Options {
   // GYRE_SHM_SLOT_BYTES: each rank's slot in the shared segment, the chunk
   // of the shared-memory collectives.
   std::size_t shm_slot_bytes = 256u << 10;
+  // GYRE_SHM_POOL_BYTES: each rank's part of the host's shared pool
+  // (gyre::alloc_shared); 0: none.
+  std::size_t shm_pool_bytes = 0;
   // GYRE_HIERARCHICAL_ALLREDUCE: when the job spans hosts that each hold the
   // same number (more than one) of ranks, 1 reduces host tensors
   // hierarchically, 0 with one flat ring; -1 (default) chooses per call by

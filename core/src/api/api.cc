@@ -174,6 +174,7 @@ RuntimeStats runtime_stats() {
   st.store_pushes_rejected = totals.rejected.load();
   st.store_pushes_scaled = totals.scaled.load();
   st.store_max_lag = totals.max_lag.load();
+  st.pool_allreduces = rt->shm_host() ? rt->shm_host()->pool_allreduces() : 0;
   const core::LayoutCost& link = rt->link_cost();
   st.link_source = rt->link_source();
   st.net_alpha_s = link.net.alpha_s;

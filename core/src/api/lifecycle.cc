@@ -150,6 +150,7 @@ core::RuntimeInfo runtime_info(transport::MpiWorld& world, const Options& option
     info.connect_host = [&world, options](core::RuntimeInfo& ri) {
       collectives::ShmOptions so;
       so.slot_bytes = options.shm_slot_bytes;
+      so.pool_bytes = options.shm_pool_bytes;
       so.timeout = std::chrono::milliseconds(static_cast<long>(
           std::isfinite(options.op_timeout_s) ? std::clamp(options.op_timeout_s, 0.0, 1e7) * 1000.0
                                               : 0.0));

@@ -92,6 +92,12 @@ const OptionSpec kTable[] = {
    SizeOption{&O::shm_slot_bytes, 4096, kMaxChunkBytes}, "256K", true,
    "Bytes of each rank's slot in the shared-memory segment: the chunk of the shared-memory "
    "collectives."},
+  {"GYRE_SHM_POOL_BYTES", "shm_pool_bytes",
+   SizeOption{&O::shm_pool_bytes, 0, kMaxBytes}, "0", true,
+   "Bytes of each rank's part of the host's shared pool (in the shared-memory segment, "
+   "allocated at init): gyre::alloc_shared takes buffers from it, and an allreduce in place "
+   "of such buffers, one per rank, from 64 KiB, reduces them straight from one another "
+   "without copies through the slots. 0: no pool."},
   {"GYRE_HIERARCHICAL_ALLREDUCE", "hierarchical_allreduce",
    IntegerOption{&O::hierarchical_allreduce, -1, 1}, "-1", true,
    "When the job spans hosts that each hold the same number (more than one) of ranks: 1 reduces "

@@ -165,6 +165,10 @@ class Runtime {
   void start_timeline(const std::string& path, bool mark_cycles);
   void stop_timeline();
 
+  // The shared-memory group of this rank's host (nullptr without one): its
+  // pool serves gyre::alloc_shared. Any thread; fixed once constructed.
+  const std::shared_ptr<transport::ShmHost>& shm_host() const { return info_.shm; }
+
   // Statistics for tests and benchmarks (background-thread counters).
   std::uint64_t rounds() const { return rounds_.load(); }
   // Of them, those run by a thread waiting in Handle::wait() (rounds.cc).

@@ -74,6 +74,10 @@ struct ShmOptions {
   // ranks in the group than the host has cores it sleeps at once: polling
   // would take the core of the rank it waits for.
   std::chrono::microseconds spin{100};
+  // Bytes of each rank's part of the host's pool (shm_pool.h), from which
+  // gyre::alloc_shared allocates buffers the other ranks of the host map;
+  // 0: no pool.
+  std::size_t pool_bytes = 0;
 };
 
 class ShmGroup {

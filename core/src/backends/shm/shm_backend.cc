@@ -3,11 +3,22 @@
 #include "backends/shm/shm_backend.h"
 
 #include "gyre/collectives/shm.h"
+#include "gyre/collectives/shm_pool.h"
 
 namespace gyre::core {
 
 void ShmBackend::allreduce(const void* in, void* out, std::size_t count, DataType dt,
                            const Reduction& red, const OpLabel&) {
+  // Buffers of gyre::alloc_shared on every rank are reduced straight from
+  // one another; the attempt costs a barrier when some rank's is not, so
+  // only from a size where that is small beside the copies it can save.
+  // Every rank takes the same branch: the size and the pool are alike.
+  if (!host_->pool().empty() && count * dtype_size(dt) >= kPoolAllreduceMinBytes &&
+      collectives::shm_allreduce_registered(group(), host_->pool(), in, out, count, dt, red.op,
+                                            red.prescale, red.postscale)) {
+    host_->count_pool_allreduce();
+    return;
+  }
   collectives::shm_allreduce(group(), in, out, count, dt, red.op, red.prescale, red.postscale);
 }
 

@@ -13,6 +13,12 @@
 // the peers read in place, took one more pass through memory each way
 // (docs/benchmarks.md, "Fused buckets chunk by chunk").
 //
+// A single tensor's allreduce in place on buffers that every rank allocated
+// from the host's pool (gyre::alloc_shared, GYRE_SHM_POOL_BYTES) is reduced
+// from the buffers themselves, with no copy through the slots
+// (shm_allreduce_registered); from kPoolAllreduceMinBytes, below which the
+// slots cost little.
+//
 // The group is set up over MPI by the API (ShmHost) and handed to the
 // runtime; GYRE_SHM=0 keeps the ring over MPI. A local peer that stops
 // coming is a TimeoutError after GYRE_OP_TIMEOUT_S, as a stalled transfer is.
@@ -29,6 +35,8 @@ namespace gyre::core {
 
 class ShmBackend final : public HostBackend {
  public:
+  static constexpr std::size_t kPoolAllreduceMinBytes = 64u << 10;
+
   ShmBackend(transport::Transport& t, const Options& opt,
              std::shared_ptr<transport::ShmHost> host)
       : HostBackend(t, opt), host_(std::move(host)) {}
