@@ -258,6 +258,11 @@ void ImportedTensor::stage(py::handle tensor, const std::string& name, Access ac
   if (const TorchObjects* t = TorchObjects::get(); t != nullptr && t->memory != nullptr) {
     if (storage_impl_ != nullptr) {
       pin_ = t->memory->pin_storage(storage_impl_);
+      // A tensor of gyre.torch.empty_shared: its memory is gyre's pool's,
+      // lent to torch; copied, it would lose what the pool is for.
+      if (pin_ == nullptr && is_shared(view_.data, nbytes)) {
+        pin_ = t->memory->pin_storage_lent(storage_impl_);
+      }
     } else if (py::object storage = call_or_null(tensor.ptr(), t->untyped_storage)) {
       pin_ = t->memory->pin(storage.ptr());
     }

@@ -68,7 +68,11 @@ c10::StorageImpl* storage_impl(PyObject* storage) {
   return static_cast<c10::StorageImpl*>(p);
 }
 
-void* pin_impl(c10::StorageImpl* s) {
+// `lent`: also memory another owner lent the storage (from_blob,
+// torch.frombuffer), which the caller knows to be gyre's own (a buffer of
+// gyre::alloc_shared): nothing in torch looks at such a storage's deleter
+// while the operation runs.
+void* pin_impl(c10::StorageImpl* s, bool lent) {
   try {
     if (s == nullptr) return nullptr;
     const c10::DataPtr& current = s->data_ptr();
@@ -84,9 +88,9 @@ void* pin_impl(c10::StorageImpl* s) {
       // code (is_shared(), a pinned copy's event), and copy-on-write storages
       // would be copied by set_data_ptr: those are copied instead.
       c10::Allocator* cpu = c10::GetCPUAllocator();
-      if (cpu == nullptr || cpu->raw_deleter() == nullptr ||
-          current.get_deleter() != cpu->raw_deleter() ||
-          c10::impl::cow::is_cow_data_ptr(current)) {
+      const bool cpu_memory = cpu != nullptr && cpu->raw_deleter() != nullptr &&
+                              current.get_deleter() == cpu->raw_deleter();
+      if ((!cpu_memory && !lent) || c10::impl::cow::is_cow_data_ptr(current)) {
         return nullptr;
       }
       h = new Hold();
@@ -101,10 +105,14 @@ void* pin_impl(c10::StorageImpl* s) {
   }
 }
 
-void* pin(PyObject* storage) { return pin_impl(storage_impl(storage)); }
+void* pin(PyObject* storage) { return pin_impl(storage_impl(storage), false); }
 
 void* pin_storage(void* storage_impl) {
-  return pin_impl(static_cast<c10::StorageImpl*>(storage_impl));
+  return pin_impl(static_cast<c10::StorageImpl*>(storage_impl), false);
+}
+
+void* pin_storage_lent(void* storage_impl) {
+  return pin_impl(static_cast<c10::StorageImpl*>(storage_impl), true);
 }
 
 bool read_tensor(PyObject* tensor, TorchTensorFacts* out) {
@@ -192,7 +200,7 @@ PyMethodDef methods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 TorchMemoryApi api{kTorchMemoryApiVersion, GYRE_TORCH_VERSION, &pin, &unpin, &read_tensor,
-                   &pin_storage};
+                   &pin_storage, &pin_storage_lent};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_torch_memory",
                           "Pins CPU torch storages' memory while gyre's operations use it.",

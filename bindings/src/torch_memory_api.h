@@ -28,7 +28,7 @@
 namespace gyre::python {
 
 inline constexpr const char* kTorchMemoryCapsule = "gyre._torch_memory.api";
-inline constexpr int kTorchMemoryApiVersion = 2;
+inline constexpr int kTorchMemoryApiVersion = 3;
 
 // What a plain CPU tensor's c10::TensorImpl says, read in C++ instead of
 // through a dozen Python accessors (is_cpu, layout, dtype, is_contiguous,
@@ -69,6 +69,11 @@ struct TorchMemoryApi {
   bool (*read_tensor)(PyObject* tensor, TorchTensorFacts* out);
   // pin() for the StorageImpl read_tensor reported.
   void* (*pin_storage)(void* storage_impl);
+  // The same for a storage whose memory was lent by another owner, which
+  // the caller has found to be a buffer of gyre::alloc_shared (a tensor of
+  // gyre.torch.empty_shared, made by torch.frombuffer): pin_storage leaves
+  // such memory to be copied.
+  void* (*pin_storage_lent)(void* storage_impl);
 };
 
 }  // namespace gyre::python

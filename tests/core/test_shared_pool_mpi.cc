@@ -35,8 +35,7 @@ void fill(float* p, std::size_t n, int r) {
 }
 
 // Elements that are not the sum over ranks of fill()'s values.
-std::size_t wrong_sums(const float* p, std::size_t n) {
-  const int world = size();
+std::size_t wrong_sums(const float* p, std::size_t n, int world = size()) {
   std::size_t wrong = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const int sum = world * (world - 1) / 2 + world * static_cast<int>(i % 7);
@@ -116,4 +115,23 @@ TEST_CASE("alloc_shared: no pool, a full pool, a foreign pointer, before init", 
   CHECK_THROWS_AS(free_shared(&elsewhere), InvalidArgument);
   free_shared(a);
   CHECK(alloc_shared(64) != nullptr);
+}
+
+TEST_CASE("alloc_shared: a buffer outlives shutdown() until it is freed", "[pool]") {
+  const std::size_t n = 100000;
+  float* buf = nullptr;
+  int world = 0;
+  {
+    Session s(pool_options(1u << 20));
+    buf = static_cast<float*>(alloc_shared(n * sizeof(float)));
+    REQUIRE(buf != nullptr);
+    fill(buf, n, rank());
+    allreduce("outlives", view(buf, n), view(buf, n), ReduceOp::kSum);
+    world = size();
+  }
+  CHECK_FALSE(is_initialized());
+  CHECK(wrong_sums(buf, n, world) == 0);  // still mapped, still the result
+  buf[0] = 1.0f;                          // and writable
+  free_shared(buf);
+  CHECK_THROWS_AS(free_shared(buf), InvalidArgument);  // once only
 }

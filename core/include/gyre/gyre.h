@@ -455,11 +455,14 @@ RuntimeStats runtime_stats();
 // a buffer from here, of 64 KiB or more, on every rank of the global set
 // (each its own buffer) reduces the buffers straight from one another: no
 // copy through the shared-memory slots (docs/architecture.md, "Shared
-// buffers"); any other use of the memory is ordinary host memory. Valid
-// until shutdown(); free_shared() gives it back (InvalidArgument for a
-// pointer alloc_shared did not return).
+// buffers"); any other use of the memory is ordinary host memory. It stays
+// mapped until free_shared() gives it back, shutdown() or not
+// (InvalidArgument for a pointer alloc_shared did not return).
 void* alloc_shared(std::size_t bytes);
 void free_shared(void* p);
+// Whether [p, p + bytes) lies in a part of a host pool that alloc_shared
+// has buffers out from (any thread).
+bool is_shared(const void* p, std::size_t bytes);
 
 // Version vectors: see docs/architecture.md.
 void commit_step();                        // this rank finished one training step

@@ -28,6 +28,7 @@ from .optimizer import DistributedOptimizer
 from .async_optimizer import AsyncOptimizer
 from .local_sgd import LocalSGD
 from .partial_local_sgd import PartialLocalSGD
+from .shared import empty_shared
 from .sync_batch_norm import SyncBatchNorm
 from . import elastic  # noqa: E402 (Horovod's hvd.elastic)
 
@@ -46,4 +47,5 @@ __all__ = list(_gyre_all) + [
     "DistributedOptimizer", "AsyncOptimizer", "LocalSGD", "PartialLocalSGD",
     "broadcast_parameters", "broadcast_optimizer_state",
     "sparse_allreduce_async", "SyncBatchNorm", "check_consistency", "resync", "elastic",
+    "empty_shared",
 ]
