@@ -30,6 +30,7 @@
 #include "gyre/gyre.h"
 #include "host_pool.h"
 #include "output_tensor.h"
+#include "shared_buffer.h"
 #include "store.h"
 #include "pending_op.h"
 #include "tensor_import.h"
@@ -203,45 +204,6 @@ void bind_operations(py::module_& m) {
       py::arg("process_set") = 0,
       "Receives into the tensor from world rank src (ANY_SOURCE: any rank of the set); "
       "PendingOp.source_rank() is the sender's world rank.");
-}
-
-// A buffer of gyre::alloc_shared, given back when the object goes (the
-// tensor made over it with torch.frombuffer holds it).
-class SharedBuffer {
- public:
-  SharedBuffer(void* p, std::size_t bytes) : p_(p), bytes_(bytes) {}
-  ~SharedBuffer() {
-    try {
-      free_shared(p_);
-    } catch (...) {  // freed once, by this object alone: nothing can fail here
-    }
-  }
-  SharedBuffer(const SharedBuffer&) = delete;
-  SharedBuffer& operator=(const SharedBuffer&) = delete;
-  py::buffer_info buffer() const {
-    return py::buffer_info(p_, 1, "B", 1, {static_cast<py::ssize_t>(bytes_)}, {py::ssize_t{1}},
-                           /*readonly=*/false);
-  }
-
- private:
-  void* p_;
-  std::size_t bytes_;
-};
-
-void bind_shared_buffers(py::module_& m) {
-  py::class_<SharedBuffer>(m, "SharedBuffer", py::buffer_protocol(),
-                           "Bytes from this rank's part of the host's pool (gyre::alloc_shared).")
-      .def_buffer([](const SharedBuffer& b) { return b.buffer(); });
-  m.def(
-      "alloc_shared",
-      [](std::size_t bytes) -> py::object {
-        void* p = alloc_shared(bytes);
-        if (p == nullptr) return py::none();
-        return py::cast(new SharedBuffer(p, bytes), py::return_value_policy::take_ownership);
-      },
-      py::arg("nbytes"),
-      "A SharedBuffer of nbytes from the host's pool, or None when the pool has no room "
-      "(or there is no pool: GYRE_SHM_POOL_BYTES).");
 }
 
 void bind_divergence(py::module_& m) {
